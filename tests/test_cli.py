@@ -1,0 +1,33 @@
+"""The command line: the demo trains, prints progress and writes TensorBoard events that read back."""
+
+import glob
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from torchssvm.cli import main
+
+
+def read_scalars(logdir):
+    (path,) = glob.glob(f"{logdir}/*")
+    acc = EventAccumulator(path)
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_demo_trains_and_logs(tmp_path, capsys):
+    assert main(["demo", "--epochs", "3", "--logdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "epoch   3" in out and "test error" in out and "TensorBoard logs" in out
+    scalars = read_scalars(tmp_path)
+    assert len(scalars["train/loss"]) == 3 and len(scalars["test/error"]) == 3
+    assert scalars["train/loss"][-1] < scalars["train/loss"][0]
+    assert scalars["test/error"][-1] < 0.3  # the unary-free baseline is about 0.8
+    assert len(scalars["train/batch_loss"]) > 3
+
+
+def test_train_on_ocr_small(data_root, tmp_path, capsys):
+    argv = ["train", "--data", "ocr-small", "--root", data_root, "--epochs", "1", "--logdir", ""]
+    assert main(argv) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")][-1]
+    test_error = float(line.split("test error")[1].split()[0])
+    assert test_error < 0.5

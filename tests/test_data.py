@@ -1,0 +1,115 @@
+"""Loaders against the documented sizes; metrics against hand-computed values."""
+
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+import torchssvm as ts
+from torchssvm.data.ocr import parse_letter_data
+from torchssvm.metrics import chunk_f1, chunks
+
+
+def test_ocr_sizes(data_root):
+    sizes = {}
+    for variant in ("large", "small"):
+        for split in ("train", "test"):
+            ds = ts.data.ocr(split, variant, root=data_root)
+            sizes[variant, split] = (len(ds), ds.num_tokens)
+            assert ds.num_labels == 26 and ds.num_features == 128 and ds.x.shape[1] == 14
+            assert int(ds.lengths.min()) >= 3 and int(ds.lengths.max()) <= 14
+            valid = torch.arange(14) < ds.lengths[:, None]
+            assert bool((ds.y[valid] >= 0).all()) and bool((ds.y[~valid] == -1).all())
+            assert set(ds.x.unique().tolist()) <= {0.0, 1.0}
+    assert sizes["large", "train"][0] == 6251 and sizes["large", "test"][0] == 626
+    assert sizes["small", "train"] == sizes["large", "test"]
+    assert sizes["large", "train"][1] + sizes["large", "test"][1] == 52152
+
+
+def test_ocr_letter_data_parser(tmp_path):
+    """Taskar's text format (the download source) parses to the npz arrays."""
+    rng = np.random.default_rng(0)
+    rows, words = [], [("cat", 3), ("ox", 0)]
+    idx = 1
+    for w, (word, fold) in enumerate(words):
+        for p, ch in enumerate(word):
+            nxt = -1 if p == len(word) - 1 else idx + 1
+            px = rng.integers(0, 2, 128)
+            rows.append("\t".join(map(str, [idx, ch, nxt, w + 1, p + 1, fold, *px])))
+            idx += 1
+    path = tmp_path / "letter.data.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    a = parse_letter_data(path)
+    assert a["lengths"].tolist() == [3, 2] and a["folds"].tolist() == [3, 0]
+    assert a["labels"].tolist() == [2, 0, 19, 14, 23] and a["pixels"].shape == (5, 128)
+
+
+def test_conll2000_sizes_and_attributes(data_root):
+    train = ts.data.conll2000("train", root=data_root)
+    test = ts.data.conll2000("test", root=data_root)
+    assert len(train) == 8936 and len(test) == 2012
+    assert train.num_tokens == 211727 and test.num_tokens == 47377
+    assert train.num_labels == 22 and test.label_names == train.label_names
+    assert train.num_features == 335674 == test.num_features  # documented in conll2000.py
+    assert ts.data.conll2000("train", root=data_root, min_count=3).num_features == 75289
+    ids = train.x.ids
+    assert int(ids.max()) < train.num_features and ids.shape[2] == 19
+    # every real token has at least its 1 + 1 unigram attributes (w[0], pos[0])
+    valid = torch.arange(ids.shape[1]) < train.lengths[:, None]
+    assert bool(((ids >= 0).sum(2)[valid] >= 2).all())
+    pos = ts.data.conll2000("train", "pos", root=data_root)
+    assert pos.num_labels == 44
+
+
+def test_conll2000_gold_tags_score_100(data_root):
+    test = ts.data.conll2000("test", root=data_root)
+    tags = ts.metrics.labels_to_tags(test.y, test.lengths, test.label_names)
+    r = chunk_f1(test.tags, test.tags)
+    assert r["f1"] == 100.0 and r["gold"] > 20000
+    # y maps the unseen I-LST to O, which costs a little recall against the true tags
+    assert 99.9 < chunk_f1(tags, test.tags)["f1"] < 100.0
+
+
+def test_chunks_conlleval_rules():
+    assert chunks(["B-NP", "I-NP", "O", "B-VP", "I-VP", "B-NP"]) == {(0, 2, "NP"), (3, 5, "VP"), (5, 6, "NP")}
+    assert chunks(["I-NP", "I-NP", "I-VP"]) == {(0, 2, "NP"), (2, 3, "VP")}  # I after O starts a chunk
+    assert chunks(["B-NP", "B-NP"]) == {(0, 1, "NP"), (1, 2, "NP")}
+
+
+def test_chunk_f1_value():
+    gold = [["B-NP", "I-NP", "O", "B-VP"], ["B-PP", "B-NP"]]
+    pred = [["B-NP", "I-NP", "O", "B-NP"], ["B-PP", "I-PP"]]
+    r = chunk_f1(pred, gold)
+    # gold chunks 4, predicted 3, correct 1 (the first NP)
+    assert (r["correct"], r["predicted"], r["gold"]) == (1, 3, 4)
+    assert r["f1"] == pytest.approx(2 * (100 / 3) * 25 / (100 / 3 + 25))
+
+
+def test_synthetic_chain_is_seeded_and_shares_the_hmm():
+    a = ts.data.synthetic_chain("train", 50, seed=4)
+    b = ts.data.synthetic_chain("train", 50, seed=4)
+    c = ts.data.synthetic_chain("test", 50, seed=4)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert not torch.equal(a.y[:, :4], c.y[:, :4])
+    assert int(a.lengths.min()) >= 4 and int(a.lengths.max()) <= 20
+    valid = torch.arange(a.y.shape[1]) < a.lengths[:, None]
+    assert bool((a.y[valid] >= 0).all()) and bool((a.x[~valid] == 0).all())
+
+
+def test_batches_cover_dataset_once():
+    ds = ts.data.synthetic_chain("train", 37, seed=1)
+    seen = []
+    for batch in ds.batches(8, shuffle=True, generator=torch.Generator().manual_seed(0)):
+        assert batch.x.shape[1] == int(batch.lengths.max())
+        seen.append(batch.lengths.shape[0])
+    assert sum(seen) == 37
+    assert ds[3].lengths.tolist() == [int(ds.lengths[3])]
+    with pytest.raises(IndexError):
+        ds[37]
+
+
+def test_missing_data_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="TORCHSSVM_DATA"):
+        ts.data.ocr(root=str(tmp_path))

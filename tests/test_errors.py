@@ -1,0 +1,117 @@
+"""Bad input raises a clear error naming the argument; nothing is clipped or broadcast silently."""
+
+import pytest
+import torch
+
+import torchssvm as ts
+
+
+def pot(B=2, T=4, K=3, dtype=torch.float32):
+    return ts.ChainPotentials(torch.zeros(B, T, K, dtype=dtype), torch.zeros(K, K, dtype=dtype),
+                              torch.zeros(K, dtype=dtype), torch.zeros(K, dtype=dtype))
+
+
+Y = torch.tensor([[0, 1, 2, 0], [1, 1, -1, -1]])
+L = torch.tensor([4, 2])
+loss = ts.StructuredHingeLoss(ts.Chain(3))
+
+
+@pytest.mark.parametrize("y,msg", [
+    (torch.tensor([[0, 1, 3, 0], [1, 1, -1, -1]]), "target holds label 3"),
+    (torch.tensor([[0, -1, 2, 0], [1, 1, -1, -1]]), "target holds label -1"),
+    (torch.tensor([[0, 1, 2, 0]]), r"target must have shape \(2, 4\)"),
+    (torch.tensor([[0.0, 1, 2, 0], [1, 1, -1, -1]]), "target must be an integer tensor"),
+])
+def test_bad_labels(y, msg):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        loss(pot(), y, L)
+
+
+@pytest.mark.parametrize("lengths,msg", [
+    (torch.tensor([4, 0]), "lengths must be >= 1"),
+    (torch.tensor([5, 2]), "lengths must be <= the padded size 4"),
+    (torch.tensor([4]), "lengths has 1 entries but the batch size is 2"),
+    (torch.tensor([4.0, 2.0]), "lengths must be an integer tensor"),
+])
+def test_bad_lengths(lengths, msg):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        loss(pot(), Y, lengths)
+
+
+@pytest.mark.parametrize("name", ["unary", "transition", "start", "end"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_potentials(name, bad):
+    p = pot()
+    getattr(p, name).view(-1)[0] = bad
+    with pytest.raises(ValueError, match=f"{name} contains NaN or Inf"):
+        loss(p, Y, L)
+    with pytest.raises(ValueError, match=f"{name} contains NaN or Inf"):
+        ts.Chain(3).decode(p, L)
+
+
+def test_mismatched_shapes():
+    p = pot()
+    with pytest.raises(ValueError, match=r"transition must have shape \(3, 3\)"):
+        loss(ts.ChainPotentials(p.unary, torch.zeros(3, 4)), Y, L)
+    with pytest.raises(ValueError, match="transition must have shape"):
+        loss(ts.ChainPotentials(p.unary, torch.zeros(5, 3, 3, 3)), Y, L)
+    with pytest.raises(ValueError, match=r"start must have shape \(3,\)"):
+        loss(ts.ChainPotentials(p.unary, p.transition, torch.zeros(4)), Y, L)
+    with pytest.raises(ValueError, match="unary has 5 labels"):
+        loss(ts.ChainPotentials(torch.zeros(2, 4, 5), torch.zeros(5, 5)), Y, L)
+    with pytest.raises(ValueError, match="unary must have 3 dimensions"):
+        loss(ts.ChainPotentials(torch.zeros(4, 3), p.transition), Y, L)
+
+
+def test_mismatched_dtype_and_device():
+    p = pot()
+    with pytest.raises(TypeError, match="transition has dtype torch.float64"):
+        loss(ts.ChainPotentials(p.unary, p.transition.double()), Y, L)
+    with pytest.raises(ValueError, match="transition is on meta"):
+        loss(ts.ChainPotentials(p.unary, torch.zeros(3, 3, device="meta")), Y, L)
+    with pytest.raises(ValueError, match="lengths is on meta"):
+        ts.Chain(3).decode(p, L.to("meta"))
+    with pytest.raises(ValueError, match="target is on meta"):
+        loss(p, Y.to("meta"), L)
+
+
+def test_bad_loss_weight_and_reduction():
+    with pytest.raises(ValueError, match="loss_weight must be finite and >= 0"):
+        ts.structured_hinge_loss(ts.Chain(3), pot(), Y, L, loss_weight=-1.0)
+    with pytest.raises(ValueError, match=r"loss_weight must be a scalar or have shape \(2,\)"):
+        ts.structured_hinge_loss(ts.Chain(3), pot(), Y, L, loss_weight=torch.ones(3))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        ts.StructuredHingeLoss(ts.Chain(3), reduction="max")
+    with pytest.raises(TypeError, match="structure must be a torchssvm Structure"):
+        ts.StructuredHingeLoss("chain")
+
+
+def test_multiclass_errors():
+    mc = ts.Multiclass(3)
+    with pytest.raises(ValueError, match="target holds label 3"):
+        ts.structured_hinge_loss(mc, torch.zeros(2, 3), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="scores has 4 classes"):
+        mc.decode(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="scores contains NaN or Inf"):
+        mc.decode(torch.tensor([[0.0, float("nan"), 1.0]]))
+    with pytest.raises(ValueError, match="lengths must be None for Multiclass"):
+        mc.decode(torch.zeros(2, 3), torch.tensor([1, 1]))
+
+
+def test_structure_and_model_arguments():
+    with pytest.raises(ValueError, match="num_labels must be >= 1"):
+        ts.Chain(0)
+    with pytest.raises(TypeError, match="num_labels must be an integer"):
+        ts.Chain(2.5)
+    with pytest.raises(ValueError, match=r"class_weights must have shape \(3,\)"):
+        ts.Chain(3, class_weights=torch.ones(2))
+    with pytest.raises(ValueError, match="bias must be one of"):
+        ts.LinearChainModel(4, 3, bias="yes")
+    model = ts.LinearChainModel(4, 3)
+    with pytest.raises(ValueError, match="x must have 4 features"):
+        model(torch.zeros(2, 3, 5))
+    sparse = ts.LinearChainModel(4, 3, sparse=True)
+    with pytest.raises(ValueError, match="x.ids holds attribute 4"):
+        sparse(ts.TokenFeatures(torch.tensor([[[4, -1]]])))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ts.Chain(3).decode(pot(), L, backend="cuda")

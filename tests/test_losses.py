@@ -1,0 +1,142 @@
+"""StructuredHingeLoss: values against brute force, gradients against finite differences, training."""
+
+import pytest
+import torch
+from conftest import brute_force_chain
+from test_structures import chain_pot, random_labels
+
+import torchssvm as ts
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_hinge_value_matches_brute_force(per_position):
+    B, T, K = 5, 4, 3
+    pot = chain_pot(B, T, K, per_position=per_position, seed=11)
+    lengths = torch.tensor([4, 3, 2, 1, 4])
+    y = random_labels(B, T, K, lengths, seed=12)
+    chain = ts.Chain(K)
+    loss = ts.StructuredHingeLoss(chain, reduction="none")(pot, y, lengths)
+    for b in range(B):
+        L = int(lengths[b])
+        tr = pot.transition[b] if per_position else pot.transition
+
+        def delta(lab, b=b, L=L):
+            return sum(lab[t] != int(y[b, t]) for t in range(L)) / L
+
+        _, v_bf = brute_force_chain(pot.unary[b], tr, pot.start, pot.end, L, loss=delta)
+        gold = float(chain.score(pot, y, lengths)[b])
+        assert float(loss[b]) == pytest.approx(v_bf - gold, abs=1e-9)
+    assert (loss >= 0).all()
+    mean = ts.StructuredHingeLoss(chain)(pot, y, lengths)
+    assert float(mean) == pytest.approx(float(loss.mean()))
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_hinge_gradient_matches_finite_differences(per_position):
+    B, T, K = 4, 5, 4
+    pot = chain_pot(B, T, K, per_position=per_position, seed=21)
+    pot = ts.ChainPotentials(*(3 * t for t in pot))  # larger scale: unique, well separated maximizers
+    lengths = torch.tensor([5, 3, 2, 4])
+    y = random_labels(B, T, K, lengths, seed=22)
+    w = torch.tensor([1.0, -0.5, 2.0, 0.7], dtype=torch.float64)
+    chain = ts.Chain(K)
+
+    def f(*tensors):
+        return (ts.structured_hinge_loss(chain, ts.ChainPotentials(*tensors), y, lengths, reduction="none") * w).sum()
+
+    inputs = [t.clone().requires_grad_() for t in pot]
+    grads = torch.autograd.grad(f(*inputs), inputs)
+    eps = 1e-6
+    for i, (t, g) in enumerate(zip(pot, grads)):
+        flat = t.reshape(-1)
+        for j in range(0, flat.numel(), max(1, flat.numel() // 25)):
+            plus = [p.clone() for p in pot]
+            minus = [p.clone() for p in pot]
+            plus[i].view(-1)[j] += eps
+            minus[i].view(-1)[j] -= eps
+            fd = (f(*plus) - f(*minus)) / (2 * eps)
+            assert float(g.reshape(-1)[j]) == pytest.approx(float(fd), abs=1e-6), (i, j)
+
+
+def test_hinge_gradient_is_marginal_difference():
+    B, T, K = 3, 4, 3
+    pot = ts.ChainPotentials(*(t.requires_grad_() for t in chain_pot(B, T, K, seed=5)))
+    lengths = torch.tensor([4, 2, 3])
+    y = random_labels(B, T, K, lengths, seed=6)
+    chain = ts.Chain(K)
+    loss, y_hat = ts.structured_hinge_loss(chain, pot, y, lengths, reduction="sum", return_argmax=True)
+    loss.backward()
+    mh = chain.marginals(y_hat, lengths, dtype=torch.float64)
+    mg = chain.marginals(y, lengths, dtype=torch.float64)
+    assert torch.allclose(pot.unary.grad, mh.unary - mg.unary)
+    assert torch.allclose(pot.transition.grad, (mh.transition - mg.transition).sum(0))
+    assert torch.allclose(pot.start.grad, (mh.start - mg.start).sum(0))
+    assert torch.allclose(pot.end.grad, (mh.end - mg.end).sum(0))
+
+
+def test_multiclass_hinge_is_crammer_singer():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(8, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 5, (8,), generator=g)
+    loss = ts.structured_hinge_loss(ts.Multiclass(5), s, y, reduction="none")
+    margin = s + 1.0 - torch.nn.functional.one_hot(y, 5)
+    expect = margin.max(1).values - s.gather(1, y[:, None]).squeeze(1)
+    assert torch.allclose(loss, expect)
+    loss.sum().backward()
+    auto = s.detach().clone().requires_grad_()
+    m = auto + 1.0 - torch.nn.functional.one_hot(y, 5)
+    (m.max(1).values - auto.gather(1, y[:, None]).squeeze(1)).sum().backward()
+    assert torch.allclose(s.grad, auto.grad)
+
+
+def test_only_requested_gradients():
+    pot = chain_pot(2, 3, 3, seed=1)
+    unary = pot.unary.clone().requires_grad_()
+    y = random_labels(2, 3, 3, torch.tensor([3, 3]))
+    ts.StructuredHingeLoss(ts.Chain(3))(ts.ChainPotentials(unary, pot.transition), y).backward()
+    assert unary.grad is not None and pot.transition.grad is None
+
+
+def test_bfloat16_potentials():
+    pot = chain_pot(3, 5, 4, seed=2, dtype=torch.float32)
+    half = ts.ChainPotentials(*(t.bfloat16().requires_grad_() for t in pot))
+    y = random_labels(3, 5, 4, torch.tensor([5, 5, 5]))
+    loss = ts.StructuredHingeLoss(ts.Chain(4))(half, y)
+    loss.backward()
+    assert loss.dtype == torch.bfloat16 and half.unary.grad.dtype == torch.bfloat16
+
+
+def test_small_network_trains_with_torch_optim():
+    """An MLP producing unary potentials, a learned transition, the hinge loss and Adam."""
+    train = ts.data.synthetic_chain("train", 300, num_labels=4, num_features=8, noise=1.0, seed=3)
+    test = ts.data.synthetic_chain("test", 200, num_labels=4, num_features=8, noise=1.0, seed=3)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    trans = torch.nn.Parameter(torch.zeros(4, 4))
+    chain = ts.Chain(4)
+    criterion = ts.StructuredHingeLoss(chain)
+    opt = torch.optim.Adam([*net.parameters(), trans], lr=1e-2)
+
+    def error(ds):
+        b = ds[:]
+        y_hat = chain.decode(ts.ChainPotentials(net(b.x), trans), b.lengths)
+        wrong, total = ts.metrics.token_errors(y_hat, b.y, b.lengths)
+        return wrong / total
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        before = error(test)
+    first = None
+    for _ in range(15):
+        for batch in train.batches(32, shuffle=True, generator=gen):
+            loss = criterion(ts.ChainPotentials(net(batch.x), trans), batch.y, batch.lengths)
+            first = float(loss.detach()) if first is None else first
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        after = error(test)
+        final = float(criterion(ts.ChainPotentials(net(train[:].x), trans), train[:].y, train[:].lengths))
+    assert final < 0.5 * first
+    assert after < 0.6 * before and after < 0.2
+    assert trans.grad is not None and trans.abs().sum() > 0

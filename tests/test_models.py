@@ -1,0 +1,92 @@
+"""Linear models and the joint feature map phi = VJP of the model."""
+
+import pytest
+import torch
+
+import torchssvm as ts
+from torchssvm.models import TokenFeatures
+
+
+def explicit_phi_chain(x, y, L, D, K, bias):
+    """phi(x, y) of the OCR chain model built by hand: emission, transition, global/first/last bias."""
+    em = torch.zeros(D, K, dtype=torch.float64)
+    tr = torch.zeros(K, K, dtype=torch.float64)
+    for t in range(L):
+        em[:, y[t]] += x[t].double()
+    for t in range(1, L):
+        tr[y[t - 1], y[t]] += 1
+    parts = [em.reshape(-1), tr.reshape(-1)]
+    if bias is not None:
+        parts.append(torch.bincount(y[:L], minlength=K).double())
+    if bias == "ocr":
+        parts.append(torch.nn.functional.one_hot(y[0], K).double())
+        parts.append(torch.nn.functional.one_hot(y[L - 1], K).double())
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("bias", ["ocr", "global", None])
+def test_joint_feature_dense_chain_matches_explicit(bias):
+    B, T, D, K = 3, 5, 4, 3
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([5, 2, 3])
+    y = torch.randint(0, K, (B, T), generator=g)
+    y = torch.where(torch.arange(T) < lengths[:, None], y, torch.full_like(y, -1))
+    model = ts.LinearChainModel(D, K, bias=bias, dtype=torch.float64)
+    chain = ts.Chain(K)
+    mu = chain.marginals(y, lengths, dtype=torch.float64)
+    phi = ts.joint_feature(model, x, mu, per_example=True)
+    for b in range(B):
+        assert torch.allclose(phi[b], explicit_phi_chain(x[b], y[b], int(lengths[b]), D, K, bias))
+    assert torch.allclose(ts.joint_feature(model, x, mu), phi.sum(0))
+    # <w, phi(x, y)> == score(model(x), y) for random w
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(generator=g)
+    w = torch.nn.utils.parameters_to_vector(model.parameters())
+    assert torch.allclose(phi @ w, chain.score(model(x), y, lengths))
+
+
+def test_ocr_model_dimension_is_4082():
+    model = ts.LinearChainModel(128, 26, bias="ocr")
+    assert sum(p.numel() for p in model.parameters()) == 4082
+
+
+def test_sparse_tokens_equal_dense_one_hot():
+    B, T, A, D, K = 2, 4, 3, 7, 3
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, D, (B, T, A), generator=g)
+    ids[0, 1, 2] = -1
+    ids[1, 3, :] = -1
+    values = torch.rand(B, T, A, generator=g, dtype=torch.float64)
+    dense = torch.zeros(B, T, D, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            for a in range(A):
+                if ids[b, t, a] >= 0:
+                    dense[b, t, ids[b, t, a]] += values[b, t, a]
+    sparse_model = ts.LinearChainModel(D, K, sparse=True, dtype=torch.float64)
+    dense_model = ts.LinearChainModel(D, K, dtype=torch.float64)
+    with torch.no_grad():
+        for p, q in zip(sparse_model.parameters(), dense_model.parameters()):
+            p.normal_(generator=g)
+            q.copy_(p)
+    us = sparse_model(TokenFeatures(ids, values)).unary
+    assert torch.allclose(us, dense_model(dense).unary)
+    y = torch.randint(0, K, (B, T), generator=g)
+    mu = ts.Chain(K).marginals(y, dtype=torch.float64)
+    assert torch.allclose(ts.joint_feature(sparse_model, TokenFeatures(ids, values), mu),
+                          ts.joint_feature(dense_model, dense, mu))
+
+
+def test_multiclass_model_joint_feature():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (5,), generator=g)
+    model = ts.LinearMulticlassModel(3, 4, dtype=torch.float64)
+    phi = ts.joint_feature(model, x, ts.Multiclass(4).marginals(y, dtype=torch.float64), per_example=True)
+    for b in range(5):
+        expect = torch.zeros(3, 4, dtype=torch.float64)
+        expect[:, y[b]] = x[b]
+        bias = torch.nn.functional.one_hot(y[b], 4).double()
+        assert torch.allclose(phi[b], torch.cat([expect.reshape(-1), bias]))

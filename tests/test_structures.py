@@ -1,0 +1,159 @@
+"""Chain and Multiclass: the structure protocol against brute force and autograd."""
+
+import pytest
+import torch
+from conftest import brute_force_chain, needs_triton
+
+import torchssvm as ts
+
+
+def chain_pot(B, T, K, *, per_position=False, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    trans = torch.randn(B, T - 1, K, K, generator=g, dtype=dtype) if per_position else \
+        torch.randn(K, K, generator=g, dtype=dtype)
+    return ts.ChainPotentials(torch.randn(B, T, K, generator=g, dtype=dtype), trans,
+                              torch.randn(K, generator=g, dtype=dtype), torch.randn(K, generator=g, dtype=dtype))
+
+
+def random_labels(B, T, K, lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, K, (B, T), generator=g)
+    return torch.where(torch.arange(T) < lengths[:, None], y, torch.full_like(y, -1))
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_score_is_inner_product_with_marginals(per_position):
+    B, T, K = 5, 6, 4
+    pot = chain_pot(B, T, K, per_position=per_position)
+    lengths = torch.tensor([6, 1, 3, 5, 2])
+    y = random_labels(B, T, K, lengths)
+    chain = ts.Chain(K)
+    mu = chain.marginals(y, lengths, per_position=per_position, dtype=torch.float64)
+    expect = (pot.unary * mu.unary).sum((1, 2)) + (pot.start * mu.start).sum(1) + (pot.end * mu.end).sum(1)
+    tr = pot.transition if per_position else pot.transition.unsqueeze(0)
+    expect = expect + (tr * mu.transition).sum(tuple(range(1, mu.transition.dim())))
+    assert torch.allclose(chain.score(pot, y, lengths), expect)
+    # a shared-transition count equals the number of transitions
+    if not per_position:
+        assert mu.transition.sum((1, 2)).tolist() == (lengths - 1).tolist()
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_marginal_vjp_is_gradient_of_weighted_score(per_position):
+    B, T, K = 4, 5, 3
+    pot = chain_pot(B, T, K, per_position=per_position)
+    pot = ts.ChainPotentials(*(t.requires_grad_() for t in pot))
+    lengths = torch.tensor([5, 2, 1, 4])
+    y = random_labels(B, T, K, lengths)
+    w = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    chain = ts.Chain(K)
+    grads = torch.autograd.grad((chain.score(pot, y, lengths) * w).sum(), list(pot))
+    vjp = chain.marginal_vjp(y, w, pot, lengths, (True,) * 4)
+    for g, v in zip(grads, vjp):
+        assert torch.allclose(g, v)
+
+
+def test_task_loss_hamming_normalized_and_weighted():
+    y = torch.tensor([[0, 1, 2, -1], [1, 1, -1, -1]])
+    y_hat = torch.tensor([[0, 2, 0, -1], [1, 0, -1, -1]])
+    lengths = torch.tensor([3, 2])
+    assert ts.Chain(3).task_loss(y_hat, y, lengths).tolist() == pytest.approx([2 / 3, 1 / 2])
+    assert ts.Chain(3, normalize=False).task_loss(y_hat, y, lengths).tolist() == [2.0, 1.0]
+    cw = torch.tensor([1.0, 2.0, 5.0])
+    assert ts.Chain(3, normalize=False, class_weights=cw).task_loss(y_hat, y, lengths).tolist() == [7.0, 2.0]
+
+
+def test_padding_content_is_ignored():
+    pot = chain_pot(2, 4, 3)
+    lengths = torch.tensor([2, 4])
+    y = random_labels(2, 4, 3, lengths)
+    y2 = y.clone()
+    y2[0, 2:] = 0  # any padding value
+    chain = ts.Chain(3)
+    assert torch.equal(chain.score(pot, y, lengths), chain.score(pot, y2, lengths))
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_loss_augmented_decode_matches_brute_force(normalize, per_position):
+    B, T, K = 6, 5, 3
+    pot = chain_pot(B, T, K, per_position=per_position, seed=3)
+    lengths = torch.tensor([5, 4, 3, 2, 1, 5])
+    y = random_labels(B, T, K, lengths, seed=4)
+    lw = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0, 10.0], dtype=torch.float64)
+    cw = torch.tensor([1.0, 2.0, 0.5])
+    chain = ts.Chain(K, normalize=normalize, class_weights=cw)
+    y_hat, value = chain.max_oracle(pot, y, lengths, loss_weight=lw)
+    for b in range(B):
+        L = int(lengths[b])
+
+        def loss(lab, b=b, L=L):
+            d = sum(float(cw[y[b, t]]) for t in range(L) if lab[t] != int(y[b, t]))
+            return float(lw[b]) * (d / L if normalize else d)
+
+        tr = pot.transition[b] if per_position else pot.transition
+        y_bf, v_bf = brute_force_chain(pot.unary[b], tr, pot.start, pot.end, L, loss=loss)
+        assert y_hat[b, :L].tolist() == y_bf
+        assert float(value[b]) == pytest.approx(v_bf, abs=1e-9)
+    # value = score + weighted task loss of the returned labelling
+    recon = chain.score(pot, y_hat, lengths) + lw * chain.task_loss(y_hat, y, lengths)
+    assert torch.allclose(value, recon)
+
+
+def test_scalar_loss_weight_equals_tensor():
+    pot = chain_pot(3, 4, 3, seed=7)
+    y = random_labels(3, 4, 3, torch.tensor([4, 4, 4]))
+    chain = ts.Chain(3)
+    a = chain.decode(pot, target=y, loss_weight=2.0)
+    b = chain.decode(pot, target=y, loss_weight=torch.full((3,), 2.0))
+    assert torch.equal(a, b)
+
+
+@needs_triton()
+def test_loss_augmented_decode_triton_equals_torch():
+    pot = chain_pot(5, 7, 30, per_position=True, seed=2, dtype=torch.float32)
+    lengths = torch.tensor([7, 3, 1, 6, 5])
+    y = random_labels(5, 7, 30, lengths)
+    chain = ts.Chain(30)
+    lw = torch.rand(5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    a = chain.max_oracle(pot, y, lengths, loss_weight=lw, backend="torch")
+    b = chain.max_oracle(pot, y, lengths, loss_weight=lw, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_half_precision_is_decoded_in_float32():
+    pot = chain_pot(4, 6, 5, seed=9, dtype=torch.float32)
+    lengths = torch.tensor([6, 5, 4, 3])
+    chain = ts.Chain(5)
+    ref = chain.decode(pot, lengths)
+    half = ts.ChainPotentials(*(t.bfloat16().float().bfloat16() for t in pot))
+    as32 = ts.ChainPotentials(*(t.float() for t in half))
+    assert torch.equal(chain.decode(half, lengths), chain.decode(as32, lengths))
+    assert ref.shape == (4, 6)
+
+
+class TestMulticlass:
+    def test_decode_and_loss_augmented(self):
+        s = torch.tensor([[1.0, 2.0, 2.0], [0.0, 0.5, 0.2], [3.0, 0.0, 2.5]])
+        y = torch.tensor([2, 1, 0])
+        mc = ts.Multiclass(3)
+        assert mc.decode(s).tolist() == [1, 1, 0]  # ties: smallest index
+        y_hat, value = mc.max_oracle(s, y, loss_weight=torch.tensor([1.0, 0.0, 1.0]))
+        # brute force: argmax_k s[k] + lw*[k != y]
+        for b in range(3):
+            aug = [float(s[b, k]) + (float([1.0, 0.0, 1.0][b]) if k != int(y[b]) else 0.0) for k in range(3)]
+            assert int(y_hat[b]) == aug.index(max(aug))
+            assert float(value[b]) == pytest.approx(max(aug))
+
+    def test_protocol_consistency(self):
+        g = torch.Generator().manual_seed(0)
+        s = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        y = torch.randint(0, 4, (6,), generator=g)
+        mc = ts.Multiclass(4, class_weights=torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        assert torch.allclose(mc.score(s, y), (s * mc.marginals(y, dtype=torch.float64)).sum(1))
+        w = torch.randn(6, generator=g, dtype=torch.float64)
+        (grad,) = torch.autograd.grad((mc.score(s, y) * w).sum(), s)
+        assert torch.allclose(grad, mc.marginal_vjp(y, w, s, None, (True,))[0])
+        y_hat = torch.tensor([0, 1, 2, 3, 0, 1])
+        expect = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)[y] * (y_hat != y)
+        assert torch.equal(mc.task_loss(y_hat, y), expect)

@@ -1,0 +1,121 @@
+"""Viterbi oracles: torch twin and Triton kernel against brute-force enumeration and each other."""
+
+import importlib
+
+import pytest
+import torch
+from conftest import brute_force_chain, needs_triton
+from torchssvm.kernels import resolve_backend, viterbi_torch
+
+
+def random_chain(B, T, K, *, per_position, integer, start=True, end=True, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        if integer:  # small integers: many exact ties
+            return torch.randint(-2, 3, shape, generator=g).to(dtype)
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    unary = draw(B, T, K)
+    trans = draw(B, T - 1, K, K) if per_position else draw(K, K)
+    s = draw(K) if start else None
+    e = draw(K) if end else None
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    return unary, trans, s, e, lengths
+
+
+def check_against_brute_force(labels, scores, unary, trans, s, e, lengths):
+    for b in range(unary.shape[0]):
+        L = int(lengths[b])
+        tr = trans[b] if trans.dim() == 4 else trans
+        y_bf, v_bf = brute_force_chain(unary[b], tr, s, e, L)
+        assert labels[b, :L].tolist() == y_bf
+        assert (labels[b, L:] == -1).all()
+        assert float(scores[b]) == pytest.approx(v_bf, abs=1e-9)
+
+
+@pytest.mark.parametrize("K", [2, 3, 4, 5])
+@pytest.mark.parametrize("per_position", [False, True])
+@pytest.mark.parametrize("integer", [True, False])
+def test_torch_viterbi_matches_brute_force(K, per_position, integer):
+    T = 6 if K <= 3 else (5 if K == 4 else 4)
+    for seed in range(3):
+        args = random_chain(7, T, K, per_position=per_position, integer=integer, seed=seed + 10 * K,
+                            start=seed != 1, end=seed != 2)
+        labels, scores = viterbi_torch(*args)
+        check_against_brute_force(labels, scores, *args)
+
+
+def test_every_length_one_to_six():
+    unary, trans, s, e, _ = random_chain(6, 6, 3, per_position=False, integer=True, seed=5)
+    lengths = torch.arange(1, 7)
+    labels, scores = viterbi_torch(unary, trans, s, e, lengths)
+    check_against_brute_force(labels, scores, unary, trans, s, e, lengths)
+
+
+def test_ties_break_to_smallest_reversed_labelling():
+    # all-zero potentials: every labelling ties; the rule picks all zeros
+    z = torch.zeros(2, 4, 3, dtype=torch.float64)
+    labels, _ = viterbi_torch(z, torch.zeros(3, 3, dtype=torch.float64), None, None, torch.tensor([4, 2]))
+    assert labels.tolist() == [[0, 0, 0, 0], [0, 0, -1, -1]]
+
+
+@needs_triton()
+@pytest.mark.parametrize("K", [2, 3, 5])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_triton_matches_brute_force(K, per_position):
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    args = random_chain(5, 5 if K < 5 else 4, K, per_position=per_position, integer=True, seed=K)
+    labels, scores = viterbi_triton(*args)
+    check_against_brute_force(labels, scores, *args)
+
+
+@needs_triton()
+@pytest.mark.parametrize(
+    "B,T,K,per_position,integer,dtype",
+    [
+        (6, 7, 26, False, True, torch.float32),
+        (4, 9, 45, True, False, torch.float32),
+        (3, 5, 64, False, True, torch.float64),
+        (3, 6, 65, False, True, torch.float32),  # first tiled size
+        (2, 5, 130, True, True, torch.float32),
+        (2, 4, 300, False, False, torch.float64),
+        (1, 3, 1024, False, True, torch.float32),
+    ],
+)
+def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype):
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K, dtype=dtype)
+    a = viterbi_torch(*args)
+    b = viterbi_triton(*args)
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(a[1], b[1])
+
+
+@needs_triton()
+def test_triton_without_start_end():
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    args = random_chain(4, 6, 70, per_position=False, integer=True, start=False, end=False, seed=3)
+    a, b = viterbi_torch(*args), viterbi_triton(*args)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_large_batch_is_chunked_consistently(monkeypatch):
+    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+
+    args = random_chain(9, 5, 4, per_position=True, integer=True, seed=1)
+    full = vt.viterbi_torch(*args)
+    monkeypatch.setattr(vt, "_MAX_STEP_ELEMENTS", 40)  # forces chunks of 2 sequences
+    chunked = vt.viterbi_torch(*args)
+    assert torch.equal(full[0], chunked[0]) and torch.equal(full[1], chunked[1])
+
+
+def test_backend_names():
+    assert resolve_backend("torch", torch.device("cpu")) == "torch"
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="backend"):
+        resolve_backend("cuda", torch.device("cpu"))

@@ -1,0 +1,28 @@
+"""torchssvm: structured SVMs in PyTorch.
+
+    import torchssvm as ts
+    loss = ts.StructuredHingeLoss(ts.Chain(num_labels))(potentials, target, lengths)
+"""
+
+from . import data, kernels, metrics
+from .losses import StructuredHingeLoss, structured_hinge_loss
+from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
+from .structures import Chain, ChainPotentials, Multiclass, Structure
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Chain",
+    "ChainPotentials",
+    "Multiclass",
+    "Structure",
+    "StructuredHingeLoss",
+    "structured_hinge_loss",
+    "LinearChainModel",
+    "LinearMulticlassModel",
+    "TokenFeatures",
+    "joint_feature",
+    "data",
+    "kernels",
+    "metrics",
+]

@@ -1,0 +1,106 @@
+"""Input checks at the library boundary: every error names the argument and what was expected."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    t,
+    *,
+    ndim: Optional[int] = None,
+    floating: bool = False,
+    integer: bool = False,
+    device: Optional[torch.device] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the potentials are on {device}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but the potentials have dtype {dtype}")
+    return t
+
+
+def check_shape(name: str, t: torch.Tensor, shape: tuple, what: str = "") -> None:
+    if tuple(t.shape) != tuple(shape):
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {tuple(t.shape)}")
+
+
+def check_finite(named: dict) -> None:
+    """Raise if any tensor holds NaN or Inf. One device sync for all of them."""
+    tensors = [(k, v) for k, v in named.items() if v is not None]
+    if not tensors:
+        return
+    flags = torch.stack([torch.isfinite(v).all() for _, v in tensors]).cpu()
+    for (k, _), ok in zip(tensors, flags.tolist()):
+        if not ok:
+            raise ValueError(f"{k} contains NaN or Inf")
+
+
+def check_lengths(lengths, batch: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """Validate `lengths (B,)`, integer, 1 <= lengths <= max_len; None means all max_len."""
+    if lengths is None:
+        return torch.full((batch,), max_len, dtype=torch.long, device=device)
+    check_tensor("lengths", lengths, ndim=1, integer=True, device=device)
+    if lengths.shape[0] != batch:
+        raise ValueError(f"lengths has {lengths.shape[0]} entries but the batch size is {batch}")
+    if batch:
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 1:
+            raise ValueError(f"lengths must be >= 1, got a length of {lo}")
+        if hi > max_len:
+            raise ValueError(f"lengths must be <= the padded size {max_len}, got a length of {hi}")
+    return lengths.long()
+
+
+def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None) -> torch.Tensor:
+    """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True."""
+    check_tensor(name, y, integer=True, device=device)
+    check_shape(name, y, shape)
+    yv = y if valid is None else y[valid]
+    if yv.numel():
+        lo, hi = int(yv.min()), int(yv.max())
+        if lo < 0 or hi >= num_labels:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} holds label {bad}, outside [0, {num_labels})")
+    return y.long()
+
+
+def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
+    """A scalar or a `(B,)` tensor of non-negative finite weights; returned as `(B,)` of `dtype`."""
+    if isinstance(loss_weight, numbers.Real) and not isinstance(loss_weight, bool):
+        if not (loss_weight >= 0 and loss_weight < float("inf")):
+            raise ValueError(f"loss_weight must be finite and >= 0, got {loss_weight}")
+        return torch.full((batch,), float(loss_weight), dtype=dtype, device=device)
+    if not isinstance(loss_weight, torch.Tensor):
+        raise TypeError(f"loss_weight must be a number or a tensor, got {type(loss_weight).__name__}")
+    if loss_weight.dim() == 0:
+        loss_weight = loss_weight.expand(batch)
+    if loss_weight.dim() != 1 or loss_weight.shape[0] != batch:
+        raise ValueError(f"loss_weight must be a scalar or have shape ({batch},), got {tuple(loss_weight.shape)}")
+    if loss_weight.device != device:
+        raise ValueError(f"loss_weight is on {loss_weight.device} but the potentials are on {device}")
+    if batch and not (bool(torch.isfinite(loss_weight).all()) and bool((loss_weight >= 0).all())):
+        raise ValueError("loss_weight must be finite and >= 0")
+    return loss_weight.to(dtype)
+
+
+def check_positive_int(name: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)

@@ -1,0 +1,10 @@
+"""Datasets: real benchmarks (read from ``root=``, ``$TORCHSSVM_DATA`` or a cache dir) and seeded
+synthetic generators."""
+
+from .conll2000 import conll2000
+from .ocr import ocr
+from .paths import data_root
+from .sequence_dataset import ChainBatch, SequenceDataset
+from .synthetic import synthetic_chain
+
+__all__ = ["ocr", "conll2000", "synthetic_chain", "SequenceDataset", "ChainBatch", "data_root"]

@@ -1,0 +1,85 @@
+"""A padded in-memory dataset of labelled sequences, batched the way the chain structure expects."""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Optional, Union
+
+import torch
+
+from ..models import TokenFeatures
+
+Features = Union[torch.Tensor, TokenFeatures]
+
+
+class ChainBatch(NamedTuple):
+    """``x``: ``(B, T, D)`` float or `TokenFeatures` ``(B, T, A)``; ``y``: ``(B, T)`` long, -1 padded;
+    ``lengths``: ``(B,)`` long. T is the longest length in the batch."""
+
+    x: Features
+    y: torch.Tensor
+    lengths: torch.Tensor
+
+    def to(self, device) -> ChainBatch:
+        return ChainBatch(self.x.to(device), self.y.to(device), self.lengths.to(device))
+
+
+class SequenceDataset(torch.utils.data.Dataset):
+    """Sequences padded to a common length.
+
+    Indexing with an int, a slice, or an index tensor returns a `ChainBatch` (an int gives a batch of
+    one) trimmed to the longest sequence it holds. ``num_labels`` and ``num_features`` size the model
+    (``LinearChainModel(ds.num_features, ds.num_labels, sparse=ds.sparse)``); ``label_names`` and
+    ``tags`` (original string labels, for chunk F1) are kept when the source has them.
+    """
+
+    def __init__(self, x: Features, y: torch.Tensor, lengths: torch.Tensor, *, num_labels: int,
+                 num_features: int, label_names=None, tags=None, name: str = ""):
+        n = lengths.shape[0]
+        if y.shape[0] != n or x.shape[0] != n:
+            raise ValueError(f"x, y and lengths must have the same number of sequences, got "
+                             f"{x.shape[0]}, {y.shape[0]}, {n}")
+        self.x, self.y, self.lengths = x, y, lengths.long()
+        self.num_labels, self.num_features = int(num_labels), int(num_features)
+        self.label_names = list(label_names) if label_names is not None else None
+        self.tags = tags
+        self.name = name
+
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.x, TokenFeatures)
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def __getitem__(self, index) -> ChainBatch:
+        if isinstance(index, int):
+            n = len(self)
+            if not -n <= index < n:
+                raise IndexError(f"index {index} out of range for {n} sequences")
+            index = slice(index % n, index % n + 1)
+        lengths = self.lengths[index]
+        T = int(lengths.max()) if lengths.numel() else 1
+        return ChainBatch(self.x[index][:, :T], self.y[index][:, :T], lengths)
+
+    def batches(self, batch_size: int, *, shuffle: bool = False, generator: Optional[torch.Generator] = None,
+                drop_last: bool = False) -> Iterator[ChainBatch]:
+        """Mini-batches in order, or in a random order drawn from ``generator``."""
+        n = len(self)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        stop = n - n % batch_size if drop_last else n
+        for s in range(0, stop, batch_size):
+            yield self[order[s : s + batch_size]]
+
+    def to(self, device) -> SequenceDataset:
+        return SequenceDataset(self.x.to(device), self.y.to(device), self.lengths.to(device),
+                               num_labels=self.num_labels, num_features=self.num_features,
+                               label_names=self.label_names, tags=self.tags, name=self.name)
+
+    def __repr__(self) -> str:
+        kind = "sparse" if self.sparse else "dense"
+        return (f"SequenceDataset({self.name!r}, n={len(self)}, tokens={self.num_tokens}, "
+                f"num_labels={self.num_labels}, num_features={self.num_features} {kind})")

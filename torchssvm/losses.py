@@ -1,0 +1,121 @@
+"""Structured hinge losses as autograd Functions with an explicit backward.
+
+Margin rescaling (DESIGN.md conventions): per example
+
+    H(theta; y*) = max_y [ loss_weight * Delta(y*, y) + s_theta(y) ] - s_theta(y*)  >= 0,
+
+with the max found by the structure's exact loss-augmented oracle, run without autograd. Its gradient
+with respect to every potential tensor is the difference of one-hot factor marginals
+``marginals(y_hat) - marginals(y*)`` (a subgradient where the maximizer is not unique).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._validation import check_loss_weight
+from .structures.base import Structure
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class _StructuredHinge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
+        pot = structure.from_tensors(tensors)
+        y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight, backend)
+        dt = value.dtype
+        gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
+                                target, lengths)
+        loss = (value - gold).clamp_min(0).to(tensors[0].dtype)
+        ctx.structure = structure
+        ctx.save_for_backward(y_hat, target, lengths, *tensors)
+        ctx.mark_non_differentiable(y_hat)
+        return loss, y_hat
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_y_hat):
+        y_hat, target, lengths, *tensors = ctx.saved_tensors
+        structure = ctx.structure
+        needs = ctx.needs_input_grad[5:]
+        pot = structure.from_tensors(tensors)
+        g_hat = structure.marginal_vjp(y_hat, grad_loss, pot, lengths, needs)
+        g_gold = structure.marginal_vjp(target, grad_loss, pot, lengths, needs)
+        grads = tuple(None if a is None else a - b for a, b in zip(g_hat, g_gold))
+        return (None, None, None, None, None) + grads
+
+
+def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def _check_reduction(reduction: str) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def structured_hinge_loss(
+    structure: Structure,
+    potentials,
+    target: torch.Tensor,
+    lengths=None,
+    *,
+    loss_weight=1.0,
+    reduction: str = "mean",
+    backend: str = "auto",
+    return_argmax: bool = False,
+):
+    """Margin-rescaled structured hinge loss.
+
+    Args:
+        structure: e.g. ``Chain(K)`` or ``Multiclass(K)``.
+        potentials: the structure's potentials (``ChainPotentials`` or ``(B, K)`` scores), any dtype;
+            half precision is decoded in float32.
+        target: true labels (``(B, T)`` for chains, ``(B,)`` for multiclass).
+        lengths: ``(B,)`` sequence lengths for chains.
+        loss_weight: scalar or ``(B,)`` multiplier of the task loss inside the max.
+        reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over examples.
+        return_argmax: also return the loss-augmented labelling ``y_hat``.
+    """
+    if not isinstance(structure, Structure):
+        raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+    _check_reduction(reduction)
+    pot, lengths, target = structure.validate(potentials, lengths, target)
+    tensors = structure.tensors(pot)
+    lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
+    loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, *tensors)
+    loss = _reduce(loss, reduction)
+    return (loss, y_hat) if return_argmax else loss
+
+
+class StructuredHingeLoss(nn.Module):
+    """Module wrapper of `structured_hinge_loss`: ``loss = criterion(potentials, target, lengths)``."""
+
+    def __init__(self, structure: Structure, reduction: str = "mean", *, loss_weight=1.0, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(structure, Structure):
+            raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+        self.structure = structure
+        self.reduction = _check_reduction(reduction)
+        self.loss_weight = loss_weight
+        self.backend = backend
+
+    def forward(self, potentials, target, lengths=None, *, loss_weight=None):
+        return structured_hinge_loss(
+            self.structure,
+            potentials,
+            target,
+            lengths,
+            loss_weight=self.loss_weight if loss_weight is None else loss_weight,
+            reduction=self.reduction,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.structure!r}, reduction={self.reduction!r}"

@@ -1,0 +1,88 @@
+"""Evaluation metrics for labelled sequences: token and sequence error, and chunk F1 (conlleval)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Set, Tuple
+
+import torch
+
+
+def _valid(y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return torch.arange(y.shape[1], device=y.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def token_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
+    """(wrong tokens, tokens) over a padded batch ``(B, T)``; the error rate is their ratio."""
+    valid = _valid(y, lengths)
+    return int(((y_hat != y) & valid).sum()), int(valid.sum())
+
+
+def sequence_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
+    """(sequences with at least one wrong token, sequences): OCR's "word error"."""
+    wrong = ((y_hat != y) & _valid(y, lengths)).any(dim=1)
+    return int(wrong.sum()), int(y.shape[0])
+
+
+def _split_tag(tag: str) -> Tuple[str, str]:
+    if tag == "O":
+        return "O", ""
+    prefix, _, kind = tag.partition("-")
+    if not kind:  # a bare type, as conlleval accepts for IOB1 variants
+        return "I", prefix
+    return prefix, kind
+
+
+def _end_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+    return (
+        prev_tag in ("E", "S")
+        or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
+        or (prev_tag != "O" and prev_type != type_)
+    )
+
+
+def _start_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+    return (
+        tag in ("B", "S")
+        or (prev_tag in ("E", "S", "O") and tag in ("I", "E"))
+        or (tag != "O" and prev_type != type_)
+    )
+
+
+def chunks(tags: Sequence[str]) -> Set[Tuple[int, int, str]]:
+    """Chunks ``(start, end_exclusive, type)`` of one IOB/IOB2/IOE sentence, by conlleval's rules."""
+    out = set()
+    prev_tag, prev_type, start = "O", "", None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        t, kind = _split_tag(tag)
+        if start is not None and _end_of_chunk(prev_tag, t, prev_type, kind):
+            out.add((start, i, prev_type))
+            start = None
+        if _start_of_chunk(prev_tag, t, prev_type, kind):
+            start = i
+        prev_tag, prev_type = t, kind
+    return out
+
+
+def chunk_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> Dict[str, float]:
+    """Phrase-level precision, recall and F1 (in %) in the conlleval sense over a corpus of sentences."""
+    if len(predicted) != len(gold):
+        raise ValueError(f"predicted has {len(predicted)} sentences but gold has {len(gold)}")
+    correct = n_pred = n_gold = 0
+    for i, (p, g) in enumerate(zip(predicted, gold)):
+        if len(p) != len(g):
+            raise ValueError(f"sentence {i}: predicted has {len(p)} tags but gold has {len(g)}")
+        cp, cg = chunks(p), chunks(g)
+        correct += len(cp & cg)
+        n_pred += len(cp)
+        n_gold += len(cg)
+    precision = 100.0 * correct / n_pred if n_pred else 0.0
+    recall = 100.0 * correct / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1, "correct": correct, "predicted": n_pred,
+            "gold": n_gold}
+
+
+def labels_to_tags(y: torch.Tensor, lengths: torch.Tensor, names: Sequence[str]) -> List[List[str]]:
+    """Padded label ids ``(B, T)`` to lists of tag strings."""
+    rows = y.tolist()
+    return [[names[k] for k in row[:L]] for row, L in zip(rows, lengths.tolist())]

@@ -1,0 +1,180 @@
+"""Linear potential models: potentials linear in the parameters ``w``.
+
+For such a model the joint feature map is the vector-Jacobian product of the model (DESIGN.md):
+``phi(x, mu) = d <model(x), mu> / d w``, so ``<w, phi(x, y)> = score(model(x), y)`` and no structure
+hand-codes ``phi``. `joint_feature` computes it for any model, linear or not (for a non-linear model it
+is the gradient of the score, the quantity a deep SSVM step uses).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._validation import check_positive_int, check_tensor
+from .structures.chain import ChainPotentials
+
+CHAIN_BIASES = ("ocr", "global", None)
+
+
+class TokenFeatures(NamedTuple):
+    """Sparse token attributes of a padded batch of sequences.
+
+    - ``ids``: ``(B, T, A)`` long attribute ids in ``[0, num_features)``, -1 for "no attribute".
+    - ``values``: ``(B, T, A)`` float attribute values, or None for binary attributes (value 1).
+    """
+
+    ids: torch.Tensor
+    values: Optional[torch.Tensor] = None
+
+    def to(self, device) -> TokenFeatures:
+        return TokenFeatures(self.ids.to(device), None if self.values is None else self.values.to(device))
+
+    def __getitem__(self, index):  # batch indexing, like a tensor
+        if isinstance(index, int):
+            return tuple.__getitem__(self, index)
+        return TokenFeatures(self.ids[index], None if self.values is None else self.values[index])
+
+    @property
+    def shape(self):
+        return self.ids.shape
+
+
+class LinearChainModel(nn.Module):
+    """Chain potentials linear in ``w = (emission, transition, biases)``.
+
+    ``unary[b, t, k] = <x[b, t], emission[:, k]> + bias[k]``, ``transition (K, K)``, and with
+    ``bias="ocr"`` the first / last position biases of the OCR model of Taskar et al. used by the BCFW
+    papers (``start``, ``end``): ``d = D K + K^2 + 3K`` (4,082 for OCR's D=128, K=26).
+
+    Args:
+        num_features: D, the token feature dimension (or the number of sparse attributes).
+        num_labels: K.
+        bias: ``"ocr"`` (global + first + last), ``"global"``, or None.
+        sparse: inputs are `TokenFeatures` rather than dense ``(B, T, D)`` tensors.
+
+    Parameters start at zero (``w = 0``, the dual solvers' starting point).
+    """
+
+    def __init__(self, num_features: int, num_labels: int, *, bias: Optional[str] = "ocr", sparse: bool = False,
+                 dtype: Optional[torch.dtype] = None, device=None):
+        super().__init__()
+        D = check_positive_int("num_features", num_features)
+        K = check_positive_int("num_labels", num_labels)
+        if bias not in CHAIN_BIASES:
+            raise ValueError(f"bias must be one of {CHAIN_BIASES}, got {bias!r}")
+        kw = {"dtype": dtype, "device": device}
+        self.num_features, self.num_labels, self.bias_mode, self.sparse = D, K, bias, bool(sparse)
+        self.emission = nn.Parameter(torch.zeros(D, K, **kw))
+        self.transition = nn.Parameter(torch.zeros(K, K, **kw))
+        self.bias = nn.Parameter(torch.zeros(K, **kw)) if bias is not None else None
+        self.start = nn.Parameter(torch.zeros(K, **kw)) if bias == "ocr" else None
+        self.end = nn.Parameter(torch.zeros(K, **kw)) if bias == "ocr" else None
+
+    def unary(self, x) -> torch.Tensor:
+        """``(B, T, K)`` unary potentials of dense ``(B, T, D)`` or `TokenFeatures` inputs."""
+        D = self.num_features
+        if self.sparse:
+            if not isinstance(x, TokenFeatures):
+                raise TypeError(f"x must be TokenFeatures for a sparse model, got {type(x).__name__}")
+            check_tensor("x.ids", x.ids, ndim=3, integer=True, device=self.emission.device)
+            B, T, A = x.ids.shape
+            ids = x.ids.reshape(B * T, A)
+            if ids.numel() and int(ids.max()) >= D:
+                raise ValueError(f"x.ids holds attribute {int(ids.max())}, outside [0, {D})")
+            weights = (ids >= 0).to(self.emission.dtype)
+            if x.values is not None:
+                check_tensor("x.values", x.values, ndim=3, floating=True, device=self.emission.device)
+                if x.values.shape != x.ids.shape:
+                    raise ValueError(f"x.values must have the shape of x.ids {tuple(x.ids.shape)}, "
+                                     f"got {tuple(x.values.shape)}")
+                weights = weights * x.values.reshape(B * T, A).to(self.emission.dtype)
+            u = F.embedding_bag(ids.clamp_min(0), self.emission, per_sample_weights=weights, mode="sum")
+            u = u.view(B, T, self.num_labels)
+        else:
+            if isinstance(x, TokenFeatures):
+                raise TypeError("x is TokenFeatures but the model is dense (construct it with sparse=True)")
+            check_tensor("x", x, ndim=3, floating=True, device=self.emission.device)
+            if x.shape[2] != D:
+                raise ValueError(f"x must have {D} features in its last dimension, got shape {tuple(x.shape)}")
+            u = x.to(self.emission.dtype) @ self.emission
+        if self.bias is not None:
+            u = u + self.bias
+        return u
+
+    def forward(self, x) -> ChainPotentials:
+        return ChainPotentials(self.unary(x), self.transition, self.start, self.end)
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, num_labels={self.num_labels}, bias={self.bias_mode!r}, " \
+               f"sparse={self.sparse}"
+
+
+class LinearMulticlassModel(nn.Module):
+    """Multiclass scores ``x @ weight + bias``: ``(B, D) -> (B, K)``; ``d = D K (+ K)``; starts at zero."""
+
+    def __init__(self, num_features: int, num_classes: int, *, bias: bool = True,
+                 dtype: Optional[torch.dtype] = None, device=None):
+        super().__init__()
+        D = check_positive_int("num_features", num_features)
+        K = check_positive_int("num_classes", num_classes)
+        kw = {"dtype": dtype, "device": device}
+        self.num_features, self.num_classes = D, K
+        self.weight = nn.Parameter(torch.zeros(D, K, **kw))
+        self.bias = nn.Parameter(torch.zeros(K, **kw)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, ndim=2, floating=True, device=self.weight.device)
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"x must have {self.num_features} features, got shape {tuple(x.shape)}")
+        s = x.to(self.weight.dtype) @ self.weight
+        return s + self.bias if self.bias is not None else s
+
+
+def _as_tuple(potentials):
+    return (potentials,) if isinstance(potentials, torch.Tensor) else tuple(potentials)
+
+
+def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) -> torch.Tensor:
+    """``phi(x, mu) = d <model(x), mu> / d w`` flattened in ``model.parameters()`` order.
+
+    Args:
+        model: maps ``x`` to potentials (a tensor or a tuple such as `ChainPotentials`).
+        x: a batch of inputs.
+        marginals: per-example marginals of the same structure (e.g. ``Chain.marginals(y)``); a potential
+            tensor without a batch dimension (a shared transition) is paired with the per-example
+            marginals summed over the batch.
+        per_example: return ``(B, d)`` (one row per example) instead of the batch sum ``(d,)``.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if per_example:
+        mus = _as_tuple(marginals)
+        B = mus[0].shape[0]
+        rows = []
+        for b in range(B):
+            xb = x[b : b + 1]
+            mb = type(marginals)(*(None if m is None else m[b : b + 1] for m in mus)) \
+                if not isinstance(marginals, torch.Tensor) else marginals[b : b + 1]
+            rows.append(joint_feature(model, xb, mb))
+        return torch.stack(rows) if rows else torch.zeros(0, sum(p.numel() for p in params))
+    with torch.enable_grad():
+        pots = _as_tuple(model(x))
+        mus = _as_tuple(marginals)
+        if len(pots) != len(mus):
+            raise ValueError(f"marginals has {len(mus)} parts but the model's potentials have {len(pots)}")
+        total = None
+        for p, m in zip(pots, mus):
+            if p is None or m is None:
+                continue
+            if p.dim() == m.dim() - 1:  # shared factor: pair with the batch sum
+                m = m.sum(0)
+            if p.shape != m.shape:
+                raise ValueError(f"marginals part of shape {tuple(m.shape)} does not match potentials "
+                                 f"{tuple(p.shape)}")
+            term = (p * m.to(p.dtype)).sum()
+            total = term if total is None else total + term
+        grads = torch.autograd.grad(total, params, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])

@@ -1,0 +1,7 @@
+"""Output structures. To add one, subclass `Structure` (base.py) in a new file and export it here."""
+
+from .base import Structure
+from .chain import Chain, ChainPotentials
+from .multiclass import Multiclass
+
+__all__ = ["Structure", "Chain", "ChainPotentials", "Multiclass"]

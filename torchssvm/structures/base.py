@@ -1,0 +1,95 @@
+"""The structure protocol shared by every output structure (DESIGN.md, "Structures: one protocol").
+
+A structure describes an output space and its oracles and holds no learned parameters. Potentials are a
+small typed container per structure (a plain tensor for `Multiclass`, `ChainPotentials` for `Chain`);
+labels are integer tensors. All operations are batched over a leading dimension B.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from .._validation import check_positive_int, check_tensor
+
+
+class Structure:
+    """Base class. Subclasses implement the methods below for one kind of output."""
+
+    #: names of the potential tensors, in the order of `tensors()` (used in error messages)
+    potential_names: Tuple[str, ...] = ()
+
+    def __init__(self, num_labels: int, class_weights: Optional[torch.Tensor] = None):
+        self.num_labels = check_positive_int("num_labels", num_labels, minimum=1)
+        if class_weights is not None:
+            check_tensor("class_weights", class_weights, ndim=1)
+            if class_weights.shape[0] != self.num_labels:
+                raise ValueError(
+                    f"class_weights must have shape ({self.num_labels},), got {tuple(class_weights.shape)}"
+                )
+            if not bool(torch.isfinite(class_weights).all()) or bool((class_weights < 0).any()):
+                raise ValueError("class_weights must be finite and >= 0")
+            class_weights = class_weights.detach().to(torch.float64)
+        self.class_weights = class_weights
+
+    # -- the protocol -------------------------------------------------------------------------
+    def decode(self, potentials, lengths=None, *, target=None, loss_weight=1.0, backend="auto"):
+        """MAP labelling; with ``target`` the loss-augmented (margin-rescaled) max-oracle
+        ``argmax_y loss_weight * Delta(target, y) + s(y)``. ``loss_weight``: scalar or ``(B,)``."""
+        if target is None:
+            return self.max_oracle(potentials, lengths=lengths, backend=backend)[0]
+        return self.max_oracle(
+            potentials, target, lengths=lengths, loss_weight=loss_weight, backend=backend
+        )[0]
+
+    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
+        """``(y_hat, value)`` with ``value = max_y loss_weight * Delta(target, y) + s(y)`` per example
+        (``Delta`` omitted when ``target`` is None)."""
+        raise NotImplementedError
+
+    def score(self, potentials, y, lengths=None) -> torch.Tensor:
+        """``<theta, one_hot(y)>`` per example, shape ``(B,)``."""
+        raise NotImplementedError
+
+    def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
+        """``Delta(y, y_hat)`` per example, float64 ``(B,)``."""
+        raise NotImplementedError
+
+    def marginals(self, y, lengths=None, **kwargs):
+        """One-hot factor marginals of ``y`` (per example), the gradient of `score` in the potentials."""
+        raise NotImplementedError
+
+    # -- plumbing for autograd Functions --------------------------------------------------------
+    def tensors(self, potentials) -> Tuple[Optional[torch.Tensor], ...]:
+        """The potential tensors (None for absent optional ones), in `potential_names` order."""
+        raise NotImplementedError
+
+    def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]):
+        raise NotImplementedError
+
+    def marginal_vjp(self, y, weight, potentials, lengths, needs: Sequence[bool]):
+        """``sum_b weight_b * marginals(y)_b`` reduced to each potential tensor's shape (None where
+        ``needs`` is False or the tensor is absent): the gradient of ``sum_b weight_b * score_b``."""
+        raise NotImplementedError
+
+    def validate(self, potentials, lengths=None, target=None):
+        """Check potentials, lengths and target at the boundary; return them normalized."""
+        raise NotImplementedError
+
+    # -- shared helpers ------------------------------------------------------------------------
+    def _check_common(self, tensors: dict, ref: torch.Tensor) -> None:
+        """Optional potential tensors must be floating, on ``ref``'s device, of ``ref``'s dtype."""
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            check_tensor(name, t, floating=True, device=ref.device, dtype=ref.dtype)
+
+    def _class_weight(self, y: torch.Tensor, dtype) -> torch.Tensor:
+        """Weight of each true label (1 without class weights); padding (-1) gets weight 0 later."""
+        if self.class_weights is None:
+            return torch.ones(y.shape, dtype=dtype, device=y.device)
+        return self.class_weights.to(device=y.device, dtype=dtype)[y.clamp_min(0)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.num_labels})"

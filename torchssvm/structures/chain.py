@@ -1,0 +1,233 @@
+"""Linear chains: sequence labelling with unary, transition and start/end potentials."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from .._validation import (
+    check_finite,
+    check_labels,
+    check_lengths,
+    check_loss_weight,
+    check_shape,
+    check_tensor,
+)
+from ..kernels import viterbi
+from .base import Structure
+
+
+class ChainPotentials(NamedTuple):
+    """Scores of a batch of chains with K labels, padded to length T.
+
+    - ``unary``: ``(B, T, K)``; entries past a sequence's length are ignored.
+    - ``transition``: ``(K, K)`` shared or ``(B, T-1, K, K)`` per position; ``[i, j]`` scores label i
+      followed by label j.
+    - ``start``, ``end``: ``(K,)`` scores of the first / last label, or None.
+
+    As marginals (`Chain.marginals`) the same container holds one-hot counts per example: unary
+    ``(B, T, K)``, transition ``(B, K, K)`` (or ``(B, T-1, K, K)``), start and end ``(B, K)``.
+    """
+
+    unary: torch.Tensor
+    transition: torch.Tensor
+    start: Optional[torch.Tensor] = None
+    end: Optional[torch.Tensor] = None
+
+
+def _decode_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half precision potentials are decoded in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class Chain(Structure):
+    """Output space of label sequences ``y in {0..K-1}^L`` with a first-order Markov score
+
+    ``s(y) = start[y_0] + sum_t unary[t, y_t] + sum_t transition[y_{t-1}, y_t] + end[y_{L-1}]``.
+
+    Task loss: Hamming, ``sum_t c[y_t] [y_hat_t != y_t]`` with optional per-class weights ``c`` (of the
+    true label), divided by the length when ``normalize=True`` (the OCR / CoNLL convention of the BCFW
+    papers). Labels are ``(B, T)`` long, padded with -1 past each length (positions past the length are
+    ignored on input). MAP and loss-augmented decoding are exact (Viterbi; `torchssvm.kernels`).
+    """
+
+    potential_names = ("unary", "transition", "start", "end")
+
+    def __init__(self, num_labels: int, *, normalize: bool = True, class_weights=None):
+        super().__init__(num_labels, class_weights)
+        self.normalize = bool(normalize)
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self, potentials, lengths=None, target=None):
+        pot = self._as_potentials(potentials)
+        check_tensor("unary", pot.unary, ndim=3, floating=True)
+        B, T, K = pot.unary.shape
+        if K != self.num_labels:
+            raise ValueError(f"unary has {K} labels in its last dimension, expected {self.num_labels}")
+        if T < 1:
+            raise ValueError("unary must have at least one position (T >= 1)")
+        ref = pot.unary
+        self._check_common({"transition": pot.transition, "start": pot.start, "end": pot.end}, ref)
+        if pot.transition.dim() == 2:
+            check_shape("transition", pot.transition, (K, K), "shared")
+        elif pot.transition.dim() == 4:
+            check_shape("transition", pot.transition, (B, T - 1, K, K), "per position")
+        else:
+            raise ValueError(
+                f"transition must have shape ({K}, {K}) or ({B}, {T - 1}, {K}, {K}), "
+                f"got {tuple(pot.transition.shape)}"
+            )
+        for name in ("start", "end"):
+            t = getattr(pot, name)
+            if t is not None:
+                check_shape(name, t, (K,))
+        check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end})
+        lengths = check_lengths(lengths, B, T, ref.device)
+        if target is not None:
+            target = check_labels("target", target, (B, T), K, ref.device, valid=self._valid(lengths, T))
+        return pot, lengths, target
+
+    def _as_potentials(self, potentials) -> ChainPotentials:
+        if isinstance(potentials, ChainPotentials):
+            return potentials
+        if isinstance(potentials, (tuple, list)) and 2 <= len(potentials) <= 4:
+            return ChainPotentials(*potentials)
+        raise TypeError(
+            "potentials must be a ChainPotentials(unary, transition, start=None, end=None), "
+            f"got {type(potentials).__name__}"
+        )
+
+    @staticmethod
+    def _valid(lengths: torch.Tensor, T: int) -> torch.Tensor:
+        return torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+    # -- the protocol -------------------------------------------------------------------------
+    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
+        pot, lengths, target = self.validate(potentials, lengths, target)
+        lw = None
+        if target is not None:
+            lw = check_loss_weight(loss_weight, pot.unary.shape[0], pot.unary.device, torch.float64)
+        return self._max_oracle(pot, lengths, target, lw, backend)
+
+    def _max_oracle(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
+        """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None."""
+        dt = _decode_dtype(pot.unary.dtype)
+        unary = pot.unary.detach().to(dt)
+        if target is not None:
+            # Hamming is decomposable: add its per-position weight to every wrong label.
+            pos_w = self._position_loss_weights(target, lengths).to(dt) * loss_weight.to(dt).unsqueeze(1)
+            wrong = torch.ones_like(unary).scatter_(2, target.clamp_min(0).unsqueeze(2), 0.0)
+            unary = unary + pos_w.unsqueeze(2) * wrong
+        det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
+        return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
+
+    def _position_loss_weights(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` float64: the Hamming cost of a mistake at each position (0 on padding)."""
+        T = y.shape[1]
+        w = self._class_weight(y, torch.float64) * self._valid(lengths, T)
+        if self.normalize:
+            w = w / lengths.unsqueeze(1).to(torch.float64)
+        return w
+
+    def score(self, potentials, y, lengths=None) -> torch.Tensor:
+        pot, lengths, y = self.validate(potentials, lengths, y)
+        return self._score(pot, y, lengths)
+
+    def _score(self, pot: ChainPotentials, y, lengths) -> torch.Tensor:
+        B, T, _ = pot.unary.shape
+        valid = self._valid(lengths, T)
+        yc = y.clamp_min(0)
+        s = (pot.unary.gather(2, yc.unsqueeze(2)).squeeze(2) * valid).sum(1)
+        if T > 1:
+            pair_valid = valid[:, 1:]
+            if pot.transition.dim() == 2:
+                tr = pot.transition[yc[:, :-1], yc[:, 1:]]
+            else:
+                K = self.num_labels
+                flat = pot.transition.reshape(B, T - 1, K * K)
+                tr = flat.gather(2, (yc[:, :-1] * K + yc[:, 1:]).unsqueeze(2)).squeeze(2)
+            s = s + (tr * pair_valid).sum(1)
+        if pot.start is not None:
+            s = s + pot.start[yc[:, 0]]
+        if pot.end is not None:
+            s = s + pot.end[yc.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)]
+        return s
+
+    def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
+        check_tensor("y", y, ndim=2)
+        B, T = y.shape
+        lengths = check_lengths(lengths, B, T, y.device)
+        valid = self._valid(lengths, T)
+        y = check_labels("y", y, (B, T), self.num_labels, y.device, valid=valid)
+        y_hat = check_labels("y_hat", y_hat, (B, T), self.num_labels, y.device, valid=valid)
+        return self._task_loss(y_hat, y, lengths)
+
+    def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
+        return (self._position_loss_weights(y, lengths) * (y_hat != y)).sum(1)
+
+    def marginals(self, y, lengths=None, *, per_position: bool = False, dtype=torch.float32):
+        """One-hot marginals of labellings ``y (B, T)``: a `ChainPotentials` of unary ``(B, T, K)``,
+        transition counts ``(B, K, K)`` (or one-hot ``(B, T-1, K, K)`` with ``per_position``), start and
+        end ``(B, K)``. ``score(pot, y) == <pot, marginals(y)>`` summed over each example's factors."""
+        check_tensor("y", y, ndim=2)
+        B, T = y.shape
+        lengths = check_lengths(lengths, B, T, y.device)
+        valid = self._valid(lengths, T)
+        y = check_labels("y", y, (B, T), self.num_labels, y.device, valid=valid)
+        K = self.num_labels
+        yc = y.clamp_min(0)
+        vf = valid.to(dtype)
+        unary = torch.zeros(B, T, K, dtype=dtype, device=y.device).scatter_(2, yc.unsqueeze(2), vf.unsqueeze(2))
+        pair_idx = yc[:, :-1] * K + yc[:, 1:]
+        pair_w = vf[:, 1:]
+        if per_position:
+            trans = torch.zeros(B, T - 1, K * K, dtype=dtype, device=y.device)
+            trans.scatter_(2, pair_idx.unsqueeze(2), pair_w.unsqueeze(2))
+            trans = trans.view(B, T - 1, K, K)
+        else:
+            trans = torch.zeros(B, K * K, dtype=dtype, device=y.device)
+            trans = trans.scatter_add_(1, pair_idx, pair_w).view(B, K, K)
+        eye = torch.eye(K, dtype=dtype, device=y.device)
+        start = eye[yc[:, 0]]
+        end = eye[yc.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)]
+        return ChainPotentials(unary, trans, start, end)
+
+    # -- autograd plumbing -----------------------------------------------------------------------
+    def tensors(self, potentials):
+        return tuple(self._as_potentials(potentials))
+
+    def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> ChainPotentials:
+        return ChainPotentials(*tensors)
+
+    def marginal_vjp(self, y, weight, potentials, lengths, needs):
+        pot = self._as_potentials(potentials)
+        B, T, K = pot.unary.shape
+        dtype, device = pot.unary.dtype, pot.unary.device
+        weight = weight.to(dtype)
+        valid = self._valid(lengths, T)
+        yc = y.clamp_min(0)
+        out = [None, None, None, None]
+        if needs[0]:
+            src = (weight.unsqueeze(1) * valid).unsqueeze(2)
+            out[0] = torch.zeros(B, T, K, dtype=dtype, device=device).scatter_(2, yc.unsqueeze(2), src)
+        if needs[1] and T > 1:
+            pair_idx = yc[:, :-1] * K + yc[:, 1:]
+            pair_w = weight.unsqueeze(1) * valid[:, 1:]
+            if pot.transition.dim() == 2:
+                g = torch.zeros(K * K, dtype=dtype, device=device)
+                out[1] = g.index_add_(0, pair_idx.reshape(-1), pair_w.reshape(-1)).view(K, K)
+            else:
+                g = torch.zeros(B, T - 1, K * K, dtype=dtype, device=device)
+                out[1] = g.scatter_(2, pair_idx.unsqueeze(2), pair_w.unsqueeze(2)).view(B, T - 1, K, K)
+        elif needs[1]:
+            out[1] = torch.zeros_like(pot.transition)
+        if needs[2] and pot.start is not None:
+            out[2] = torch.zeros(K, dtype=dtype, device=device).index_add_(0, yc[:, 0], weight)
+        if needs[3] and pot.end is not None:
+            last = yc.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
+            out[3] = torch.zeros(K, dtype=dtype, device=device).index_add_(0, last, weight)
+        return tuple(out)
+
+    def __repr__(self) -> str:
+        return f"Chain({self.num_labels}, normalize={self.normalize})"

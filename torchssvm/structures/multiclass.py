@@ -1,0 +1,96 @@
+"""Multiclass classification as the simplest structure: one factor with K states."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .._validation import check_finite, check_labels, check_loss_weight, check_tensor
+from .base import Structure
+
+
+def _no_lengths(lengths) -> None:
+    if lengths is not None:
+        raise ValueError("lengths must be None for Multiclass (every example has one label)")
+
+
+class Multiclass(Structure):
+    """Output space ``{0..K-1}``; potentials are scores ``(B, K)``, labels ``(B,)`` long.
+
+    Task loss: 0/1, weighted by ``class_weights[y]`` of the true class when given. The loss-augmented
+    oracle is ``argmax_k scores[k] + loss_weight * c[y] * [k != y]`` (ties: smallest index).
+    """
+
+    potential_names = ("scores",)
+
+    def __init__(self, num_classes: int, *, class_weights=None):
+        super().__init__(num_classes, class_weights)
+
+    @property
+    def num_classes(self) -> int:
+        return self.num_labels
+
+    def validate(self, potentials, lengths=None, target=None):
+        _no_lengths(lengths)
+        check_tensor("scores", potentials, ndim=2, floating=True)
+        B, K = potentials.shape
+        if K != self.num_labels:
+            raise ValueError(f"scores has {K} classes in its last dimension, expected {self.num_labels}")
+        check_finite({"scores": potentials})
+        if target is not None:
+            target = check_labels("target", target, (B,), K, potentials.device)
+        return potentials, None, target
+
+    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
+        scores, _, target = self.validate(potentials, lengths, target)
+        lw = None
+        if target is not None:
+            lw = check_loss_weight(loss_weight, scores.shape[0], scores.device, torch.float64)
+        return self._max_oracle(scores, None, target, lw, backend)
+
+    def _max_oracle(self, scores, lengths, target, loss_weight, backend):
+        dt = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
+        s = scores.detach().to(dt)
+        if target is not None:
+            cost = (self._class_weight(target, torch.float64) * loss_weight).to(dt)
+            wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
+            s = s + cost.unsqueeze(1) * wrong
+        value, y_hat = s.max(dim=1)
+        return y_hat, value
+
+    def score(self, potentials, y, lengths=None) -> torch.Tensor:
+        scores, _, y = self.validate(potentials, lengths, y)
+        return self._score(scores, y, None)
+
+    def _score(self, scores, y, lengths) -> torch.Tensor:
+        return scores.gather(1, y.unsqueeze(1)).squeeze(1)
+
+    def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
+        _no_lengths(lengths)
+        check_tensor("y", y, ndim=1)
+        y = check_labels("y", y, tuple(y.shape), self.num_labels, y.device)
+        y_hat = check_labels("y_hat", y_hat, tuple(y.shape), self.num_labels, y.device)
+        return self._task_loss(y_hat, y, None)
+
+    def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
+        return self._class_weight(y, torch.float64) * (y_hat != y)
+
+    def marginals(self, y, lengths=None, *, dtype=torch.float32) -> torch.Tensor:
+        """One-hot ``(B, K)``."""
+        _no_lengths(lengths)
+        check_tensor("y", y, ndim=1)
+        y = check_labels("y", y, tuple(y.shape), self.num_labels, y.device)
+        return torch.nn.functional.one_hot(y, self.num_labels).to(dtype)
+
+    def tensors(self, potentials):
+        return (potentials,)
+
+    def from_tensors(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        return tensors[0]
+
+    def marginal_vjp(self, y, weight, potentials, lengths, needs):
+        if not needs[0]:
+            return (None,)
+        g = torch.zeros_like(potentials)
+        return (g.scatter_(1, y.unsqueeze(1), weight.to(potentials.dtype).unsqueeze(1)),)
