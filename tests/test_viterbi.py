@@ -35,10 +35,18 @@ def check_against_brute_force(labels, scores, unary, trans, s, e, lengths):
         assert float(scores[b]) == pytest.approx(v_bf, abs=1e-9)
 
 
+@pytest.fixture(params=["batch_first", "batch_last"])
+def layout(request, monkeypatch):
+    """Run a test under both memory layouts of the torch twin."""
+    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+    monkeypatch.setattr(vt, "_BATCH_LAST_MIN_B", 1 if request.param == "batch_last" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("K", [2, 3, 4, 5])
 @pytest.mark.parametrize("per_position", [False, True])
 @pytest.mark.parametrize("integer", [True, False])
-def test_torch_viterbi_matches_brute_force(K, per_position, integer):
+def test_torch_viterbi_matches_brute_force(K, per_position, integer, layout):
     T = 6 if K <= 3 else (5 if K == 4 else 4)
     for seed in range(3):
         args = random_chain(7, T, K, per_position=per_position, integer=integer, seed=seed + 10 * K,
@@ -47,14 +55,14 @@ def test_torch_viterbi_matches_brute_force(K, per_position, integer):
         check_against_brute_force(labels, scores, *args)
 
 
-def test_every_length_one_to_six():
+def test_every_length_one_to_six(layout):
     unary, trans, s, e, _ = random_chain(6, 6, 3, per_position=False, integer=True, seed=5)
     lengths = torch.arange(1, 7)
     labels, scores = viterbi_torch(unary, trans, s, e, lengths)
     check_against_brute_force(labels, scores, unary, trans, s, e, lengths)
 
 
-def test_ties_break_to_smallest_reversed_labelling():
+def test_ties_break_to_smallest_reversed_labelling(layout):
     # all-zero potentials: every labelling ties; the rule picks all zeros
     z = torch.zeros(2, 4, 3, dtype=torch.float64)
     labels, _ = viterbi_torch(z, torch.zeros(3, 3, dtype=torch.float64), None, None, torch.tensor([4, 2]))
@@ -83,9 +91,10 @@ def test_triton_matches_brute_force(K, per_position):
         (2, 5, 130, True, True, torch.float32),
         (2, 4, 300, False, False, torch.float64),
         (1, 3, 1024, False, True, torch.float32),
+        (20, 6, 45, True, True, torch.float32),
     ],
 )
-def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype):
+def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype, layout):
     from torchssvm.kernels.viterbi_triton import viterbi_triton
 
     args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K, dtype=dtype)

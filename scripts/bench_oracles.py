@@ -1,0 +1,251 @@
+"""Benchmark: loss-augmented Viterbi and hinge forward+backward against pytorch-crf and torch-struct.
+
+Measures, at (B, T, K) in {(32,14,26), (32,50,45), (8,50,300), (512,100,45)}, all in one run on one
+machine, median of repeats after warm-up (CUDA synchronized before reading clocks):
+
+- decode throughput (tokens/s): our loss-augmented Viterbi (``Chain.max_oracle``, torch backend and,
+  on CUDA, the Triton kernel) against pytorch-crf's ``CRF.decode`` and torch-struct's max semiring
+  (``LinearChainCRF(...).argmax``) when it imports;
+- training step time: our ``StructuredHingeLoss`` forward+backward against pytorch-crf's NLL
+  forward+backward, both with respect to the same unary and transition tensors.
+
+Writes ``docs/benchmarks/oracles.{md,json,png}`` (``--out`` to change). Usage:
+
+    python scripts/bench_oracles.py [--device cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import torchssvm as ts
+
+SIZES = [(32, 14, 26), (32, 50, 45), (8, 50, 300), (512, 100, 45)]
+
+
+def timeit(fn, device, *, min_repeats=5, min_seconds=1.0, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or time.perf_counter() - start < min_seconds:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def make_problem(B, T, K, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    unary = torch.randn(B, T, K, generator=g).to(device)
+    trans = torch.randn(K, K, generator=g).to(device)
+    y = torch.randint(0, K, (B, T), generator=g).to(device)
+    lengths = torch.full((B,), T, dtype=torch.long, device=device)
+    return unary, trans, y, lengths
+
+
+def bench_size(B, T, K, device, quick):
+    kw = {"min_repeats": 3, "min_seconds": 0.2} if quick else {}
+    unary, trans, y, lengths = make_problem(B, T, K, device)
+    chain = ts.Chain(K)
+    pot = ts.ChainPotentials(unary, trans)
+    row = {"B": B, "T": T, "K": K, "tokens": B * T}
+
+    def ours_decode(backend):
+        return lambda: chain.max_oracle(pot, y, lengths, backend=backend)
+
+    row["ours_torch_decode_s"] = timeit(ours_decode("torch"), device, **kw)
+    if device.type == "cuda" and ts.kernels.triton_available():
+        row["ours_triton_decode_s"] = timeit(ours_decode("triton"), device, **kw)
+
+    u_req = unary.clone().requires_grad_()
+    t_req = trans.clone().requires_grad_()
+    hinge = ts.StructuredHingeLoss(chain, backend="torch")
+
+    def ours_train():
+        u_req.grad = t_req.grad = None
+        hinge(ts.ChainPotentials(u_req, t_req), y, lengths).backward()
+
+    row["ours_torch_hinge_fb_s"] = timeit(ours_train, device, **kw)
+    if device.type == "cuda" and ts.kernels.triton_available():
+        hinge_tr = ts.StructuredHingeLoss(chain, backend="triton")
+
+        def ours_train_triton():
+            u_req.grad = t_req.grad = None
+            hinge_tr(ts.ChainPotentials(u_req, t_req), y, lengths).backward()
+
+        row["ours_triton_hinge_fb_s"] = timeit(ours_train_triton, device, **kw)
+
+    try:
+        from torchcrf import CRF
+    except ImportError:
+        CRF = None
+    if CRF is not None:
+        crf = CRF(K, batch_first=True).to(device)
+        with torch.no_grad():
+            crf.transitions.copy_(trans)
+            crf.start_transitions.zero_()
+            crf.end_transitions.zero_()
+        mask = torch.ones(B, T, dtype=torch.bool, device=device)
+        with torch.no_grad():
+            row["pytorchcrf_decode_s"] = timeit(lambda: crf.decode(unary, mask), device, **kw)
+        ref = torch.tensor(crf.decode(unary, mask), device=device)
+        plain = chain.decode(pot, lengths, backend="torch")
+        row["decode_agrees_with_pytorchcrf"] = bool(torch.equal(ref, plain))
+
+        def crf_train():
+            u_req.grad = None
+            crf.zero_grad(set_to_none=True)
+            (-crf(u_req, y, mask, reduction="mean")).backward()
+
+        row["pytorchcrf_nll_fb_s"] = timeit(crf_train, device, **kw)
+
+    try:
+        import torch_struct
+    except Exception:
+        torch_struct = None
+    # torch-struct's parallel scan materializes (B, T, K, K, K) products: skip sizes that cannot fit.
+    if torch_struct is not None and B * T * K ** 3 * 4 > 8e9:
+        row["torchstruct_decode_s"] = None
+        row["torchstruct_note"] = f"needs about {B * T * K ** 3 * 4 / 1e9:.0f} GB (K^3 scan); not run"
+    elif torch_struct is not None:
+        def ts_decode():
+            # torch-struct's edge potentials: log_potentials[b, n, z_{n+1}, z_n]
+            edge = unary[:, 1:, :, None] + trans.t()[None, None]
+            edge = edge.clone()
+            edge[:, 0] += unary[:, 0, None, :]
+            return torch_struct.LinearChainCRF(edge, lengths=lengths).argmax
+
+        row["torchstruct_decode_s"] = timeit(ts_decode, device, **kw)
+    return row
+
+
+def fmt_rate(tokens, seconds):
+    return f"{tokens / seconds / 1e6:.2f}M" if seconds else "-"
+
+
+def write_report(rows, meta, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "oracles.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    lines = [
+        "# Oracle benchmark: loss-augmented Viterbi and hinge forward+backward",
+        "",
+        f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}; "
+        f"{meta['threads']} threads. Command: `{meta['command']}`. Median of repeats after warm-up.",
+        "",
+        "## Decode throughput (tokens/s) and our speed-up",
+        "",
+        "| B, T, K | ours (torch) | ours (Triton) | pytorch-crf decode | torch-struct max | "
+        "ours / pytorch-crf | ours / torch-struct |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for r in rows:
+        best = min(v for k, v in r.items() if k.startswith("ours_") and k.endswith("decode_s"))
+        crf = r.get("pytorchcrf_decode_s")
+        tsd = r.get("torchstruct_decode_s")
+        if "torchstruct_note" in r:
+            notes.append(f"torch-struct at {r['B']}, {r['T']}, {r['K']}: {r['torchstruct_note']}.")
+        lines.append(
+            f"| {r['B']}, {r['T']}, {r['K']} | {fmt_rate(r['tokens'], r['ours_torch_decode_s'])} | "
+            f"{fmt_rate(r['tokens'], r['ours_triton_decode_s']) if 'ours_triton_decode_s' in r else '-'} | "
+            f"{fmt_rate(r['tokens'], crf) if crf else '-'} | {fmt_rate(r['tokens'], tsd) if tsd else '-'} | "
+            f"{crf / best:.1f}x | {f'{tsd / best:.1f}x' if tsd else '-'} |"
+        )
+    lines += [""] + notes + [
+        "",
+        "## Training step: hinge forward+backward vs CRF NLL forward+backward (ms)",
+        "",
+        "| B, T, K | ours hinge (torch) | ours hinge (Triton) | pytorch-crf NLL | NLL / hinge |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        best = min(v for k, v in r.items() if k.startswith("ours_") and k.endswith("hinge_fb_s"))
+        crf = r.get("pytorchcrf_nll_fb_s")
+        tri = r.get("ours_triton_hinge_fb_s")
+        lines.append(
+            f"| {r['B']}, {r['T']}, {r['K']} | {1e3 * r['ours_torch_hinge_fb_s']:.2f} | "
+            f"{f'{1e3 * tri:.2f}' if tri else '-'} | {f'{1e3 * crf:.2f}' if crf else '-'} | "
+            f"{f'{crf / best:.1f}x' if crf else '-'} |"
+        )
+    lines += ["", "Decodes agree with pytorch-crf's (same potentials, no loss augmentation): "
+              + ", ".join(str(r.get("decode_agrees_with_pytorchcrf", "-")) for r in rows) + ".", ""]
+    with open(os.path.join(out, "oracles.md"), "w") as f:
+        f.write("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels = [f"{r['B']},{r['T']},{r['K']}" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = range(len(rows))
+    for key, name in [("ours_torch_decode_s", "ours (torch)"), ("ours_triton_decode_s", "ours (Triton)"),
+                      ("pytorchcrf_decode_s", "pytorch-crf"), ("torchstruct_decode_s", "torch-struct")]:
+        vals = [r["tokens"] / r[key] if r.get(key) else float("nan") for r in rows]
+        axes[0].plot(x, vals, marker="o", label=name)
+    axes[0].set_yscale("log")
+    axes[0].set_title("decode throughput (tokens/s)")
+    for key, name in [("ours_torch_hinge_fb_s", "ours hinge (torch)"),
+                      ("ours_triton_hinge_fb_s", "ours hinge (Triton)"),
+                      ("pytorchcrf_nll_fb_s", "pytorch-crf NLL")]:
+        vals = [1e3 * r[key] if key in r else float("nan") for r in rows]
+        axes[1].plot(x, vals, marker="o", label=name)
+    axes[1].set_yscale("log")
+    axes[1].set_title("forward+backward (ms)")
+    for ax in axes:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels)
+        ax.set_xlabel("B, T, K")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{meta['device']}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "oracles.png"), dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks"))
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = "CPU"
+    meta = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "device": name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": "python scripts/bench_oracles.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    rows = []
+    for B, T, K in SIZES:
+        row = bench_size(B, T, K, device, args.quick)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    write_report(rows, meta, args.out)
+    print(open(os.path.join(args.out, "oracles.md")).read())
+
+
+if __name__ == "__main__":
+    main()
