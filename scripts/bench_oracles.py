@@ -146,7 +146,8 @@ def write_report(rows, meta, out):
         "# Oracle benchmark: loss-augmented Viterbi and hinge forward+backward",
         "",
         f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}; "
-        f"{meta['threads']} threads. Command: `{meta['command']}`. Median of repeats after warm-up.",
+        f"{meta['threads']} threads; peers {meta['peers']}. Command: `{meta['command']}`. "
+        "Median of repeats after warm-up; each size's figures come from the same run.",
         "",
         "## Decode throughput (tokens/s) and our speed-up",
         "",
@@ -185,6 +186,26 @@ def write_report(rows, meta, out):
         )
     lines += ["", "Decodes agree with pytorch-crf's (same potentials, no loss augmentation): "
               + ", ".join(str(r.get("decode_agrees_with_pytorchcrf", "-")) for r in rows) + ".", ""]
+    dec = [r["pytorchcrf_decode_s"] / r["ours_torch_decode_s"] for r in rows if r.get("pytorchcrf_decode_s")]
+    fb = [r["pytorchcrf_nll_fb_s"] / r["ours_torch_hinge_fb_s"] for r in rows if r.get("pytorchcrf_nll_fb_s")]
+    if dec and fb:
+        lines += [
+            "## Targets",
+            "",
+            f"- Viterbi (torch backend) at least 2x pytorch-crf's decode: smallest ratio {min(dec):.1f}x "
+            f"({'met' if min(dec) >= 2 else 'NOT met'}).",
+            f"- Hinge forward+backward no slower than pytorch-crf's NLL forward+backward: smallest ratio "
+            f"{min(fb):.1f}x ({'met' if min(fb) >= 1 else 'NOT met'}).",
+        ]
+        big = [r for r in rows if (r["B"], r["T"], r["K"]) == (512, 100, 45) and "ours_triton_decode_s" in r]
+        if big:
+            ratio = big[0]["pytorchcrf_decode_s"] / big[0]["ours_triton_decode_s"]
+            lines.append(f"- Triton on GPU at least 20x pytorch-crf's decode at (512,100,45) on the same GPU: "
+                         f"{ratio:.1f}x ({'met' if ratio >= 20 else 'NOT met'}).")
+        else:
+            lines.append("- Triton on GPU: not measured in this run (no CUDA device); "
+                         "run `python scripts/bench_oracles.py --device cuda` on a GPU machine.")
+        lines.append("")
     with open(os.path.join(out, "oracles.md"), "w") as f:
         f.write("\n".join(lines))
     try:
@@ -220,6 +241,18 @@ def write_report(rows, meta, out):
     fig.savefig(os.path.join(out, "oracles.png"), dpi=110)
 
 
+def _peer_versions():
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("pytorch-crf", "torch-struct", "triton"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -236,6 +269,7 @@ def main(argv=None):
         "device": name,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "peers": _peer_versions(),
         "command": "python scripts/bench_oracles.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     rows = []
