@@ -33,25 +33,27 @@ def needs_triton():
 
 
 def brute_force_chain(unary, transition, start, end, length, loss=None):
-    """Best labelling of one chain by enumeration, in float64.
+    """Best labelling of one chain by enumerating all K^length labellings, in float64.
 
-    ``loss(y) -> float`` is added to the score when given. Ties go to the smallest labelling in
-    reverse-lexicographic order (the documented Viterbi rule). Returns (labels list, best value).
+    ``loss(Y) -> (N,)`` adds a task loss to the scores of the labellings ``Y (N, length)``. Ties go to the
+    smallest labelling in reverse-lexicographic order (the documented Viterbi rule). Returns
+    (labels list, best value).
     """
     K = unary.shape[-1]
+    Y = torch.tensor(list(itertools.product(range(K), repeat=length)), dtype=torch.long).view(-1, length)
     u = unary.double()
-    best, best_y = None, None
-    for y in itertools.product(range(K), repeat=length):
-        s = sum(float(u[t, y[t]]) for t in range(length))
-        for t in range(1, length):
-            tr = transition[t - 1] if transition.dim() == 3 else transition
-            s += float(tr[y[t - 1], y[t]])
-        if start is not None:
-            s += float(start[y[0]])
-        if end is not None:
-            s += float(end[y[-1]])
-        if loss is not None:
-            s += loss(y)
-        if best is None or s > best or (s == best and y[::-1] < best_y[::-1]):
-            best, best_y = s, y
-    return list(best_y), best
+    s = u[torch.arange(length), Y].sum(1)
+    for t in range(1, length):
+        tr = (transition[t - 1] if transition.dim() == 3 else transition).double()
+        s = s + tr[Y[:, t - 1], Y[:, t]]
+    if start is not None:
+        s = s + start.double()[Y[:, 0]]
+    if end is not None:
+        s = s + end.double()[Y[:, -1]]
+    if loss is not None:
+        s = s + loss(Y)
+    best = s.max()
+    ties = Y[s == best]
+    # reverse-lexicographic minimum: compare from the last position backwards
+    key = (ties.flip(1) * (K ** torch.arange(length - 1, -1, -1))).sum(1)
+    return ties[key.argmin()].tolist(), float(best)

@@ -73,22 +73,27 @@ def test_padding_content_is_ignored():
     assert torch.equal(chain.score(pot, y, lengths), chain.score(pot, y2, lengths))
 
 
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("K", [2, 3, 4, 5])
 @pytest.mark.parametrize("per_position", [False, True])
-def test_loss_augmented_decode_matches_brute_force(normalize, per_position):
-    B, T, K = 6, 5, 3
-    pot = chain_pot(B, T, K, per_position=per_position, seed=3)
-    lengths = torch.tensor([5, 4, 3, 2, 1, 5])
+# exact ties need integer arithmetic, hence the unnormalized loss in the tied case
+@pytest.mark.parametrize("normalize,ties", [(True, False), (False, False), (False, True)])
+def test_loss_augmented_decode_matches_brute_force(K, normalize, per_position, ties):
+    B, T = 7, 6
+    pot = chain_pot(B, T, K, per_position=per_position, seed=3 + K)
+    lw = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0, 10.0, 1.0], dtype=torch.float64)
+    cw = torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0][:K])
+    if ties:  # integer potentials, weights and losses: many exactly tied labellings
+        pot = ts.ChainPotentials(*(t.round() for t in pot))
+        lw, cw = lw.ceil(), cw.ceil()
+    lengths = torch.tensor([6, 5, 4, 3, 2, 1, 6])
     y = random_labels(B, T, K, lengths, seed=4)
-    lw = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0, 10.0], dtype=torch.float64)
-    cw = torch.tensor([1.0, 2.0, 0.5])
     chain = ts.Chain(K, normalize=normalize, class_weights=cw)
     y_hat, value = chain.max_oracle(pot, y, lengths, loss_weight=lw)
     for b in range(B):
         L = int(lengths[b])
 
-        def loss(lab, b=b, L=L):
-            d = sum(float(cw[y[b, t]]) for t in range(L) if lab[t] != int(y[b, t]))
+        def loss(Y, b=b, L=L):
+            d = ((Y != y[b, :L]) * cw.double()[y[b, :L]]).sum(1)
             return float(lw[b]) * (d / L if normalize else d)
 
         tr = pot.transition[b] if per_position else pot.transition

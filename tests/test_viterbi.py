@@ -4,6 +4,8 @@ import importlib
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import brute_force_chain, needs_triton
 from torchssvm.kernels import resolve_backend, viterbi_torch
 
@@ -47,10 +49,10 @@ def layout(request, monkeypatch):
 @pytest.mark.parametrize("per_position", [False, True])
 @pytest.mark.parametrize("integer", [True, False])
 def test_torch_viterbi_matches_brute_force(K, per_position, integer, layout):
-    T = 6 if K <= 3 else (5 if K == 4 else 4)
     for seed in range(3):
-        args = random_chain(7, T, K, per_position=per_position, integer=integer, seed=seed + 10 * K,
-                            start=seed != 1, end=seed != 2)
+        unary, trans, s, e, _ = random_chain(7, 6, K, per_position=per_position, integer=integer,
+                                             seed=seed + 10 * K, start=seed != 1, end=seed != 2)
+        args = (unary, trans, s, e, torch.tensor([6, 5, 4, 3, 2, 1, 6]))  # every length 1..6
         labels, scores = viterbi_torch(*args)
         check_against_brute_force(labels, scores, *args)
 
@@ -70,12 +72,13 @@ def test_ties_break_to_smallest_reversed_labelling(layout):
 
 
 @needs_triton()
-@pytest.mark.parametrize("K", [2, 3, 5])
+@pytest.mark.parametrize("K", [2, 3, 4, 5])
 @pytest.mark.parametrize("per_position", [False, True])
 def test_triton_matches_brute_force(K, per_position):
     from torchssvm.kernels.viterbi_triton import viterbi_triton
 
-    args = random_chain(5, 5 if K < 5 else 4, K, per_position=per_position, integer=True, seed=K)
+    unary, trans, s, e, _ = random_chain(6, 6, K, per_position=per_position, integer=True, seed=K)
+    args = (unary, trans, s, e, torch.tensor([6, 5, 4, 3, 2, 1]))
     labels, scores = viterbi_triton(*args)
     check_against_brute_force(labels, scores, *args)
 
@@ -128,3 +131,20 @@ def test_backend_names():
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     with pytest.raises(ValueError, match="backend"):
         resolve_backend("cuda", torch.device("cpu"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 4), T=st.integers(1, 6), K=st.integers(2, 5), per_position=st.booleans(),
+    integer=st.booleans(), seed=st.integers(0, 2**31 - 1), batch_last=st.booleans(),
+)
+def test_property_torch_viterbi_is_exact(B, T, K, per_position, integer, seed, batch_last):
+    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+    old = vt._BATCH_LAST_MIN_B
+    vt._BATCH_LAST_MIN_B = 1 if batch_last else 10**9
+    try:
+        args = random_chain(B, T, K, per_position=per_position and T > 1, integer=integer, seed=seed)
+        labels, scores = viterbi_torch(*args)
+    finally:
+        vt._BATCH_LAST_MIN_B = old
+    check_against_brute_force(labels, scores, *args)
