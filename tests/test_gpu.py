@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from torchssvm.kernels import viterbi_torch
 
 import torchssvm as ts
-from torchssvm.kernels import viterbi_torch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,9 +4,9 @@ import importlib
 
 import pytest
 import torch
+from conftest import brute_force_chain, needs_triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import brute_force_chain, needs_triton
 from torchssvm.kernels import resolve_backend, viterbi_torch
 
 
