@@ -63,11 +63,23 @@ def viterbi_torch(
 _BATCH_LAST_MIN_B = 16
 
 
-def _backtrack_order(lengths, T):
-    """Yield (t, active mask or None) for t = T-1..1; None when every sequence has length T."""
+def _backtrack(cur, lengths, T, best_prev):
+    """Labels ``(B, T)`` (-1 past each length) from the last labels ``cur (B,)``, walking back with
+    ``best_prev(t, labels_at_t) -> labels_at_t_minus_1``."""
     uniform = bool((lengths == T).all())
+    minus_one = torch.full_like(cur, -1)
+    out = []
     for t in range(T - 1, 0, -1):
-        yield t, (None if uniform else lengths > t)
+        prev = best_prev(t, cur)
+        if uniform:
+            out.append(cur)
+            cur = prev
+        else:
+            active = lengths > t
+            out.append(torch.where(active, cur, minus_one))
+            cur = torch.where(active, prev, cur)
+    out.append(cur)
+    return torch.stack(out[::-1], dim=1)
 
 
 def _viterbi_batch_first(unary, transition, start, end, lengths):
@@ -76,49 +88,45 @@ def _viterbi_batch_first(unary, transition, start, end, lengths):
     trans_t = transition.transpose(-1, -2)  # [.., j, i]: reduce over the last axis
     if not per_position:
         trans_t = trans_t.contiguous()
-    hist = torch.empty_like(unary)
-    alpha = unary[:, 0] + start if start is not None else unary[:, 0]
-    hist[:, 0] = alpha
+    hist = unary.new_empty(T, B, K)
+    rows = hist.unbind(0)
+    alpha = torch.add(unary[:, 0], start, out=rows[0]) if start is not None else rows[0].copy_(unary[:, 0])
     for t in range(1, T):
         tr = trans_t[:, t - 1] if per_position else trans_t
-        alpha = torch.amax(alpha.unsqueeze(1) + tr, dim=2).add_(unary[:, t])
-        hist[:, t] = alpha
-    final = hist.gather(1, (lengths - 1).view(B, 1, 1).expand(B, 1, K)).squeeze(1)
+        alpha = torch.amax(alpha.unsqueeze(1) + tr, dim=2, out=rows[t]).add_(unary[:, t])
+    final = hist.gather(0, (lengths - 1).view(1, B, 1).expand(1, B, K)).squeeze(0)
     if end is not None:
         final = final + end
     score, cur = final.max(dim=1)
-    labels = torch.full((B, T), -1, dtype=torch.long, device=unary.device)
-    rows = torch.arange(B, device=unary.device)
-    for t, active in _backtrack_order(lengths, T):
-        labels[:, t] = cur if active is None else torch.where(active, cur, labels[:, t])
-        col = trans_t[rows, t - 1, cur] if per_position else trans_t[cur]  # (B, K) over previous label
-        prev = (hist[:, t - 1] + col).argmax(dim=1)
-        cur = prev if active is None else torch.where(active, prev, cur)
-    labels[:, 0] = cur
-    return labels, score
+    batch = torch.arange(B, device=unary.device)
+
+    def best_prev(t, cur):
+        col = trans_t[batch, t - 1, cur] if per_position else trans_t.index_select(0, cur)  # (B, K)
+        return (rows[t - 1] + col).argmax(dim=1)
+
+    return _backtrack(cur, lengths, T, best_prev), score
 
 
 def _viterbi_batch_last(unary, transition, start, end, lengths):
     B, T, K = unary.shape
     per_position = transition.dim() == 4
-    u = unary.permute(1, 2, 0).contiguous()  # (T, K, B)
+    u = unary.permute(1, 2, 0).contiguous().unbind(0)  # T x (K, B)
     tr = transition.permute(1, 2, 3, 0).contiguous() if per_position else transition.unsqueeze(2)
-    hist = torch.empty_like(u)
-    alpha = u[0] + start.unsqueeze(1) if start is not None else u[0]
-    hist[0] = alpha
+    hist = unary.new_empty(T, K, B)
+    rows = hist.unbind(0)
+    alpha = torch.add(u[0], start.unsqueeze(1), out=rows[0]) if start is not None else rows[0].copy_(u[0])
     for t in range(1, T):
-        alpha = torch.amax(alpha.unsqueeze(1) + (tr[t - 1] if per_position else tr), dim=0).add_(u[t])
-        hist[t] = alpha
+        s = alpha.unsqueeze(1) + (tr[t - 1] if per_position else tr)
+        alpha = torch.amax(s, dim=0, out=rows[t]).add_(u[t])
     final = hist.gather(0, (lengths - 1).view(1, 1, B).expand(1, K, B)).squeeze(0)  # (K, B)
     if end is not None:
         final = final + end.unsqueeze(1)
     score, cur = final.max(dim=0)
-    labels = torch.full((B, T), -1, dtype=torch.long, device=unary.device)
-    cols = torch.arange(B, device=unary.device)
-    for t, active in _backtrack_order(lengths, T):
-        labels[:, t] = cur if active is None else torch.where(active, cur, labels[:, t])
-        col = tr[t - 1][:, cur, cols] if per_position else transition[:, cur]  # (K, B)
-        prev = (hist[t - 1] + col).argmax(dim=0)
-        cur = prev if active is None else torch.where(active, prev, cur)
-    labels[:, 0] = cur
-    return labels, score
+    batch = torch.arange(B, device=unary.device)
+    trans_t = None if per_position else transition.t().contiguous()
+
+    def best_prev(t, cur):
+        col = tr[t - 1][:, cur, batch] if per_position else trans_t.index_select(0, cur).t()  # (K, B)
+        return (rows[t - 1] + col).argmax(dim=0)
+
+    return _backtrack(cur, lengths, T, best_prev), score

@@ -58,7 +58,7 @@ def check_lengths(lengths, batch: int, max_len: int, device: torch.device) -> to
     if lengths.shape[0] != batch:
         raise ValueError(f"lengths has {lengths.shape[0]} entries but the batch size is {batch}")
     if batch:
-        lo, hi = int(lengths.min()), int(lengths.max())
+        lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # one device sync
         if lo < 1:
             raise ValueError(f"lengths must be >= 1, got a length of {lo}")
         if hi > max_len:
@@ -70,9 +70,9 @@ def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None
     """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True."""
     check_tensor(name, y, integer=True, device=device)
     check_shape(name, y, shape)
-    yv = y if valid is None else y[valid]
+    yv = y if valid is None else torch.where(valid, y, torch.zeros((), dtype=y.dtype, device=y.device))
     if yv.numel():
-        lo, hi = int(yv.min()), int(yv.max())
+        lo, hi = torch.stack([yv.min(), yv.max()]).tolist()  # one device sync
         if lo < 0 or hi >= num_labels:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} holds label {bad}, outside [0, {num_labels})")
