@@ -220,15 +220,17 @@ def write_report(rows, meta, out):
     x = range(len(rows))
     for key, name in [("ours_torch_decode_s", "ours (torch)"), ("ours_triton_decode_s", "ours (Triton)"),
                       ("pytorchcrf_decode_s", "pytorch-crf"), ("torchstruct_decode_s", "torch-struct")]:
-        vals = [r["tokens"] / r[key] if r.get(key) else float("nan") for r in rows]
-        axes[0].plot(x, vals, marker="o", label=name)
+        if any(r.get(key) for r in rows):
+            vals = [r["tokens"] / r[key] if r.get(key) else float("nan") for r in rows]
+            axes[0].plot(x, vals, marker="o", label=name)
     axes[0].set_yscale("log")
     axes[0].set_title("decode throughput (tokens/s)")
     for key, name in [("ours_torch_hinge_fb_s", "ours hinge (torch)"),
                       ("ours_triton_hinge_fb_s", "ours hinge (Triton)"),
                       ("pytorchcrf_nll_fb_s", "pytorch-crf NLL")]:
-        vals = [1e3 * r[key] if key in r else float("nan") for r in rows]
-        axes[1].plot(x, vals, marker="o", label=name)
+        if any(r.get(key) for r in rows):
+            vals = [1e3 * r[key] if r.get(key) else float("nan") for r in rows]
+            axes[1].plot(x, vals, marker="o", label=name)
     axes[1].set_yscale("log")
     axes[1].set_title("forward+backward (ms)")
     for ax in axes:
@@ -258,7 +260,13 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks"))
+    p.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the saved .json")
     args = p.parse_args(argv)
+    if args.report_only:
+        with open(os.path.join(args.out, "oracles.json")) as f:
+            saved = json.load(f)
+        write_report(saved["rows"], saved["meta"], args.out)
+        return
     device = torch.device(args.device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
