@@ -41,8 +41,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+@torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
-    """Dispatch to `viterbi_torch` or `viterbi_triton`; see `viterbi_torch` for the contract."""
+    """Dispatch to `viterbi_torch` or `viterbi_triton`; see `viterbi_torch` for the contract. Inputs are
+    not checked here (the structures validate at the boundary)."""
     if resolve_backend(backend, unary.device) == "triton":
         from .viterbi_triton import viterbi_triton
 

@@ -43,7 +43,8 @@ def _viterbi_kernel(
         alpha = tl.load(u_base + offs_i, mask=mi, other=NEG)
         if HAS_START:
             alpha = alpha + tl.load(start_ptr + offs_i, mask=mi, other=0.0)
-        tr = tl.load(tr_base + offs_i[:, None] * K + offs_j[None, :], mask=tmask, other=NEG)
+        if not PER_POSITION:  # per-position tiles are loaded inside the loop (none exist when T == 1)
+            tr = tl.load(tr_base + offs_i[:, None] * K + offs_j[None, :], mask=tmask, other=NEG)
         for t in range(1, L):
             if PER_POSITION:
                 tr = tl.load(tr_base + (t - 1) * trans_st + offs_i[:, None] * K + offs_j[None, :],
@@ -143,7 +144,7 @@ def viterbi_triton(
         unary, transition,
         start.contiguous() if start is not None else unary,
         end.contiguous() if end is not None else unary,
-        lengths.contiguous(), backpointers, scratch, labels, score,
+        lengths.long().contiguous(), backpointers, scratch, labels, score,
         T, K, trans_sb, trans_st,
         HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position,
         SINGLE=single, BLOCK=block,

@@ -61,6 +61,23 @@ def test_conll2000_sizes_and_attributes(data_root):
     assert bool(((ids >= 0).sum(2)[valid] >= 2).all())
     pos = ts.data.conll2000("train", "pos", root=data_root)
     assert pos.num_labels == 44
+    # the POS task must not see POS attributes (they would be the answer): word templates only
+    assert int((pos.x.ids >= 0).sum(2).max()) == 7  # 5 words and 2 word bigrams
+    assert not any("pos[" in a for a in pos.meta["attributes"])
+    assert sum("pos[" in a for a in train.meta["attributes"]) > 1000
+
+
+def test_conll2000_token_ids(data_root):
+    train = ts.data.conll2000("train", features="tokens", root=data_root)
+    test = ts.data.conll2000("test", features="tokens", root=data_root)
+    assert train.x.shape == (8936, 78, 2) and test.x.dtype == torch.long
+    words, pos = train.meta["words"], train.meta["pos"]
+    assert words[0] == "<unk>" and len(pos) == 45  # 44 tags + unknown
+    assert words[int(train.x[0, 0, 0])] == "Confidence" and pos[int(train.x[0, 0, 1])] == "NN"
+    valid = torch.arange(78) < train.lengths[:, None]
+    assert bool((train.x[valid][:, 0] > 0).all())  # every training word is in the vocabulary
+    assert 0 < float((test.x[torch.arange(test.x.shape[1]) < test.lengths[:, None]][:, 0] == 0).float().mean()) < 0.1
+    assert ts.data.conll2000("train", "pos", features="tokens", root=data_root).x.shape[2] == 1
 
 
 def test_conll2000_gold_tags_score_100(data_root):
@@ -106,6 +123,7 @@ def test_batches_cover_dataset_once():
         seen.append(batch.lengths.shape[0])
     assert sum(seen) == 37
     assert ds[3].lengths.tolist() == [int(ds.lengths[3])]
+    assert torch.equal(ds[torch.tensor(3)].y, ds[3].y) and torch.equal(ds[np.int64(3)].y, ds[3].y)
     with pytest.raises(IndexError):
         ds[37]
 

@@ -59,6 +59,10 @@ def test_mismatched_shapes():
         loss(ts.ChainPotentials(p.unary, p.transition, torch.zeros(4)), Y, L)
     with pytest.raises(ValueError, match="unary has 5 labels"):
         loss(ts.ChainPotentials(torch.zeros(2, 4, 5), torch.zeros(5, 5)), Y, L)
+    with pytest.raises(TypeError, match="transition must be a torch.Tensor"):
+        loss(ts.ChainPotentials(p.unary, None), Y, L)
+    with pytest.raises(ValueError, match=r"y must have shape \(2, 4\)"):
+        ts.Chain(3).score(p, Y[:1], L)
     with pytest.raises(ValueError, match="unary must have 3 dimensions"):
         loss(ts.ChainPotentials(torch.zeros(4, 3), p.transition), Y, L)
 
@@ -113,5 +117,11 @@ def test_structure_and_model_arguments():
     sparse = ts.LinearChainModel(4, 3, sparse=True)
     with pytest.raises(ValueError, match="x.ids holds attribute 4"):
         sparse(ts.TokenFeatures(torch.tensor([[[4, -1]]])))
+    with pytest.raises(ValueError, match="x.ids holds attribute -7"):
+        sparse(ts.TokenFeatures(torch.tensor([[[2, -7]]])))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ts.Multiclass(3).decode(torch.zeros(2, 3), backend="gpu")
+    with pytest.raises(TypeError, match="loss_weight must be a floating-point tensor"):
+        ts.structured_hinge_loss(ts.Chain(3), pot(), Y, L, loss_weight=torch.tensor([True, False]))
     with pytest.raises(ValueError, match="backend must be one of"):
         ts.Chain(3).decode(pot(), L, backend="cuda")

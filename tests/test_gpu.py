@@ -38,9 +38,11 @@ def test_hinge_on_cuda_matches_cpu():
     chain = ts.Chain(K)
     cpu_pot = ts.ChainPotentials(*(t.clone().requires_grad_() for t in pot))
     gpu_pot = ts.ChainPotentials(*(t.cuda().requires_grad_() for t in pot))
-    ts.StructuredHingeLoss(chain)(cpu_pot, y, lengths).backward()
+    cpu_loss = ts.StructuredHingeLoss(chain)(cpu_pot, y, lengths)
+    cpu_loss.backward()
     loss = ts.StructuredHingeLoss(chain)(gpu_pot, y.cuda(), lengths.cuda())  # auto: Triton on CUDA
     loss.backward()
+    assert float(loss) == pytest.approx(float(cpu_loss), rel=1e-5)
     assert torch.allclose(gpu_pot.unary.grad.cpu(), cpu_pot.unary.grad)
     assert torch.allclose(gpu_pot.transition.grad.cpu(), cpu_pot.transition.grad)
 

@@ -97,13 +97,37 @@ def test_only_requested_gradients():
     assert unary.grad is not None and pot.transition.grad is None
 
 
-def test_bfloat16_potentials():
-    pot = chain_pot(3, 5, 4, seed=2, dtype=torch.float32)
-    half = ts.ChainPotentials(*(t.bfloat16().requires_grad_() for t in pot))
-    y = random_labels(3, 5, 4, torch.tensor([5, 5, 5]))
-    loss = ts.StructuredHingeLoss(ts.Chain(4))(half, y)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_potentials_match_float32(dtype):
+    """Half potentials decode in float32 and accumulate shared-factor gradients in float32: the result
+    equals the float32 computation on the same (rounded) values up to the final rounding."""
+    B, T, K = 256, 50, 5
+    pot = chain_pot(B, T, K, seed=2, dtype=torch.float32)
+    y = random_labels(B, T, K, torch.full((B,), T), seed=3)
+    half = ts.ChainPotentials(*(t.to(dtype).requires_grad_() for t in pot))
+    full = ts.ChainPotentials(*(t.detach().float().requires_grad_() for t in half))
+    chain = ts.Chain(K)
+    lh = ts.StructuredHingeLoss(chain)(half, y)
+    lf = ts.StructuredHingeLoss(chain)(full, y)
+    lh.backward()
+    lf.backward()
+    assert lh.dtype == dtype and half.transition.grad.dtype == dtype
+    assert float(lh.detach()) == pytest.approx(float(lf.detach()), rel=1e-2)
+    for h, f in zip(half, full):
+        assert float(f.grad.abs().max()) > 0
+        assert torch.allclose(h.grad.float(), f.grad, rtol=1e-2, atol=1e-3)
+
+
+def test_loss_weight_gradient_is_task_loss():
+    pot = chain_pot(4, 5, 3, seed=12)
+    lengths = torch.tensor([5, 4, 3, 2])
+    y = random_labels(4, 5, 3, lengths, seed=13)
+    lw = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    chain = ts.Chain(3)
+    loss, y_hat = ts.structured_hinge_loss(chain, pot, y, lengths, loss_weight=lw, reduction="sum",
+                                           return_argmax=True)
     loss.backward()
-    assert loss.dtype == torch.bfloat16 and half.unary.grad.dtype == torch.bfloat16
+    assert torch.allclose(lw.grad, chain.task_loss(y_hat, y, lengths))
 
 
 def test_small_network_trains_with_torch_optim():
@@ -140,3 +164,43 @@ def test_small_network_trains_with_torch_optim():
     assert final < 0.5 * first
     assert after < 0.6 * before and after < 0.2
     assert trans.grad is not None and trans.abs().sum() > 0
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_crf_log_partition_and_gradient_match_brute_force(per_position):
+    import itertools
+
+    B, T, K = 3, 4, 3
+    pot = ts.ChainPotentials(*(t.requires_grad_() for t in chain_pot(B, T, K, per_position=per_position, seed=8)))
+    lengths = torch.tensor([4, 2, 3])
+    y = random_labels(B, T, K, lengths, seed=9)
+    chain = ts.Chain(K)
+    nll = ts.crf_negative_log_likelihood(chain, pot, y, lengths, reduction="sum")
+    nll.backward()
+    # brute force: enumerate every labelling, log-sum-exp of scores, expected marginals
+    expect_nll = 0.0
+    expect_grad = torch.zeros_like(pot.unary)
+    for b in range(B):
+        L = int(lengths[b])
+        Y = torch.full((K**L, T), -1, dtype=torch.long)
+        Y[:, :L] = torch.tensor(list(itertools.product(range(K), repeat=L)))
+        rep = ts.ChainPotentials(pot.unary[b : b + 1].detach().expand(K**L, T, K),
+                                 pot.transition[b : b + 1].detach().expand(K**L, T - 1, K, K) if per_position
+                                 else pot.transition.detach(), pot.start.detach(), pot.end.detach())
+        lens = torch.full((K**L,), L)
+        scores = chain.score(rep, Y, lens)
+        log_z = torch.logsumexp(scores, 0)
+        expect_nll += float(log_z) - float(chain.score(pot, y, lengths)[b].detach())
+        p = torch.softmax(scores, 0)
+        mu = chain.marginals(Y, lens, dtype=torch.float64).unary
+        expect_grad[b] = (p[:, None, None] * mu).sum(0) - chain.marginals(y, lengths, dtype=torch.float64).unary[b]
+    assert float(nll) == pytest.approx(expect_nll, abs=1e-9)
+    assert torch.allclose(pot.unary.grad, expect_grad, atol=1e-9)
+
+
+def test_multiclass_crf_is_cross_entropy():
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (6,), generator=g)
+    nll = ts.CRFLoss(ts.Multiclass(4))(s, y)
+    assert float(nll) == pytest.approx(float(torch.nn.functional.cross_entropy(s, y)))

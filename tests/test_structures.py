@@ -63,14 +63,21 @@ def test_task_loss_hamming_normalized_and_weighted():
     assert ts.Chain(3, normalize=False, class_weights=cw).task_loss(y_hat, y, lengths).tolist() == [7.0, 2.0]
 
 
-def test_padding_content_is_ignored():
+@pytest.mark.parametrize("pad", [0, 2, 7, -5])
+def test_padding_content_is_ignored(pad):
     pot = chain_pot(2, 4, 3)
     lengths = torch.tensor([2, 4])
     y = random_labels(2, 4, 3, lengths)
     y2 = y.clone()
-    y2[0, 2:] = 0  # any padding value
-    chain = ts.Chain(3)
+    y2[0, 2:] = pad  # any padding value, even outside [0, K)
+    chain = ts.Chain(3, class_weights=torch.tensor([1.0, 2.0, 3.0]))
     assert torch.equal(chain.score(pot, y, lengths), chain.score(pot, y2, lengths))
+    assert torch.equal(chain.decode(pot, lengths, target=y), chain.decode(pot, lengths, target=y2))
+    assert torch.equal(chain.task_loss(y2, y2, lengths), chain.task_loss(y, y, lengths))
+    for a, b in zip(chain.marginals(y, lengths), chain.marginals(y2, lengths)):
+        assert torch.equal(a, b)
+    loss = ts.StructuredHingeLoss(chain, reduction="none")
+    assert torch.equal(loss(pot, y, lengths), loss(pot, y2, lengths))
 
 
 @pytest.mark.parametrize("K", [2, 3, 4, 5])

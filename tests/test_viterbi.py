@@ -108,12 +108,28 @@ def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype, layo
 
 
 @needs_triton()
-def test_triton_without_start_end():
+@pytest.mark.parametrize("K", [5, 70])  # single tile and tiled
+@pytest.mark.parametrize("per_position", [False, True])
+def test_triton_without_start_end(K, per_position):
     from torchssvm.kernels.viterbi_triton import viterbi_triton
 
-    args = random_chain(4, 6, 70, per_position=False, integer=True, start=False, end=False, seed=3)
+    args = random_chain(4, 6, K, per_position=per_position, integer=True, start=False, end=False, seed=3)
     a, b = viterbi_torch(*args), viterbi_triton(*args)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@needs_triton()
+@pytest.mark.parametrize("K", [5, 70])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_triton_single_position(K, per_position):
+    """T = 1: no transitions at all (a per-position tensor of shape (B, 0, K, K))."""
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    args = random_chain(3, 1, K, per_position=per_position, integer=False, seed=4)
+    a, b = viterbi_torch(*args), viterbi_triton(*args)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    expect = (args[0][:, 0] + args[2] + args[3]).argmax(1)
+    assert a[0][:, 0].tolist() == expect.tolist()
 
 
 def test_large_batch_is_chunked_consistently(monkeypatch):
@@ -126,11 +142,22 @@ def test_large_batch_is_chunked_consistently(monkeypatch):
     assert torch.equal(full[0], chunked[0]) and torch.equal(full[1], chunked[1])
 
 
-def test_backend_names():
+def test_backend_names(monkeypatch):
     assert resolve_backend("torch", torch.device("cpu")) == "torch"
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     with pytest.raises(ValueError, match="backend"):
         resolve_backend("cuda", torch.device("cpu"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        resolve_backend("triton", torch.device("cpu"))
+
+
+def test_viterbi_ignores_autograd():
+    from torchssvm.kernels import viterbi
+
+    unary, trans, s, e, lengths = random_chain(3, 4, 3, per_position=False, integer=False, seed=2)
+    labels, score = viterbi(unary.requires_grad_(), trans.requires_grad_(), s, e, lengths, backend="torch")
+    assert not score.requires_grad and labels.shape == (3, 4)
 
 
 @settings(max_examples=60, deadline=None)
@@ -143,7 +170,7 @@ def test_property_torch_viterbi_is_exact(B, T, K, per_position, integer, seed, b
     old = vt._BATCH_LAST_MIN_B
     vt._BATCH_LAST_MIN_B = 1 if batch_last else 10**9
     try:
-        args = random_chain(B, T, K, per_position=per_position and T > 1, integer=integer, seed=seed)
+        args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=seed)
         labels, scores = viterbi_torch(*args)
     finally:
         vt._BATCH_LAST_MIN_B = old

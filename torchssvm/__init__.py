@@ -5,7 +5,7 @@
 """
 
 from . import data, kernels, metrics
-from .losses import StructuredHingeLoss, structured_hinge_loss
+from .losses import CRFLoss, StructuredHingeLoss, crf_negative_log_likelihood, structured_hinge_loss
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
 from .structures import Chain, ChainPotentials, Multiclass, Structure
 
@@ -18,6 +18,8 @@ __all__ = [
     "Structure",
     "StructuredHingeLoss",
     "structured_hinge_loss",
+    "CRFLoss",
+    "crf_negative_log_likelihood",
     "LinearChainModel",
     "LinearMulticlassModel",
     "TokenFeatures",

@@ -27,9 +27,9 @@ def check_tensor(
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
     if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but the potentials are on {device}")
+        raise ValueError(f"{name} is on {t.device} but the other inputs are on {device}")
     if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype} but the potentials have dtype {dtype}")
+        raise TypeError(f"{name} has dtype {t.dtype} but the other inputs have dtype {dtype}")
     return t
 
 
@@ -67,7 +67,9 @@ def check_lengths(lengths, batch: int, max_len: int, device: torch.device) -> to
 
 
 def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None) -> torch.Tensor:
-    """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True."""
+    """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True.
+
+    Returned as long, with every position outside ``valid`` set to -1 (whatever padding it held)."""
     check_tensor(name, y, integer=True, device=device)
     check_shape(name, y, shape)
     yv = y if valid is None else torch.where(valid, y, torch.zeros((), dtype=y.dtype, device=y.device))
@@ -76,7 +78,8 @@ def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None
         if lo < 0 or hi >= num_labels:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} holds label {bad}, outside [0, {num_labels})")
-    return y.long()
+    y = y.long()
+    return y if valid is None else torch.where(valid, y, torch.full((), -1, dtype=torch.long, device=y.device))
 
 
 def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
@@ -92,7 +95,9 @@ def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
     if loss_weight.dim() != 1 or loss_weight.shape[0] != batch:
         raise ValueError(f"loss_weight must be a scalar or have shape ({batch},), got {tuple(loss_weight.shape)}")
     if loss_weight.device != device:
-        raise ValueError(f"loss_weight is on {loss_weight.device} but the potentials are on {device}")
+        raise ValueError(f"loss_weight is on {loss_weight.device} but the other inputs are on {device}")
+    if not loss_weight.is_floating_point():
+        raise TypeError(f"loss_weight must be a floating-point tensor, got dtype {loss_weight.dtype}")
     if batch and not (bool(torch.isfinite(loss_weight).all()) and bool((loss_weight >= 0).all())):
         raise ValueError("loss_weight must be finite and >= 0")
     return loss_weight.to(dtype)

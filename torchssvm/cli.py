@@ -123,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.command == "demo":
         name, root, min_count = "synthetic", None, 1
     else:

@@ -11,22 +11,33 @@ from .structures.chain import Chain
 
 @torch.no_grad()
 def predict_chain(model, structure: Chain, dataset: SequenceDataset, *, batch_size: int = 256,
-                  device=None, backend: str = "auto"):
-    """MAP labels of every sequence, ``(N, T)`` long padded with -1, on the CPU."""
+                  device=None, backend: str = "auto", forward=None):
+    """MAP labels of every sequence, ``(N, T)`` long padded with -1, on the CPU.
+
+    ``forward(model, batch) -> potentials`` maps a `ChainBatch` to potentials; the default is
+    ``model(batch.x)``. The model is put in eval mode for the pass and restored after.
+    """
     device = device or next(model.parameters()).device
+    forward = forward or (lambda m, b: m(b.x))
     out = torch.full(tuple(dataset.y.shape), -1, dtype=torch.long)
-    for s in range(0, len(dataset), batch_size):
-        batch = dataset[s : s + batch_size].to(device)
-        y_hat = structure.decode(model(batch.x), batch.lengths, backend=backend)
-        out[s : s + y_hat.shape[0], : y_hat.shape[1]] = y_hat.cpu()
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, len(dataset), batch_size):
+            batch = dataset[s : s + batch_size].to(device)
+            y_hat = structure.decode(forward(model, batch), batch.lengths, backend=backend)
+            out[s : s + y_hat.shape[0], : y_hat.shape[1]] = y_hat.cpu()
+    finally:
+        model.train(was_training)
     return out
 
 
 def evaluate_chain(model, structure: Chain, dataset: SequenceDataset, *, batch_size: int = 256, device=None,
-                   backend: str = "auto") -> dict:
+                   backend: str = "auto", forward=None) -> dict:
     """``token_error`` and ``sequence_error`` (fractions), plus ``chunk_f1`` (%) when the dataset holds
-    IOB chunk tags."""
-    y_hat = predict_chain(model, structure, dataset, batch_size=batch_size, device=device, backend=backend)
+    IOB chunk tags. ``forward`` as in `predict_chain`."""
+    y_hat = predict_chain(model, structure, dataset, batch_size=batch_size, device=device, backend=backend,
+                          forward=forward)
     wrong, total = token_errors(y_hat, dataset.y.cpu(), dataset.lengths.cpu())
     swrong, stotal = sequence_errors(y_hat, dataset.y.cpu(), dataset.lengths.cpu())
     result = {"token_error": wrong / max(total, 1), "sequence_error": swrong / max(stotal, 1)}

@@ -1,4 +1,7 @@
-"""Structured hinge losses as autograd Functions with an explicit backward.
+"""Structured losses: the hinge (an autograd Function with an explicit backward) and, as the baseline
+it is compared against, the CRF negative log-likelihood.
+
+Structured hinge loss:
 
 Margin rescaling (DESIGN.md conventions): per example
 
@@ -24,7 +27,7 @@ class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
         pot = structure.from_tensors(tensors)
-        y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight, backend)
+        y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight.detach(), backend)
         dt = value.dtype
         gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
                                 target, lengths)
@@ -40,10 +43,16 @@ class _StructuredHinge(torch.autograd.Function):
         structure = ctx.structure
         needs = ctx.needs_input_grad[5:]
         pot = structure.from_tensors(tensors)
-        g_hat = structure.marginal_vjp(y_hat, grad_loss, pot, lengths, needs)
-        g_gold = structure.marginal_vjp(target, grad_loss, pot, lengths, needs)
-        grads = tuple(None if a is None else a - b for a, b in zip(g_hat, g_gold))
-        return (None, None, None, None, None) + grads
+        dtype = tensors[0].dtype
+        # Counts are summed over the batch: accumulate half precision in float32, cast at the end.
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        g_hat = structure.marginal_vjp(y_hat, grad_loss, pot, lengths, needs, dtype=acc)
+        g_gold = structure.marginal_vjp(target, grad_loss, pot, lengths, needs, dtype=acc)
+        grads = tuple(None if a is None else (a - b).to(dtype) for a, b in zip(g_hat, g_gold))
+        grad_lw = None
+        if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
+            grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
+        return (None, None, None, grad_lw, None) + grads
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -79,7 +88,8 @@ def structured_hinge_loss(
             half precision is decoded in float32.
         target: true labels (``(B, T)`` for chains, ``(B,)`` for multiclass).
         lengths: ``(B,)`` sequence lengths for chains.
-        loss_weight: scalar or ``(B,)`` multiplier of the task loss inside the max.
+        loss_weight: scalar or ``(B,)`` multiplier of the task loss inside the max (a tensor that
+            requires grad receives ``Delta(target, y_hat)``, the loss's derivative in it).
         reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over examples.
         return_argmax: also return the loss-augmented labelling ``y_hat``.
     """
@@ -119,3 +129,32 @@ class StructuredHingeLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.structure!r}, reduction={self.reduction!r}"
+
+
+def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.Tensor, lengths=None, *,
+                                reduction: str = "mean"):
+    """``log Z(theta) - s_theta(y*)`` per example, the conditional random field loss over the same
+    potentials (forward algorithm for chains; autograd gives its gradient). A baseline to compare the
+    hinge loss against, not a max-margin loss."""
+    if not isinstance(structure, Structure):
+        raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+    _check_reduction(reduction)
+    pot, lengths, target = structure.validate(potentials, lengths, target)
+    log_z = structure._log_partition(pot, lengths)
+    tensors = [None if t is None else t.to(log_z.dtype) for t in structure.tensors(pot)]
+    nll = log_z - structure._score(structure.from_tensors(tensors), target, lengths)
+    return _reduce(nll.to(structure.tensors(pot)[0].dtype), reduction)
+
+
+class CRFLoss(nn.Module):
+    """Module wrapper of `crf_negative_log_likelihood`."""
+
+    def __init__(self, structure: Structure, reduction: str = "mean"):
+        super().__init__()
+        if not isinstance(structure, Structure):
+            raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+        self.structure = structure
+        self.reduction = _check_reduction(reduction)
+
+    def forward(self, potentials, target, lengths=None):
+        return crf_negative_log_likelihood(self.structure, potentials, target, lengths, reduction=self.reduction)

@@ -83,8 +83,14 @@ class LinearChainModel(nn.Module):
             check_tensor("x.ids", x.ids, ndim=3, integer=True, device=self.emission.device)
             B, T, A = x.ids.shape
             ids = x.ids.reshape(B * T, A)
-            if ids.numel() and int(ids.max()) >= D:
-                raise ValueError(f"x.ids holds attribute {int(ids.max())}, outside [0, {D})")
+            if ids.numel():
+                lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+                if hi >= D or lo < -1:
+                    raise ValueError(f"x.ids holds attribute {hi if hi >= D else lo}, outside [0, {D}) "
+                                     "(-1 marks no attribute)")
+            if A == 0:
+                u = self.emission.new_zeros(B, T, self.num_labels)
+                return u + self.bias if self.bias is not None else u
             weights = (ids >= 0).to(self.emission.dtype)
             if x.values is not None:
                 check_tensor("x.values", x.values, ndim=3, floating=True, device=self.emission.device)

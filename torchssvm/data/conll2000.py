@@ -61,13 +61,15 @@ def read_conll(path) -> List[List[Tuple[str, str, str]]]:
     return sentences
 
 
-def token_attributes(sentence: List[Tuple[str, str, str]]) -> List[List[str]]:
-    """CRFsuite-style attribute strings of every token (see the module docstring)."""
+def token_attributes(sentence: List[Tuple[str, str, str]], *, use_pos: bool = True) -> List[List[str]]:
+    """CRFsuite-style attribute strings of every token (see the module docstring); ``use_pos=False``
+    keeps the word templates only (for the POS-tagging task, where POS attributes would give the answer)."""
     n = len(sentence)
+    templates = _TEMPLATES if use_pos else tuple(tp for tp in _TEMPLATES if all(c == 0 for c, _ in tp))
     out = []
     for t in range(n):
         attrs = []
-        for template in _TEMPLATES:
+        for template in templates:
             parts = []
             for col, off in template:
                 if not 0 <= t + off < n:
@@ -84,30 +86,37 @@ def token_attributes(sentence: List[Tuple[str, str, str]]) -> List[List[str]]:
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed(path: str):
-    sentences = read_conll(path)
-    return sentences, [token_attributes(s) for s in sentences]
+def _sentences(path: str):
+    return read_conll(path)
 
 
 @functools.lru_cache(maxsize=4)
+def _parsed(path: str, task: str):
+    sentences = _sentences(path)
+    return sentences, [token_attributes(s, use_pos=task != "pos") for s in sentences]
+
+
+@functools.lru_cache(maxsize=8)
 def _vocabulary(path: str, task: str, min_count: int):
-    sentences, attributes = _parsed(path)
+    sentences, attributes = _parsed(path, task)
     counts = Counter(a for sent in attributes for tok in sent for a in tok)
-    vocab = {a: i for i, a in enumerate(sorted(a for a, c in counts.items() if c >= min_count))}
-    col = 2 if task == "chunk" else 1
-    labels = sorted({tok[col] for s in sentences for tok in s})
-    return vocab, labels
+    return {a: i for i, a in enumerate(sorted(a for a, c in counts.items() if c >= min_count))}
 
 
 def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] = None, min_count: int = 1,
-              download: bool = False) -> SequenceDataset:
-    """CoNLL-2000 as a sparse `SequenceDataset` of `TokenFeatures`.
+              features: str = "attributes", download: bool = False) -> SequenceDataset:
+    """CoNLL-2000 as a `SequenceDataset`.
 
     Args:
         split: ``"train"`` or ``"test"``.
-        task: ``"chunk"`` (22 IOB2 chunk tags) or ``"pos"`` (44 part-of-speech tags, the second chain).
+        task: ``"chunk"`` (22 IOB2 chunk tags) or ``"pos"`` (44 part-of-speech tags, the second chain;
+            its attributes use the words only).
         root: folder holding ``conll2000/{train,test}.txt.gz``.
-        min_count: keep attributes seen at least this often in the training split.
+        min_count: keep attributes (or, with ``features="tokens"``, words) seen at least this often in
+            the training split.
+        features: ``"attributes"``: sparse `TokenFeatures` for linear models; ``"tokens"``: ``x`` is a
+            long tensor ``(N, T, C)`` of word ids (and, for the chunk task, POS ids) for embedding
+            layers, id 0 meaning unknown; the vocabularies are in ``dataset.meta``.
 
     Labels and the attribute vocabulary come from the training split. A test tag never seen in training
     (``I-LST``, 2 chunk tokens) is mapped to ``O`` in ``y``; ``dataset.tags`` keeps the original strings,
@@ -119,26 +128,54 @@ def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] 
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
+    if features not in ("attributes", "tokens"):
+        raise ValueError(f"features must be 'attributes' or 'tokens', got {features!r}")
     train_path = str(locate(root, "conll2000/train.txt.gz", url=URLS["train"], download=download))
     path = train_path if split == "train" else str(
         locate(root, "conll2000/test.txt.gz", url=URLS["test"], download=download))
-    vocab, labels = _vocabulary(train_path, task, min_count)
-    sentences, attributes = _parsed(path)
+    sentences = _sentences(path)
     col = 2 if task == "chunk" else 1
+    labels = sorted({tok[col] for s in _sentences(train_path) for tok in s})
     label_id = {lab: i for i, lab in enumerate(labels)}
     fallback = label_id.get("O", 0) if task == "chunk" else 0
     n = len(sentences)
     T = max(len(s) for s in sentences)
+    y = np.full((n, T), -1, dtype=np.int64)
+    for i, sent in enumerate(sentences):
+        y[i, : len(sent)] = [label_id.get(tok[col], fallback) for tok in sent]
+    lengths = torch.tensor([len(s) for s in sentences], dtype=torch.long)
+    tags = [[tok[col] for tok in s] for s in sentences]
+    common = {"num_labels": len(labels), "label_names": labels, "tags": tags}
+    name = f"conll2000-{task}-{split}"
+    if features == "tokens":
+        x, meta = _token_ids(train_path, sentences, task, min_count)
+        return SequenceDataset(x, torch.from_numpy(y), lengths, num_features=len(meta["words"]), meta=meta,
+                               name=name, **common)
+    vocab = _vocabulary(train_path, task, min_count)
+    _, attributes = _parsed(path, task)
     A = max(len(tok) for sent in attributes for tok in sent)
     ids = np.full((n, T, A), -1, dtype=np.int64)
-    y = np.full((n, T), -1, dtype=np.int64)
-    for i, (sent, attrs) in enumerate(zip(sentences, attributes)):
+    for i, attrs in enumerate(attributes):
         for t, tok in enumerate(attrs):
             r = [vocab[a] for a in tok if a in vocab]
             ids[i, t, : len(r)] = r
-        y[i, : len(sent)] = [label_id.get(tok[col], fallback) for tok in sent]
-    lengths = torch.tensor([len(s) for s in sentences], dtype=torch.long)
-    ids, y = torch.from_numpy(ids), torch.from_numpy(y)
-    tags = [[tok[col] for tok in s] for s in sentences]
-    return SequenceDataset(TokenFeatures(ids), y, lengths, num_labels=len(labels), num_features=len(vocab),
-                           label_names=labels, tags=tags, name=f"conll2000-{task}-{split}")
+    return SequenceDataset(TokenFeatures(torch.from_numpy(ids)), torch.from_numpy(y), lengths,
+                           num_features=len(vocab), meta={"attributes": list(vocab)}, name=name, **common)
+
+
+def _token_ids(train_path: str, sentences, task: str, min_count: int):
+    """``(N, T, C)`` word (and POS) ids with 0 for unknown / padding, and the vocabularies."""
+    train = _sentences(train_path)
+    counts = Counter(tok[0] for s in train for tok in s)
+    words = ["<unk>"] + sorted(w for w, c in counts.items() if c >= min_count)
+    columns = [(0, {w: i for i, w in enumerate(words)})]
+    meta = {"words": words}
+    if task == "chunk":
+        pos = ["<unk>"] + sorted({tok[1] for s in train for tok in s})
+        columns.append((1, {p: i for i, p in enumerate(pos)}))
+        meta["pos"] = pos
+    x = np.zeros((len(sentences), max(len(s) for s in sentences), len(columns)), dtype=np.int64)
+    for i, sent in enumerate(sentences):
+        for c, (col, index) in enumerate(columns):
+            x[i, : len(sent), c] = [index.get(tok[col], 0) for tok in sent]
+    return torch.from_numpy(x), meta

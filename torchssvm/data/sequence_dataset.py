@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterator, NamedTuple, Optional, Union
 
 import torch
@@ -28,12 +29,13 @@ class SequenceDataset(torch.utils.data.Dataset):
 
     Indexing with an int, a slice, or an index tensor returns a `ChainBatch` (an int gives a batch of
     one) trimmed to the longest sequence it holds. ``num_labels`` and ``num_features`` size the model
-    (``LinearChainModel(ds.num_features, ds.num_labels, sparse=ds.sparse)``); ``label_names`` and
-    ``tags`` (original string labels, for chunk F1) are kept when the source has them.
+    (``LinearChainModel(ds.num_features, ds.num_labels, sparse=ds.sparse)``); ``label_names``, ``tags``
+    (original string labels, for chunk F1) and ``meta`` (e.g. vocabularies) are kept when the source has
+    them. ``x`` may also be a long tensor of token ids ``(N, T, C)`` for embedding models.
     """
 
     def __init__(self, x: Features, y: torch.Tensor, lengths: torch.Tensor, *, num_labels: int,
-                 num_features: int, label_names=None, tags=None, name: str = ""):
+                 num_features: int, label_names=None, tags=None, meta=None, name: str = ""):
         n = lengths.shape[0]
         if y.shape[0] != n or x.shape[0] != n:
             raise ValueError(f"x, y and lengths must have the same number of sequences, got "
@@ -42,6 +44,7 @@ class SequenceDataset(torch.utils.data.Dataset):
         self.num_labels, self.num_features = int(num_labels), int(num_features)
         self.label_names = list(label_names) if label_names is not None else None
         self.tags = tags
+        self.meta = dict(meta or {})
         self.name = name
 
     @property
@@ -56,7 +59,10 @@ class SequenceDataset(torch.utils.data.Dataset):
         return int(self.lengths.sum())
 
     def __getitem__(self, index) -> ChainBatch:
-        if isinstance(index, int):
+        if isinstance(index, torch.Tensor) and index.dim() == 0:
+            index = int(index)
+        if isinstance(index, numbers.Integral):
+            index = int(index)
             n = len(self)
             if not -n <= index < n:
                 raise IndexError(f"index {index} out of range for {n} sequences")
@@ -74,10 +80,18 @@ class SequenceDataset(torch.utils.data.Dataset):
         for s in range(0, stop, batch_size):
             yield self[order[s : s + batch_size]]
 
+    def subset(self, indices) -> SequenceDataset:
+        """A new dataset of the sequences at ``indices`` (padding kept at this dataset's size)."""
+        idx = torch.as_tensor(list(indices) if not isinstance(indices, torch.Tensor) else indices, dtype=torch.long)
+        tags = [self.tags[i] for i in idx.tolist()] if self.tags is not None else None
+        return SequenceDataset(self.x[idx], self.y[idx], self.lengths[idx], num_labels=self.num_labels,
+                               num_features=self.num_features, label_names=self.label_names, tags=tags,
+                               meta=self.meta, name=f"{self.name}[{len(idx)}]")
+
     def to(self, device) -> SequenceDataset:
         return SequenceDataset(self.x.to(device), self.y.to(device), self.lengths.to(device),
                                num_labels=self.num_labels, num_features=self.num_features,
-                               label_names=self.label_names, tags=self.tags, name=self.name)
+                               label_names=self.label_names, tags=self.tags, meta=self.meta, name=self.name)
 
     def __repr__(self) -> str:
         kind = "sparse" if self.sparse else "dense"

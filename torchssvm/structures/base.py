@@ -60,6 +60,10 @@ class Structure:
         """One-hot factor marginals of ``y`` (per example), the gradient of `score` in the potentials."""
         raise NotImplementedError
 
+    def log_partition(self, potentials, lengths=None) -> torch.Tensor:
+        """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable."""
+        raise NotImplementedError(f"{type(self).__name__} has no log_partition")
+
     # -- plumbing for autograd Functions --------------------------------------------------------
     def tensors(self, potentials) -> Tuple[Optional[torch.Tensor], ...]:
         """The potential tensors (None for absent optional ones), in `potential_names` order."""
@@ -68,13 +72,15 @@ class Structure:
     def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]):
         raise NotImplementedError
 
-    def marginal_vjp(self, y, weight, potentials, lengths, needs: Sequence[bool]):
+    def marginal_vjp(self, y, weight, potentials, lengths, needs: Sequence[bool], dtype=None):
         """``sum_b weight_b * marginals(y)_b`` reduced to each potential tensor's shape (None where
-        ``needs`` is False or the tensor is absent): the gradient of ``sum_b weight_b * score_b``."""
+        ``needs`` is False or the tensor is absent): the gradient of ``sum_b weight_b * score_b``.
+        Accumulated in ``dtype`` (default: the potentials' dtype); labels must be -1 padded."""
         raise NotImplementedError
 
-    def validate(self, potentials, lengths=None, target=None):
-        """Check potentials, lengths and target at the boundary; return them normalized."""
+    def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
+        """Check potentials, lengths and target at the boundary; return them normalized (labels past a
+        sequence's length set to -1)."""
         raise NotImplementedError
 
     # -- shared helpers ------------------------------------------------------------------------

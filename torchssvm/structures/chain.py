@@ -59,9 +59,10 @@ class Chain(Structure):
         self.normalize = bool(normalize)
 
     # -- validation ---------------------------------------------------------------------------
-    def validate(self, potentials, lengths=None, target=None):
+    def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
         pot = self._as_potentials(potentials)
         check_tensor("unary", pot.unary, ndim=3, floating=True)
+        check_tensor("transition", pot.transition, floating=True)
         B, T, K = pot.unary.shape
         if K != self.num_labels:
             raise ValueError(f"unary has {K} labels in its last dimension, expected {self.num_labels}")
@@ -85,7 +86,7 @@ class Chain(Structure):
         check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end})
         lengths = check_lengths(lengths, B, T, ref.device)
         if target is not None:
-            target = check_labels("target", target, (B, T), K, ref.device, valid=self._valid(lengths, T))
+            target = check_labels(target_name, target, (B, T), K, ref.device, valid=self._valid(lengths, T))
         return pot, lengths, target
 
     def _as_potentials(self, potentials) -> ChainPotentials:
@@ -131,7 +132,7 @@ class Chain(Structure):
         return w
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        pot, lengths, y = self.validate(potentials, lengths, y)
+        pot, lengths, y = self.validate(potentials, lengths, y, target_name="y")
         return self._score(pot, y, lengths)
 
     def _score(self, pot: ChainPotentials, y, lengths) -> torch.Tensor:
@@ -193,6 +194,26 @@ class Chain(Structure):
         end = eye[yc.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)]
         return ChainPotentials(unary, trans, start, end)
 
+    def log_partition(self, potentials, lengths=None) -> torch.Tensor:
+        """``log sum_y exp s(y)`` per example by the forward algorithm (differentiable with autograd:
+        its gradient is the expected marginals). Used by the CRF likelihood baseline; decoded in at least
+        float32."""
+        pot, lengths, _ = self.validate(potentials, lengths)
+        return self._log_partition(pot, lengths)
+
+    def _log_partition(self, pot: ChainPotentials, lengths) -> torch.Tensor:
+        dt = _decode_dtype(pot.unary.dtype)
+        unary, trans = pot.unary.to(dt), pot.transition.to(dt)
+        T = unary.shape[1]
+        alpha = unary[:, 0] + pot.start.to(dt) if pot.start is not None else unary[:, 0]
+        for t in range(1, T):
+            tr = trans[:, t - 1] if trans.dim() == 4 else trans
+            new = torch.logsumexp(alpha.unsqueeze(2) + tr, dim=1) + unary[:, t]
+            alpha = torch.where((lengths > t).unsqueeze(1), new, alpha)
+        if pot.end is not None:
+            alpha = alpha + pot.end.to(dt)
+        return torch.logsumexp(alpha, dim=1)
+
     # -- autograd plumbing -----------------------------------------------------------------------
     def tensors(self, potentials):
         return tuple(self._as_potentials(potentials))
@@ -200,10 +221,10 @@ class Chain(Structure):
     def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> ChainPotentials:
         return ChainPotentials(*tensors)
 
-    def marginal_vjp(self, y, weight, potentials, lengths, needs):
+    def marginal_vjp(self, y, weight, potentials, lengths, needs, dtype=None):
         pot = self._as_potentials(potentials)
         B, T, K = pot.unary.shape
-        dtype, device = pot.unary.dtype, pot.unary.device
+        dtype, device = dtype or pot.unary.dtype, pot.unary.device
         weight = weight.to(dtype)
         valid = self._valid(lengths, T)
         yc = y.clamp_min(0)
@@ -221,7 +242,7 @@ class Chain(Structure):
                 g = torch.zeros(B, T - 1, K * K, dtype=dtype, device=device)
                 out[1] = g.scatter_(2, pair_idx.unsqueeze(2), pair_w.unsqueeze(2)).view(B, T - 1, K, K)
         elif needs[1]:
-            out[1] = torch.zeros_like(pot.transition)
+            out[1] = torch.zeros_like(pot.transition, dtype=dtype)
         if needs[2] and pot.start is not None:
             out[2] = torch.zeros(K, dtype=dtype, device=device).index_add_(0, yc[:, 0], weight)
         if needs[3] and pot.end is not None:

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from .._validation import check_finite, check_labels, check_loss_weight, check_tensor
+from ..kernels import resolve_backend
 from .base import Structure
 
 
@@ -31,7 +32,7 @@ class Multiclass(Structure):
     def num_classes(self) -> int:
         return self.num_labels
 
-    def validate(self, potentials, lengths=None, target=None):
+    def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
         _no_lengths(lengths)
         check_tensor("scores", potentials, ndim=2, floating=True)
         B, K = potentials.shape
@@ -39,11 +40,12 @@ class Multiclass(Structure):
             raise ValueError(f"scores has {K} classes in its last dimension, expected {self.num_labels}")
         check_finite({"scores": potentials})
         if target is not None:
-            target = check_labels("target", target, (B,), K, potentials.device)
+            target = check_labels(target_name, target, (B,), K, potentials.device)
         return potentials, None, target
 
     def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
         scores, _, target = self.validate(potentials, lengths, target)
+        resolve_backend(backend, scores.device)  # one oracle for every backend; the name is still checked
         lw = None
         if target is not None:
             lw = check_loss_weight(loss_weight, scores.shape[0], scores.device, torch.float64)
@@ -60,7 +62,7 @@ class Multiclass(Structure):
         return y_hat, value
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        scores, _, y = self.validate(potentials, lengths, y)
+        scores, _, y = self.validate(potentials, lengths, y, target_name="y")
         return self._score(scores, y, None)
 
     def _score(self, scores, y, lengths) -> torch.Tensor:
@@ -83,14 +85,23 @@ class Multiclass(Structure):
         y = check_labels("y", y, tuple(y.shape), self.num_labels, y.device)
         return torch.nn.functional.one_hot(y, self.num_labels).to(dtype)
 
+    def log_partition(self, potentials, lengths=None) -> torch.Tensor:
+        """``logsumexp_k scores[k]`` per example (softmax cross-entropy = log_partition - score)."""
+        scores, _, _ = self.validate(potentials, lengths)
+        return self._log_partition(scores, None)
+
+    def _log_partition(self, scores, lengths) -> torch.Tensor:
+        dt = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
+        return torch.logsumexp(scores.to(dt), dim=1)
+
     def tensors(self, potentials):
         return (potentials,)
 
     def from_tensors(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return tensors[0]
 
-    def marginal_vjp(self, y, weight, potentials, lengths, needs):
+    def marginal_vjp(self, y, weight, potentials, lengths, needs, dtype=None):
         if not needs[0]:
             return (None,)
-        g = torch.zeros_like(potentials)
-        return (g.scatter_(1, y.unsqueeze(1), weight.to(potentials.dtype).unsqueeze(1)),)
+        g = torch.zeros_like(potentials, dtype=dtype or potentials.dtype)
+        return (g.scatter_(1, y.unsqueeze(1), weight.to(g.dtype).unsqueeze(1)),)
