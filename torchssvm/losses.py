@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ._validation import check_loss_weight
-from .structures.base import Structure
+from .structures.base import Structure, compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -43,12 +43,11 @@ class _StructuredHinge(torch.autograd.Function):
         structure = ctx.structure
         needs = ctx.needs_input_grad[5:]
         pot = structure.from_tensors(tensors)
-        dtype = tensors[0].dtype
         # Counts are summed over the batch: accumulate half precision in float32, cast at the end.
-        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        acc = compute_dtype(tensors)
         g_hat = structure.marginal_vjp(y_hat, grad_loss, pot, lengths, needs, dtype=acc)
         g_gold = structure.marginal_vjp(target, grad_loss, pot, lengths, needs, dtype=acc)
-        grads = tuple(None if a is None else (a - b).to(dtype) for a, b in zip(g_hat, g_gold))
+        grads = tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
         grad_lw = None
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)

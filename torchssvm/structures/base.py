@@ -13,6 +13,18 @@ import torch
 
 from .._validation import check_positive_int, check_tensor
 
+_AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def compute_dtype(tensors) -> torch.dtype:
+    """The dtype oracles and scores run in: float32 for any mix of half precision and float32, else the
+    potentials' own dtype (float64 stays float64)."""
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if dtypes <= set(_AUTOCAST_FAMILY):
+        return torch.float32
+    (dtype,) = dtypes
+    return dtype
+
 
 class Structure:
     """Base class. Subclasses implement the methods below for one kind of output."""
@@ -85,11 +97,15 @@ class Structure:
 
     # -- shared helpers ------------------------------------------------------------------------
     def _check_common(self, tensors: dict, ref: torch.Tensor) -> None:
-        """Optional potential tensors must be floating, on ``ref``'s device, of ``ref``'s dtype."""
+        """Optional potential tensors must be floating, on ``ref``'s device, of ``ref``'s dtype, except
+        that the autocast family (float16, bfloat16, float32) may mix: under ``torch.autocast`` a network's
+        unary comes out in half precision while a transition parameter stays float32. Oracles then run in
+        float32 and each gradient comes back in its tensor's own dtype."""
         for name, t in tensors.items():
             if t is None:
                 continue
-            check_tensor(name, t, floating=True, device=ref.device, dtype=ref.dtype)
+            mixed_ok = t.dtype in _AUTOCAST_FAMILY and ref.dtype in _AUTOCAST_FAMILY
+            check_tensor(name, t, floating=True, device=ref.device, dtype=None if mixed_ok else ref.dtype)
 
     def _class_weight(self, y: torch.Tensor, dtype) -> torch.Tensor:
         """Weight of each true label (1 without class weights); padding (-1) gets weight 0 later."""

@@ -15,7 +15,7 @@ from .._validation import (
     check_tensor,
 )
 from ..kernels import viterbi
-from .base import Structure
+from .base import Structure, compute_dtype
 
 
 class ChainPotentials(NamedTuple):
@@ -34,11 +34,6 @@ class ChainPotentials(NamedTuple):
     transition: torch.Tensor
     start: Optional[torch.Tensor] = None
     end: Optional[torch.Tensor] = None
-
-
-def _decode_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half precision potentials are decoded in float32."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class Chain(Structure):
@@ -113,7 +108,7 @@ class Chain(Structure):
 
     def _max_oracle(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
         """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None."""
-        dt = _decode_dtype(pot.unary.dtype)
+        dt = compute_dtype(pot)
         unary = pot.unary.detach().to(dt)
         if target is not None:
             # Hamming is decomposable: add its per-position weight to every wrong label.
@@ -202,7 +197,7 @@ class Chain(Structure):
         return self._log_partition(pot, lengths)
 
     def _log_partition(self, pot: ChainPotentials, lengths) -> torch.Tensor:
-        dt = _decode_dtype(pot.unary.dtype)
+        dt = compute_dtype(pot)
         unary, trans = pot.unary.to(dt), pot.transition.to(dt)
         T = unary.shape[1]
         alpha = unary[:, 0] + pot.start.to(dt) if pot.start is not None else unary[:, 0]

@@ -8,7 +8,7 @@ import torch
 
 from .._validation import check_finite, check_labels, check_loss_weight, check_tensor
 from ..kernels import resolve_backend
-from .base import Structure
+from .base import Structure, compute_dtype
 
 
 def _no_lengths(lengths) -> None:
@@ -52,10 +52,9 @@ class Multiclass(Structure):
         return self._max_oracle(scores, None, target, lw, backend)
 
     def _max_oracle(self, scores, lengths, target, loss_weight, backend):
-        dt = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
-        s = scores.detach().to(dt)
+        s = scores.detach().to(compute_dtype([scores]))
         if target is not None:
-            cost = (self._class_weight(target, torch.float64) * loss_weight).to(dt)
+            cost = (self._class_weight(target, torch.float64) * loss_weight).to(s.dtype)
             wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
             s = s + cost.unsqueeze(1) * wrong
         value, y_hat = s.max(dim=1)
@@ -91,8 +90,7 @@ class Multiclass(Structure):
         return self._log_partition(scores, None)
 
     def _log_partition(self, scores, lengths) -> torch.Tensor:
-        dt = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
-        return torch.logsumexp(scores.to(dt), dim=1)
+        return torch.logsumexp(scores.to(compute_dtype([scores])), dim=1)
 
     def tensors(self, potentials):
         return (potentials,)

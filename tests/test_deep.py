@@ -1,0 +1,156 @@
+"""The hinge loss inside deep models: autocast, torch.compile, DistributedDataParallel, per-position
+transitions from the input."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import torchssvm as ts
+
+
+class Tagger(nn.Module):
+    def __init__(self, D=8, K=4, hidden=16, per_position=False):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(D, hidden), nn.Tanh(), nn.Linear(hidden, K))
+        self.transition = nn.Parameter(torch.zeros(K, K))
+        self.pair = nn.Linear(2 * D, K * K) if per_position else None
+        self.K = K
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        transition = self.transition
+        if self.pair is not None:  # input-dependent transitions (B, T-1, K, K)
+            pair = self.pair(torch.cat([x[:, :-1], x[:, 1:]], -1))
+            transition = self.transition + pair.view(B, T - 1, self.K, self.K)
+        return ts.ChainPotentials(self.net(x), transition)
+
+
+def data(n=64, seed=0):
+    return ts.data.synthetic_chain("train", n, num_labels=4, num_features=8, noise=1.0, seed=seed)[:]
+
+
+def test_autocast_bfloat16_matches_float32():
+    """Under autocast the unary is bfloat16 and the transition float32: the loss decodes in float32 and
+    every gradient comes back in its parameter's dtype, close to the float32 run."""
+    torch.manual_seed(0)
+    model = Tagger()
+    with torch.no_grad():
+        model.transition.normal_()
+    b = data()
+    chain = ts.Chain(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pot = model(b.x)
+        assert pot.unary.dtype == torch.bfloat16 and pot.transition.dtype == torch.float32
+        loss = ts.StructuredHingeLoss(chain)(pot, b.y, b.lengths)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = ts.StructuredHingeLoss(chain)(model(b.x), b.y, b.lengths)
+    ref.backward()
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=0.05)
+    for g, p in zip(grads, model.parameters()):
+        assert g.dtype == torch.float32
+        assert torch.allclose(g, p.grad, rtol=0.1, atol=0.05)
+
+
+def test_per_position_transitions_from_the_input_train():
+    torch.manual_seed(0)
+    model = Tagger(per_position=True)
+    b = data(128)
+    crit = ts.StructuredHingeLoss(ts.Chain(4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss = crit(model(b.x), b.y, b.lengths)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert model.pair.weight.grad.abs().sum() > 0
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_torch_compile_of_the_surrounding_model():
+    """The network is compiled; the loss stays eager. Same losses and gradients as eager."""
+    torch.manual_seed(0)
+    model = Tagger()
+    compiled = torch.compile(model)
+    b = data(32)
+    crit = ts.StructuredHingeLoss(ts.Chain(4))
+    eager_loss = crit(model(b.x), b.y, b.lengths)
+    eager_loss.backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss = crit(compiled(b.x), b.y, b.lengths)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(float(eager_loss.detach()), rel=1e-5)
+    for g, p in zip(eager_grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+
+
+def _ddp_worker(rank, world, init_file, steps, out_file):
+    import torch.distributed as dist
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = Tagger().double()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        b = data(64)
+        half = 64 // world
+        x = b.x[rank * half : (rank + 1) * half].double()
+        y, lengths = b.y[rank * half : (rank + 1) * half], b.lengths[rank * half : (rank + 1) * half]
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        crit = ts.StructuredHingeLoss(ts.Chain(4))
+        for _ in range(steps):
+            loss = crit(ddp(x), y, lengths)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if rank == 0:
+            torch.save([p.detach() for p in model.parameters()], out_file)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_data_parallel_gloo_equals_single_process(tmp_path):
+    """Two CPU processes with DDP (gloo) on halves of the batch follow the single-process full-batch
+    trajectory: DDP averages the two half-batch mean gradients."""
+    import torch.multiprocessing as mp
+
+    steps = 3
+    out = str(tmp_path / "params.pt")
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), steps, out), nprocs=2, join=True)
+    torch.manual_seed(0)
+    model = Tagger().double()
+    b = data(64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = ts.StructuredHingeLoss(ts.Chain(4))
+    for _ in range(steps):
+        loss = crit(model(b.x.double()), b.y, b.lengths)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ddp_params = torch.load(out)
+    for p, q in zip(model.parameters(), ddp_params):
+        assert torch.allclose(p.detach(), q, atol=1e-10)
+    assert any(float(q.abs().sum()) > 0 for q in ddp_params)
+
+
+@pytest.mark.skipif(os.environ.get("TORCHSSVM_SKIP_EXAMPLES") == "1", reason="examples disabled")
+def test_examples_run(data_root, tmp_path):
+    """Both deep examples run end to end on a few sequences (one epoch) and report their metrics."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "scripts" / "examples"
+    for name, extra in [("ocr_cnn", []), ("conll_bilstm", ["--transition", "per-position"])]:
+        spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out = mod.main(["--epochs", "1", "--limit", "40", "--root", data_root, "--device", "cpu",
+                        "--logdir", str(tmp_path), "--history", str(tmp_path / f"{name}.json"), *extra])
+        assert (tmp_path / f"{name}.json").exists() and out
