@@ -51,3 +51,29 @@ def test_demo_training_on_cuda(tmp_path):
     from torchssvm.cli import main
 
     assert main(["demo", "--epochs", "1", "--device", "cuda", "--logdir", str(tmp_path)]) == 0
+
+
+def test_deep_examples_on_cuda(tmp_path):
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    data = os.environ.get("TORCHSSVM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    root = Path(__file__).resolve().parents[1] / "scripts" / "examples"
+    for name in ("ocr_cnn", "conll_bilstm"):
+        spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert mod.main(["--epochs", "1", "--limit", "64", "--root", data, "--device", "cuda",
+                         "--logdir", str(tmp_path)])
+
+
+def test_autocast_on_cuda():
+    model = torch.nn.Linear(8, 5).cuda()
+    transition = torch.nn.Parameter(torch.zeros(5, 5, device="cuda"))
+    x = torch.randn(4, 6, 8, device="cuda")
+    y = torch.randint(0, 5, (4, 6), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = ts.StructuredHingeLoss(ts.Chain(5))(ts.ChainPotentials(model(x), transition), y)
+    loss.backward()
+    assert transition.grad.dtype == torch.float32 and model.weight.grad is not None

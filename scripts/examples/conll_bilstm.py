@@ -3,7 +3,7 @@ same network, data order and optimizer: once with the structured hinge loss (SSV
 CRF negative log-likelihood (forward algorithm over the same chain potentials) as the comparison.
 
     python scripts/examples/conll_bilstm.py --epochs 8 [--device cuda] [--loss hinge|crf|both]
-        [--transition shared|per-position]
+        [--transition shared|per-position] [--hamming normalized|count]
 
 Prints test chunk F1 (conlleval) and seconds per epoch for each loss, logs both to TensorBoard
 (``runs/conll_bilstm-<loss>-*``), and with ``--history`` saves the curves as JSON.
@@ -72,7 +72,7 @@ def forward(model, batch):
 
 def train_one(loss_name, train, test, args, device):
     torch.manual_seed(args.seed)
-    chain = ts.Chain(train.num_labels)
+    chain = ts.Chain(train.num_labels, normalize=args.hamming == "normalized")
     model = BiLSTMTagger(len(train.meta["words"]), len(train.meta["pos"]), train.num_labels,
                          transition=args.transition).to(device)
     criterion = ts.StructuredHingeLoss(chain) if loss_name == "hinge" else ts.CRFLoss(chain)
@@ -127,6 +127,8 @@ def main(argv=None):
     p.add_argument("--word-dropout", type=float, default=0.05)
     p.add_argument("--loss", choices=("hinge", "crf", "both"), default="both")
     p.add_argument("--transition", choices=("shared", "per-position"), default="shared")
+    p.add_argument("--hamming", choices=("normalized", "count"), default="normalized",
+                   help="hinge task loss: Hamming divided by the length (the papers') or the raw count")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--root", default=None)
     p.add_argument("--logdir", default="runs")

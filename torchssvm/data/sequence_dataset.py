@@ -94,6 +94,6 @@ class SequenceDataset(torch.utils.data.Dataset):
                                label_names=self.label_names, tags=self.tags, meta=self.meta, name=self.name)
 
     def __repr__(self) -> str:
-        kind = "sparse" if self.sparse else "dense"
+        kind = "sparse" if self.sparse else ("token ids" if not self.x.is_floating_point() else "dense")
         return (f"SequenceDataset({self.name!r}, n={len(self)}, tokens={self.num_tokens}, "
                 f"num_labels={self.num_labels}, num_features={self.num_features} {kind})")
