@@ -62,6 +62,11 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     return loss
 
 
+def _check_structure(structure) -> None:
+    if not isinstance(structure, Structure):
+        raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+
+
 def _check_reduction(reduction: str) -> str:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -92,8 +97,7 @@ def structured_hinge_loss(
         reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over examples.
         return_argmax: also return the loss-augmented labelling ``y_hat``.
     """
-    if not isinstance(structure, Structure):
-        raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+    _check_structure(structure)
     _check_reduction(reduction)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
@@ -108,8 +112,7 @@ class StructuredHingeLoss(nn.Module):
 
     def __init__(self, structure: Structure, reduction: str = "mean", *, loss_weight=1.0, backend: str = "auto"):
         super().__init__()
-        if not isinstance(structure, Structure):
-            raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+        _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
         self.loss_weight = loss_weight
@@ -135,14 +138,14 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     """``log Z(theta) - s_theta(y*)`` per example, the conditional random field loss over the same
     potentials (forward algorithm for chains; autograd gives its gradient). A baseline to compare the
     hinge loss against, not a max-margin loss."""
-    if not isinstance(structure, Structure):
-        raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+    _check_structure(structure)
     _check_reduction(reduction)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     log_z = structure._log_partition(pot, lengths)
-    tensors = [None if t is None else t.to(log_z.dtype) for t in structure.tensors(pot)]
-    nll = log_z - structure._score(structure.from_tensors(tensors), target, lengths)
-    return _reduce(nll.to(structure.tensors(pot)[0].dtype), reduction)
+    tensors = structure.tensors(pot)
+    as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
+    nll = log_z - structure._score(structure.from_tensors(as_log_z), target, lengths)
+    return _reduce(nll.to(tensors[0].dtype), reduction)
 
 
 class CRFLoss(nn.Module):
@@ -150,8 +153,7 @@ class CRFLoss(nn.Module):
 
     def __init__(self, structure: Structure, reduction: str = "mean"):
         super().__init__()
-        if not isinstance(structure, Structure):
-            raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+        _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
 
