@@ -50,6 +50,8 @@ def viterbi_torch(
         ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
+    if B == 1 and transition.dim() == 2 and unary.device.type == "cpu":
+        return _viterbi_single(unary, transition, start, end, lengths)
     if B >= _BATCH_LAST_MIN_B:
         return _viterbi_batch_last(unary, transition, start, end, lengths)
     return _viterbi_batch_first(unary, transition, start, end, lengths)
@@ -80,6 +82,30 @@ def _backtrack(cur, lengths, T, best_prev):
             cur = torch.where(active, prev, cur)
     out.append(cur)
     return torch.stack(out[::-1], dim=1)
+
+
+def _viterbi_single(unary, transition, start, end, lengths):
+    """One sequence on CPU (the sequential dual solvers' case): per-op overhead dominates, so keep the
+    back-pointers from ``max`` (first maximum, the same tie rule) and backtrack in Python."""
+    T, L = unary.shape[1], int(lengths[0])
+    u = unary[0]
+    alpha = u[0] + start if start is not None else u[0]
+    back = []
+    for t in range(1, L):
+        alpha, arg = (alpha.unsqueeze(1) + transition).max(0)
+        alpha = alpha + u[t]
+        back.append(arg)
+    if end is not None:
+        alpha = alpha + end
+    score, cur = alpha.max(0)
+    path = [int(cur)]
+    if back:
+        for row in reversed(torch.stack(back).tolist()):
+            path.append(row[path[-1]])
+    path.reverse()
+    labels = torch.full((1, T), -1, dtype=torch.long)
+    labels[0, :L] = torch.tensor(path)
+    return labels, score.view(1)
 
 
 def _viterbi_batch_first(unary, transition, start, end, lengths):

@@ -4,7 +4,7 @@
     loss = ts.StructuredHingeLoss(ts.Chain(num_labels))(potentials, target, lengths)
 """
 
-from . import data, kernels, metrics
+from . import data, kernels, metrics, optim
 from .losses import CRFLoss, StructuredHingeLoss, crf_negative_log_likelihood, structured_hinge_loss
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
 from .structures import Chain, ChainPotentials, Multiclass, Structure
@@ -27,4 +27,5 @@ __all__ = [
     "data",
     "kernels",
     "metrics",
+    "optim",
 ]

@@ -1,0 +1,14 @@
+"""Dual solvers for the convex SSVM, shaped like ``torch.optim``: ``solver.step()``, ``state_dict()``.
+
+- `BCFW`: block-coordinate Frank-Wolfe with gap sampling, pairwise / away steps, caching, box
+  constraints and exact mini-batches (``bcfw.py``).
+- `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines.
+- `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
+- ``problems/``: how a (model, dataset) pair is seen in marginal coordinates; add new structures there.
+"""
+
+from .bcfw import BCFW
+from .dual_solver import DualSolver
+from .problems import ChainProblem, DualProblem, FeatureTableProblem, make_problem
+
+__all__ = ["BCFW", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem", "make_problem"]

@@ -1,0 +1,88 @@
+"""Explicit sparse duals per block: the active set and the cache in one store (note 001, 2.3, 2.5, 2.6).
+
+Block i holds up to ``capacity`` atoms, each a labelling (identified by its labels, ``width`` long
+entries padded with -1), its task loss ``L_i(y)`` (not scaled) and its dual weight ``alpha_i(y)``.
+Slot 0 is the ground truth (``alpha = 1`` at the start) and is never evicted. Storage is dense tensors
+``(n, capacity, ...)`` that grow (doubling the capacity) when a block must exceed it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class AtomStore:
+    def __init__(self, truth: torch.Tensor, capacity: int):
+        n, width = truth.shape
+        self.capacity = max(2, int(capacity))
+        dev = truth.device
+        self.labels = torch.full((n, self.capacity, width), -1, dtype=torch.long, device=dev)
+        self.labels[:, 0] = truth
+        self.loss = torch.zeros(n, self.capacity, dtype=torch.float64, device=dev)
+        self.alpha = torch.zeros(n, self.capacity, dtype=torch.float64, device=dev)
+        self.alpha[:, 0] = 1.0
+        self.count = torch.ones(n, dtype=torch.long, device=dev)
+        # False once a FW + cache eviction dropped an active atom: alpha no longer sums to the block.
+        self.alpha_valid = torch.ones(n, dtype=torch.bool, device=dev)
+
+    def grow(self) -> None:
+        n, C, W = self.labels.shape
+        extra = C
+        self.labels = torch.cat([self.labels, self.labels.new_full((n, extra, W), -1)], 1)
+        self.loss = torch.cat([self.loss, self.loss.new_zeros(n, extra)], 1)
+        self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(n, extra)], 1)
+
+    def slots(self, idx: torch.Tensor):
+        """``(labels (B, C, W), loss (B, C), alpha (B, C), used (B, C) bool)`` of blocks ``idx``, with
+        ``C`` the largest count among them."""
+        C = int(self.count[idx].max())
+        used = torch.arange(C, device=idx.device).unsqueeze(0) < self.count[idx].unsqueeze(1)
+        return self.labels[idx, :C], self.loss[idx, :C], self.alpha[idx, :C], used
+
+    def find(self, i: int, label: torch.Tensor) -> int:
+        c = int(self.count[i])
+        hit = (self.labels[i, :c] == label).all(1).nonzero()
+        return int(hit[0]) if hit.numel() else -1
+
+    def insert(self, i: int, label: torch.Tensor, loss: float, scores: torch.Tensor, *, cap: int,
+               keep_active: bool) -> int:
+        """Slot of ``label`` in block i, adding it if absent.
+
+        When the block holds ``cap`` atoms (``cap = 0``: no cache, only reuse free slots) the inactive
+        atom with the lowest current score ``scores[slot] = H_i(y; w)`` is replaced. If every atom is
+        active, the store grows when ``keep_active`` (pairwise / away steps: active atoms are never
+        evicted); otherwise the lowest-scoring non-truth atom is evicted and the block's ``alpha`` is
+        marked invalid (the FW + cache rule of [C])."""
+        slot = self.find(i, label)
+        if slot >= 0:
+            return slot
+        c = int(self.count[i])
+        full = c >= cap if cap > 0 else True
+        if full:
+            cand = (self.alpha[i, 1:c] == 0).nonzero().squeeze(1) + 1
+            if cand.numel():
+                slot = int(cand[scores[cand].argmin()])
+            elif not keep_active and c > 1:
+                slot = int(scores[1:c].argmin()) + 1
+                self.alpha_valid[i] = False
+                self.alpha[i, slot] = 0.0
+            else:
+                full = False
+        if not full:
+            if c >= self.labels.shape[1]:
+                self.grow()
+            slot = c
+            self.count[i] = c + 1
+        self.labels[i, slot] = label
+        self.loss[i, slot] = loss
+        self.alpha[i, slot] = 0.0
+        return slot
+
+    def state_dict(self) -> dict:
+        return {"labels": self.labels.clone(), "loss": self.loss.clone(), "alpha": self.alpha.clone(),
+                "count": self.count.clone(), "alpha_valid": self.alpha_valid.clone(), "capacity": self.capacity}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.labels, self.loss, self.alpha = s["labels"].clone(), s["loss"].clone(), s["alpha"].clone()
+        self.count, self.alpha_valid = s["count"].clone(), s["alpha_valid"].clone()
+        self.capacity = int(s["capacity"])

@@ -1,0 +1,232 @@
+"""What every dual SSVM solver shares: blocks, the primal ``w(alpha)``, box constraints, the exact gap.
+
+State, in float64 (note 001 section 1.3, in the marginal coordinates of `torchssvm.optim.problems`):
+
+- ``z (n, m)``: block i's ``m(y_i) - mu_i``; ``w_i = Phi_i z_i / (lam n)``.
+- ``ell (n,)``: ``l_i = (1/n) sum_y alpha_i(y) L_i(y)``.
+- ``v (d,)``: ``sum_i w_i`` (= ``A alpha``); ``w = clip(v, lower, upper)`` with box constraints (App. H,
+  eq. 56-57), else ``w = v``.
+
+The dual value is ``D = sum_i l_i - lam/2 ||w||^2 - lam (beta_u^T u - beta_l^T l)`` with
+``beta_u = [v - u]_+`` and ``beta_l = [l - v]_+`` (0 without a box), and the exact duality gap
+``sum_i g_i = P(w) - D`` comes from a full oracle pass (`duality_gap`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch
+
+from .problems import DualProblem, make_problem
+
+
+def _check_lam(lam) -> float:
+    try:
+        lam = float(lam)
+    except (TypeError, ValueError):
+        raise TypeError(f"lam must be a positive number, got {lam!r}") from None
+    if not (lam > 0 and math.isfinite(lam)):
+        raise ValueError(f"lam must be a positive finite number, got {lam}")
+    return lam
+
+
+def parse_box(box, problem: DualProblem):
+    """``(lower, upper)`` float64 ``(d,)`` bounds from ``box``, or None.
+
+    ``box`` is None, a pair ``(lower, upper)`` of numbers / ``(d,)`` tensors / None, or a dict mapping
+    parameter names (`DualProblem.parameter_slices`, e.g. ``"transition"``) to such pairs; unnamed
+    parameters stay unbounded. Example: ``box={"transition": (0.0, None)}`` (positivity)."""
+    if box is None:
+        return None
+    d, kw = problem.d, {"dtype": torch.float64, "device": problem.device}
+    lower = torch.full((d,), -math.inf, **kw)
+    upper = torch.full((d,), math.inf, **kw)
+
+    def fill(name, sl, pair):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"box{name} must be a pair (lower, upper), got {pair!r}")
+        a, b = sl
+        for target, value, what in ((lower, pair[0], "lower"), (upper, pair[1], "upper")):
+            if value is None:
+                continue
+            t = torch.as_tensor(value, **kw)
+            if t.dim() > 0:
+                t = t.reshape(-1)
+                if t.numel() != b - a:
+                    raise ValueError(f"box{name} {what} bound has {t.numel()} entries, expected {b - a}")
+            if torch.isnan(t).any():
+                raise ValueError(f"box{name} {what} bound holds NaN")
+            target[a:b] = t
+
+    if isinstance(box, dict):
+        slices = problem.parameter_slices()
+        for name, pair in box.items():
+            if name not in slices:
+                raise ValueError(f"box names parameter {name!r}; the model has {sorted(slices)}")
+            fill(f"[{name!r}]", slices[name][:2], pair)
+    else:
+        fill("", (0, d), box)
+    if (lower > upper).any():
+        raise ValueError("box has a lower bound above its upper bound")
+    if torch.isinf(lower).all() and torch.isinf(upper).all():
+        return None
+    return lower, upper
+
+
+class DualSolver:
+    """Base of the dual solvers (`BCFW`, `FrankWolfe`); subclasses implement `step`.
+
+    Args:
+        model: a `LinearChainModel` (with ``dataset``) or a `DualProblem`.
+        dataset: the training set for ``model``.
+        lam: the regularization ``lam > 0`` of ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)``.
+        box: box constraints on ``w`` (`parse_box`), or None.
+        writer: a TensorBoard ``SummaryWriter`` (scalars per step, histogram of block gaps), or None.
+        structure, backend: passed to the problem (task loss, oracle backend).
+    """
+
+    tag = "dual"
+
+    def __init__(self, model, dataset=None, lam: float = 1e-2, *, box=None, writer=None, structure=None,
+                 backend: str = "auto"):
+        self.problem = make_problem(model, dataset, structure, backend=backend)
+        self.lam = _check_lam(lam)
+        p = self.problem
+        self.n = p.n
+        kw = {"dtype": torch.float64, "device": p.device}
+        self.z = torch.zeros(p.n, p.m, **kw)
+        self.ell = torch.zeros(p.n, **kw)
+        self.v = p.initial_w().to(torch.float64)
+        self.box = parse_box(box, p)
+        self.w = self._clip(self.v)
+        self.writer = writer
+        self.block_gaps = torch.full((p.n,), math.inf, **kw)  # last computed g_i (inf: never computed)
+        self.oracle_calls = 0
+        self.steps_done = 0
+        self.seconds = 0.0
+        self.last_exact: Optional[dict] = None
+        p.write_model(self.w)
+
+    # -- primal / dual --------------------------------------------------------------------------
+    def _clip(self, v: torch.Tensor) -> torch.Tensor:
+        if self.box is None:
+            return v
+        return torch.maximum(torch.minimum(v, self.box[1]), self.box[0])
+
+    def _sync_w(self) -> None:
+        self.w = self._clip(self.v)
+
+    def dual_value(self) -> float:
+        """``D(alpha) = sum_i l_i - lam/2 ||w||^2 - lam (beta_u^T u - beta_l^T l)`` (exact, no oracle)."""
+        d = float(self.ell.sum()) - 0.5 * self.lam * float(self.w @ self.w)
+        if self.box is not None:
+            lo, up = self.box
+            fu, fl = torch.isfinite(up), torch.isfinite(lo)
+            bu = (self.v - up).clamp_min(0)[fu]
+            bl = (lo - self.v).clamp_min(0)[fl]
+            d -= self.lam * (float(bu @ up[fu]) - float(bl @ lo[fl]))
+        return d
+
+    @torch.no_grad()
+    def _full_pass(self, chunk: int = 1024):
+        """Exact block gaps ``g_i`` and ``H_i = max_y H_i(y; w)`` by one oracle call per block.
+
+        ``g_i = (<theta_i, z_i> + H_i) / n - l_i`` (note 001 eq. 7 in marginal coordinates)."""
+        p, n = self.problem, self.n
+        gaps = torch.empty(n, dtype=torch.float64, device=p.device)
+        hinge = torch.empty_like(gaps)
+        for idx in p.chunks(chunk):
+            theta = p.potentials(self.w, idx)
+            _, _, H = p.oracle(theta, idx)
+            H = H.clamp_min(0)  # H_i(y_i) = 0: an exact oracle never returns less ([C] falls back to y_i)
+            hinge[idx] = H
+            gaps[idx] = (p.inner(theta, self.z[idx]) + H) / n - self.ell[idx]
+        return gaps, hinge
+
+    def duality_gap(self) -> dict:
+        """Exact ``primal``, ``dual`` and ``gap`` at the current iterate with the block gaps ``(n,)``.
+
+        Not counted in ``oracle_calls`` and leaves the solver's trajectory untouched (for monitoring);
+        ``gap`` is the sum of block gaps, ``primal`` is computed independently from the hinge terms."""
+        gaps, hinge = self._full_pass()
+        primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / self.n
+        return {"primal": primal, "dual": self.dual_value(), "gap": float(gaps.sum()), "block_gaps": gaps}
+
+    # -- loop -----------------------------------------------------------------------------------
+    def step(self) -> dict:
+        raise NotImplementedError
+
+    def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
+            time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
+        """Call `step` until ``passes >= max_passes``, the gap is ``<= gap_tol``, or ``time_budget``
+        seconds of solver time are spent. With ``exact=True`` (default) only an exact gap stops the
+        run (a certificate); ``exact=False`` also accepts the estimate (the heuristic path). Returns the
+        list of step reports; ``callback(report)`` is called after each."""
+        if max_passes is None and gap_tol is None and time_budget is None:
+            raise ValueError("fit needs at least one of max_passes, gap_tol, time_budget")
+        history = []
+        while True:
+            r = self.step()
+            if gap_tol is not None and exact and not r["gap_exact"] and r["gap"] <= 0.8 * gap_tol:
+                r = {**r, **self._certify()}  # a cheap estimate says done: confirm with an exact pass
+            history.append(r)
+            if callback is not None:
+                callback(r)
+            if gap_tol is not None and r["gap"] <= gap_tol and (r["gap_exact"] or not exact):
+                break
+            if max_passes is not None and r["passes"] >= max_passes:
+                break
+            if time_budget is not None and self.seconds >= time_budget:
+                break
+        return history
+
+    def _certify(self) -> dict:
+        """An exact gap pass counted as oracle calls (solvers with gap estimates override it)."""
+        t0 = time.perf_counter()
+        r = self.duality_gap()
+        self.oracle_calls += self.n
+        self.seconds += time.perf_counter() - t0
+        return {"primal": r["primal"], "dual": r["dual"], "gap": r["gap"], "gap_exact": True,
+                "passes": self.oracle_calls / self.n, "oracle_calls": self.oracle_calls, "time": self.seconds}
+
+    def _log(self, r: dict) -> None:
+        if self.writer is None:
+            return
+        step = self.steps_done
+        for key in ("primal", "dual", "gap", "passes", "oracle_calls", "cache_hit_rate", "time"):
+            value = r.get(key)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(f"{self.tag}/{key}", value, step)
+        if r.get("gap_exact"):
+            self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], step)
+        finite = self.block_gaps[torch.isfinite(self.block_gaps)]
+        if finite.numel():
+            self.writer.add_histogram(f"{self.tag}/block_gaps", finite.clamp_min(0), step)
+
+    # -- state ----------------------------------------------------------------------------------
+    _state_tensors = ("z", "ell", "v", "block_gaps")
+    _state_scalars = ("lam", "oracle_calls", "steps_done", "seconds")
+
+    def state_dict(self) -> dict:
+        s = {k: getattr(self, k).clone() for k in self._state_tensors}
+        s.update({k: getattr(self, k) for k in self._state_scalars})
+        s["last_exact"] = None if self.last_exact is None else dict(self.last_exact)
+        return s
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [k for k in (*self._state_tensors, *self._state_scalars) if k not in state]
+        if missing:
+            raise ValueError(f"state_dict is missing {missing}")
+        for k in self._state_tensors:
+            cur, new = getattr(self, k), state[k]
+            if not isinstance(new, torch.Tensor) or new.shape != cur.shape:
+                raise ValueError(f"state_dict[{k!r}] must be a tensor of shape {tuple(cur.shape)}")
+            setattr(self, k, new.to(cur.device, cur.dtype).clone())
+        for k in self._state_scalars:
+            setattr(self, k, type(getattr(self, k))(state[k]))
+        self.last_exact = state.get("last_exact")
+        self._sync_w()
+        self.problem.write_model(self.w)

@@ -1,0 +1,99 @@
+"""The convex SSVM seen by the dual solvers: blocks in marginal space.
+
+A `DualProblem` is the n-slack margin-rescaled SSVM (note 001 eq. 1)
+
+    P(w) = lam/2 ||w||^2 + (1/n) sum_i max_y H_i(y; w),   H_i(y; w) = L_i(y) - <w, psi_i(y)>,
+
+with ``psi_i(y) = phi(x_i, y_i) - phi(x_i, y)``, exposed in the coordinates the solvers store (DESIGN.md,
+"Dual blocks live in marginal space"). Block i is a flat vector ``z_i`` of size ``m``, the difference of
+one-hot factor marginals ``m(y_i) - mu_i`` with ``mu_i`` a convex combination of labellings' marginals;
+the block's primal part is ``w_i = Phi_i z_i / (lam n)`` where ``Phi_i`` is the (linear) joint feature map
+of example i. Solvers never build ``Phi_i``: they use the operations below, batched over an index tensor
+``idx (B,)``.
+
+- ``potentials(w, idx)``: the model's potentials of the examples at parameters ``w`` (float64),
+  ``theta_i = Phi_i^T w`` in marginal coordinates, so that ``<w, Phi_i z> = inner(theta, z)``.
+- ``oracle(theta, idx)``: loss-augmented decoding ``argmax_y H_i(y; w)``: labels, their losses ``L_i``
+  and ``max_y H_i(y; w)``.
+- ``decode(theta, idx)``: plain MAP labels (the regularization path's initialization).
+- ``labels_score(theta, idx, labels)``: ``<theta_i, m(y)>`` of ``(B, C, width)`` candidate labellings.
+- ``task_loss(idx, labels)``: ``L_i(y)`` of ``(B, C, width)`` labellings.
+- ``corner(idx, labels)``: ``m(y_i) - m(y)``, the block vector of the labelling (a simplex corner).
+- ``inner(theta, z)``, ``gram(idx_a, z_a, idx_b, z_b)`` = ``<Phi_a z_a, Phi_b z_b>`` and ``sqnorm``.
+- ``accumulate(w, idx, z, coef)``: ``w += sum_b coef_b Phi_b z_b`` in place.
+- ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
+
+Labellings are long tensors of a fixed ``label_width`` padded with -1 (a chain: the padded length).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+class DualProblem:
+    """Base class; see the module docstring for the contract. Subclasses set ``n``, ``d``, ``m``,
+    ``label_width``, ``truth`` ``(n, label_width)`` and ``dtype`` (float64)."""
+
+    n: int
+    d: int
+    m: int
+    label_width: int
+    truth: torch.Tensor
+    dtype = torch.float64
+    device = torch.device("cpu")
+
+    # -- parameters -----------------------------------------------------------------------------
+    def initial_w(self) -> torch.Tensor:
+        """The starting ``w`` (zeros: all dual mass on the ground truth)."""
+        return torch.zeros(self.d, dtype=self.dtype, device=self.device)
+
+    def write_model(self, w: torch.Tensor) -> None:
+        """Copy ``w`` into the user's model (no-op for problems without one)."""
+
+    def parameter_slices(self) -> dict:
+        """``{name: (start, stop, shape)}`` of named parameter groups in ``w`` (for box constraints)."""
+        return {"w": (0, self.d, (self.d,))}
+
+    # -- oracles and products (implemented by subclasses) ---------------------------------------
+    def potentials(self, w: torch.Tensor, idx: torch.Tensor):
+        raise NotImplementedError
+
+    def oracle(self, theta, idx: torch.Tensor):
+        raise NotImplementedError
+
+    def decode(self, theta, idx: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def labels_score(self, theta, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def inner(self, theta, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def gram(self, idx_a: torch.Tensor, z_a: torch.Tensor, idx_b: Optional[torch.Tensor] = None,
+             z_b: Optional[torch.Tensor] = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sqnorm(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.diagonal(self.gram(idx, z))
+
+    def accumulate(self, w: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, coef: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- derived --------------------------------------------------------------------------------
+    def chunks(self, size: int = 1024):
+        """Index tensors covering ``0..n-1`` in order (for full oracle passes)."""
+        for s in range(0, self.n, size):
+            yield torch.arange(s, min(s + size, self.n), device=self.device)

@@ -1,0 +1,291 @@
+"""The linear-chain SSVM of a `LinearChainModel` on a `SequenceDataset`, in marginal coordinates.
+
+Block vector layout (flat, size ``m = T K + K^2 + 2 K`` with T the dataset's padded length):
+``[unary marginals (T, K) | transition counts (K, K) | start (K) | end (K)]``. The joint feature map of
+the model (``phi = d <model(x), mu> / d w``, `torchssvm.models`) is applied in factored form: the
+emission part of ``Phi_i z`` is ``X_i^T z_unary`` (dense inputs) or a sparse ``(D K)`` vector (sparse
+attributes), never a dense ``d``-vector per block.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...data.sequence_dataset import SequenceDataset
+from ...models import LinearChainModel, TokenFeatures
+from ...structures.chain import Chain, ChainPotentials
+from ...kernels import viterbi
+from .base import DualProblem
+
+
+class ChainProblem(DualProblem):
+    """Args:
+        model: the `LinearChainModel` whose parameters are ``w`` (its flattened ``parameters()``).
+        dataset: the training sequences (dense float features or `TokenFeatures`).
+        structure: the task loss; default ``Chain(K)`` (Hamming normalized by length, as the papers).
+        backend: oracle backend (`torchssvm.kernels`).
+    """
+
+    def __init__(self, model: LinearChainModel, dataset: SequenceDataset, structure: Optional[Chain] = None,
+                 *, backend: str = "auto"):
+        if not isinstance(model, LinearChainModel):
+            raise TypeError(f"model must be a LinearChainModel, got {type(model).__name__}")
+        if not isinstance(dataset, SequenceDataset):
+            raise TypeError(f"dataset must be a SequenceDataset, got {type(dataset).__name__}")
+        if model.num_labels != dataset.num_labels or model.num_features != dataset.num_features:
+            raise ValueError(f"model has (num_features, num_labels) = ({model.num_features}, {model.num_labels}) "
+                             f"but dataset has ({dataset.num_features}, {dataset.num_labels})")
+        if model.sparse != dataset.sparse:
+            raise ValueError(f"model.sparse={model.sparse} but the dataset's features are "
+                             f"{'sparse' if dataset.sparse else 'dense'}")
+        if len(dataset) == 0:
+            raise ValueError("dataset is empty")
+        self.structure = structure if structure is not None else Chain(dataset.num_labels)
+        if not isinstance(self.structure, Chain) or self.structure.num_labels != dataset.num_labels:
+            raise ValueError(f"structure must be a Chain with {dataset.num_labels} labels, got {self.structure!r}")
+        self.model, self.backend = model, backend
+        self.device = model.emission.device
+        self.K, self.D = model.num_labels, model.num_features
+        self.sparse = model.sparse
+        self.n = len(dataset)
+        self.lengths = dataset.lengths.to(self.device)
+        self.T = int(self.lengths.max())
+        self._length_list = self.lengths.tolist()
+        self.label_width = self.T
+        self.truth = dataset.y[:, : self.T].to(self.device).clone()
+        self.truth[torch.arange(self.T, device=self.device).unsqueeze(0) >= self.lengths.unsqueeze(1)] = -1
+        if self.sparse:
+            vals = dataset.x.values
+            self.x = TokenFeatures(dataset.x.ids[:, : self.T].to(self.device),
+                                   None if vals is None else vals[:, : self.T].to(self.device, self.dtype))
+        else:
+            if not dataset.x.is_floating_point():
+                raise TypeError("dataset holds token ids; the linear chain SSVM needs float features or "
+                                "TokenFeatures")
+            self.x = dataset.x[:, : self.T].to(self.device, self.dtype)
+        K, T = self.K, self.T
+        # Loss augmentation of the unary potentials (Hamming is decomposable): the cost of label k at
+        # position t of example i, 0 at the truth and on padding. L_i(y) = sum_t aug[i, t, y_t].
+        pos_w = self.structure._position_loss_weights(self.truth, self.lengths).to(self.dtype)
+        wrong = torch.ones(self.n, T, K, dtype=self.dtype, device=self.device)
+        wrong.scatter_(2, self.truth.clamp_min(0).unsqueeze(2), 0.0)
+        self.loss_aug = pos_w.unsqueeze(2) * wrong
+        self.m = T * K + K * K + 2 * K
+        self._cut = (T * K, T * K + K * K, T * K + K * K + K)
+        # Parameter slices of w in model.parameters() order (joint_feature's order).
+        self._slices, off = {}, 0
+        for name in ("emission", "transition", "bias", "start", "end"):
+            p = getattr(model, name)
+            if p is not None:
+                self._slices[name] = (off, off + p.numel(), tuple(p.shape))
+                off += p.numel()
+        self.d = off
+
+    # -- parameters -----------------------------------------------------------------------------
+    def parameter_slices(self) -> dict:
+        return dict(self._slices)
+
+    def _part(self, w: torch.Tensor, name: str) -> Optional[torch.Tensor]:
+        if name not in self._slices:
+            return None
+        a, b, shape = self._slices[name]
+        return w[a:b].view(shape)
+
+    def initial_w(self) -> torch.Tensor:
+        return torch.zeros(self.d, dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def write_model(self, w: torch.Tensor) -> None:
+        for name in self._slices:
+            p = getattr(self.model, name)
+            p.copy_(self._part(w, name).to(p.dtype))
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _split(self, z: torch.Tensor, T: int):
+        B, K = z.shape[0], self.K
+        a, b, c = self._cut
+        return (z[:, :a].view(B, self.T, K)[:, :T], z[:, a:b].view(B, K, K), z[:, b:c], z[:, c:])
+
+    def _batch_T(self, idx: torch.Tensor) -> int:
+        if idx.numel() == 1:
+            return self._length_list[int(idx)]
+        return int(self.lengths[idx].max())
+
+    def _x(self, idx: torch.Tensor, T: int):
+        if self.sparse:
+            return self.x[idx][:, :T]
+        return self.x[idx, :T]
+
+    # -- the contract ---------------------------------------------------------------------------
+    def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> ChainPotentials:
+        T = self._batch_T(idx)
+        E = self._part(w, "emission")
+        if self.sparse:
+            x = self._x(idx, T)
+            B, _, A = x.ids.shape
+            ids = x.ids.reshape(B * T, A)
+            wt = (ids >= 0).to(self.dtype)
+            if x.values is not None:
+                wt = wt * x.values.reshape(B * T, A)
+            unary = torch.nn.functional.embedding_bag(ids.clamp_min(0), E, per_sample_weights=wt,
+                                                      mode="sum").view(B, T, self.K)
+        else:
+            unary = self._x(idx, T) @ E
+        bias = self._part(w, "bias")
+        if bias is not None:
+            unary = unary + bias
+        return ChainPotentials(unary, self._part(w, "transition"), self._part(w, "start"), self._part(w, "end"))
+
+    def _pad(self, labels: torch.Tensor) -> torch.Tensor:
+        B, T = labels.shape
+        if T == self.T:
+            return labels
+        out = labels.new_full((B, self.T), -1)
+        out[:, :T] = labels
+        return out
+
+    def oracle(self, theta: ChainPotentials, idx: torch.Tensor):
+        T = theta.unary.shape[1]
+        aug = self.loss_aug[idx, :T]
+        lengths = self.lengths[idx]
+        labels, value = viterbi(theta.unary + aug, theta.transition, theta.start, theta.end, lengths,
+                                backend=self.backend)
+        loss = aug.gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)  # padding costs 0
+        truth_score = self.structure._score(theta, self.truth[idx, :T], lengths)
+        return self._pad(labels), loss, value - truth_score
+
+    def decode(self, theta: ChainPotentials, idx: torch.Tensor) -> torch.Tensor:
+        labels, _ = self.structure._max_oracle(theta, self.lengths[idx], None, None, self.backend)
+        return self._pad(labels)
+
+    def labels_score(self, theta: ChainPotentials, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        B, C, _ = labels.shape
+        T = theta.unary.shape[1]
+        unary = theta.unary.unsqueeze(1).expand(B, C, T, self.K).reshape(B * C, T, self.K)
+        pot = ChainPotentials(unary, theta.transition, theta.start, theta.end)
+        lengths = self.lengths[idx].repeat_interleave(C)
+        return self.structure._score(pot, labels[:, :, :T].reshape(B * C, T), lengths).view(B, C)
+
+    def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        B, C, _ = labels.shape
+        truth = self.truth[idx].repeat_interleave(C, dim=0)
+        lengths = self.lengths[idx].repeat_interleave(C)
+        return self.structure._task_loss(labels.reshape(B * C, self.T), truth, lengths).view(B, C)
+
+    def _one_hot(self, labels: torch.Tensor, lengths: torch.Tensor, minus=None) -> torch.Tensor:
+        """Flat marginals ``m(y)`` ``(B, m)`` of padded labellings ``(B, T)``; with ``minus=y2``,
+        ``m(y) - m(y2)`` (both labellings share the lengths)."""
+        B, K, T = labels.shape[0], self.K, self.T
+        ys = labels if minus is None else torch.cat([labels, minus], 1)  # (B, T) or (B, 2T)
+        n_lab = 1 if minus is None else 2
+        sign = torch.ones(B, n_lab, 1, dtype=self.dtype, device=self.device)
+        if minus is not None:
+            sign[:, 1] = -1.0
+        valid = (ys >= 0).view(B, n_lab, T)
+        yc = ys.clamp_min(0).view(B, n_lab, T)
+        vs = valid * sign  # (B, n_lab, T) signed weights
+        a, b, c = self._cut
+        offs = torch.arange(T, device=self.device) * K
+        cols = [(yc + offs).view(B, n_lab * T)]
+        vals = [vs.view(B, n_lab * T)]
+        if T > 1:
+            cols.append((a + yc[:, :, :-1] * K + yc[:, :, 1:]).view(B, -1))
+            vals.append((vs[:, :, 1:]).reshape(B, -1))
+        last = yc.gather(2, (lengths - 1).view(B, 1, 1).expand(B, n_lab, 1)).squeeze(2)
+        cols += [b + yc[:, :, 0], c + last]
+        vals += [sign.squeeze(2), sign.squeeze(2)]
+        out = torch.zeros(B, self.m, dtype=self.dtype, device=self.device)
+        return out.scatter_add_(1, torch.cat(cols, 1), torch.cat(vals, 1))
+
+    def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self._one_hot(self.truth[idx], self.lengths[idx], minus=labels)
+
+    def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
+        zu, zt, zs, ze = self._split(z, theta.unary.shape[1])
+        out = (theta.unary * zu).sum((1, 2)) + (zt * theta.transition).sum((1, 2))
+        if theta.start is not None:
+            out = out + zs @ theta.start
+        if theta.end is not None:
+            out = out + ze @ theta.end
+        return out
+
+    def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int):
+        """Emission part of ``Phi_b z_b``: dense ``(B, D K)`` or a sparse COO ``(B, D K)``."""
+        x = self._x(idx, T)
+        B, K = zu.shape[0], self.K
+        if not self.sparse:
+            return torch.bmm(x.transpose(1, 2), zu).reshape(B, self.D * K)
+        A = x.ids.shape[2]
+        vals = (x.ids >= 0).to(self.dtype) if x.values is None else x.values * (x.ids >= 0)
+        # entry (b, id * K + k) += vals[b, t, a] * zu[b, t, k]
+        v = (vals.unsqueeze(3) * zu.unsqueeze(2)).reshape(-1)
+        cols = (x.ids.clamp_min(0).unsqueeze(3) * K + torch.arange(K, device=self.device)).reshape(-1)
+        rows = torch.arange(B, device=self.device).repeat_interleave(T * A * K)
+        keep = v != 0
+        return torch.sparse_coo_tensor(torch.stack([rows[keep], cols[keep]]), v[keep],
+                                       (B, self.D * K)).coalesce()
+
+    def gram(self, idx_a, z_a, idx_b=None, z_b=None) -> torch.Tensor:
+        same = idx_b is None
+        if same:
+            idx_b, z_b = idx_a, z_a
+        T = max(self._batch_T(idx_a), self._batch_T(idx_b))
+        ua, ta, sa, ea = self._split(z_a, T)
+        ub, tb, sb, eb = (ua, ta, sa, ea) if same else self._split(z_b, T)
+        Ea = self._emission(idx_a, ua, T)
+        Eb = Ea if same else self._emission(idx_b, ub, T)
+        if self.sparse:
+            G = torch.sparse.mm(Ea, Eb.t().coalesce()).to_dense()
+        else:
+            G = Ea @ Eb.T
+        G = G + ta.flatten(1) @ tb.flatten(1).T
+        if "bias" in self._slices:
+            G = G + ua.sum(1) @ ub.sum(1).T
+        if "start" in self._slices:
+            G = G + sa @ sb.T
+        if "end" in self._slices:
+            G = G + ea @ eb.T
+        return G
+
+    def sqnorm(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        T = self._batch_T(idx)
+        u, t, s, e = self._split(z, T)
+        E = self._emission(idx, u, T)
+        if self.sparse:
+            rows = E.indices()[0]
+            out = torch.zeros(z.shape[0], dtype=self.dtype, device=self.device)
+            out.index_add_(0, rows, E.values() ** 2)
+        else:
+            out = (E * E).sum(1)
+        out = out + (t * t).sum((1, 2))
+        if "bias" in self._slices:
+            out = out + (u.sum(1) ** 2).sum(1)
+        if "start" in self._slices:
+            out = out + (s * s).sum(1)
+        if "end" in self._slices:
+            out = out + (e * e).sum(1)
+        return out
+
+    def accumulate(self, w: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, coef: torch.Tensor) -> None:
+        T = self._batch_T(idx)
+        z = z * coef.to(self.dtype).unsqueeze(1)
+        u, t, s, e = self._split(z, T)
+        E = self._part(w, "emission")
+        x = self._x(idx, T)
+        if self.sparse:
+            vals = (x.ids >= 0).to(self.dtype) if x.values is None else x.values * (x.ids >= 0)
+            rows = (vals.unsqueeze(3) * u.unsqueeze(2)).reshape(-1, self.K)
+            E.index_add_(0, x.ids.clamp_min(0).reshape(-1), rows)
+        else:
+            E.add_(x.reshape(-1, self.D).T @ u.reshape(-1, self.K))
+        self._part(w, "transition").add_(t.sum(0))
+        for name, part in (("bias", u.sum((0, 1))), ("start", s.sum(0)), ("end", e.sum(0))):
+            if name in self._slices:
+                self._part(w, name).add_(part)
+
+    def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.K == 1:
+            return torch.zeros(idx.shape[0], dtype=torch.float64, device=self.device)
+        return self.structure._position_loss_weights(self.truth[idx], self.lengths[idx]).sum(1)

@@ -1,0 +1,101 @@
+"""An SSVM given by explicit tables: ``phi(x_i, y)`` and ``L_i(y)`` for every one of K outputs.
+
+The smallest exact instance of `DualProblem`: every output space is enumerable, so tests can compare the
+solvers with brute force, and constructions from the papers (the toy example of note 001, App. C) are a
+few lines. The block vector of example i is ``z_i = e_{y_i} - mu_i`` in ``R^K``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import DualProblem
+
+
+class FeatureTableProblem(DualProblem):
+    """Args:
+        features: ``(n, K, d)`` float, ``phi(x_i, y)`` for ``y = 0..K-1``.
+        losses: ``(n, K)`` float, ``L_i(y) >= 0`` with ``L_i(y_i) = 0``.
+        truth: ``(n,)`` long, the true outputs ``y_i``.
+
+    The parameters live in ``self.weight`` (``(d,)``, written by the solvers).
+    """
+
+    def __init__(self, features: torch.Tensor, losses: torch.Tensor, truth: torch.Tensor):
+        if not isinstance(features, torch.Tensor) or features.dim() != 3:
+            raise ValueError(f"features must be a (n, K, d) tensor, got "
+                             f"{tuple(features.shape) if isinstance(features, torch.Tensor) else type(features)}")
+        n, K, d = features.shape
+        if n == 0 or K == 0 or d == 0:
+            raise ValueError(f"features must have n, K, d >= 1, got shape {tuple(features.shape)}")
+        if not isinstance(losses, torch.Tensor) or losses.shape != (n, K):
+            raise ValueError(f"losses must have shape ({n}, {K}), got "
+                             f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses)}")
+        if not isinstance(truth, torch.Tensor) or truth.shape != (n,) or truth.is_floating_point():
+            raise ValueError(f"truth must be a ({n},) integer tensor")
+        if truth.numel() and (int(truth.min()) < 0 or int(truth.max()) >= K):
+            raise ValueError(f"truth holds labels outside [0, {K})")
+        if not torch.isfinite(features).all() or not torch.isfinite(losses).all():
+            raise ValueError("features and losses must be finite")
+        if (losses < 0).any():
+            raise ValueError("losses must be >= 0")
+        truth = truth.long()
+        if (losses.gather(1, truth.unsqueeze(1)) != 0).any():
+            raise ValueError("losses must be 0 at the true output (L_i(y_i) = 0)")
+        self.device = features.device
+        self.features = features.to(self.dtype)
+        self.losses = losses.to(self.dtype)
+        self.n, self.K, self.d, self.m = n, K, d, K
+        self.label_width = 1
+        self.truth = truth.unsqueeze(1)
+        self.weight = torch.zeros(d, dtype=self.dtype, device=self.device)
+
+    def write_model(self, w: torch.Tensor) -> None:
+        self.weight.copy_(w)
+
+    def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return self.features[idx] @ w
+
+    def oracle(self, theta: torch.Tensor, idx: torch.Tensor):
+        value = self.losses[idx] + theta
+        best, y = value.max(1)  # ties: the first maximum
+        truth_score = theta.gather(1, self.truth[idx]).squeeze(1)
+        return y.unsqueeze(1), self.losses[idx].gather(1, y.unsqueeze(1)).squeeze(1), best - truth_score
+
+    def decode(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return theta.argmax(1).unsqueeze(1)
+
+    def labels_score(self, theta, idx, labels):
+        return theta.gather(1, labels[:, :, 0].clamp_min(0))  # -1: an unused slot
+
+    def task_loss(self, idx, labels):
+        return self.losses[idx].gather(1, labels[:, :, 0].clamp_min(0))
+
+    def corner(self, idx, labels):
+        B = idx.shape[0]
+        z = torch.zeros(B, self.K, dtype=self.dtype, device=self.device)
+        rows = torch.arange(B, device=self.device)
+        z[rows, self.truth[idx, 0]] += 1.0
+        z[rows, labels[:, 0]] -= 1.0
+        return z
+
+    def inner(self, theta, z):
+        return (theta * z).sum(1)
+
+    def _phi(self, idx, z):
+        return torch.einsum("bkd,bk->bd", self.features[idx], z)
+
+    def gram(self, idx_a, z_a, idx_b=None, z_b=None):
+        pa = self._phi(idx_a, z_a)
+        pb = pa if idx_b is None else self._phi(idx_b, z_b)
+        return pa @ pb.T
+
+    def sqnorm(self, idx, z):
+        p = self._phi(idx, z)
+        return (p * p).sum(1)
+
+    def accumulate(self, w, idx, z, coef):
+        w.add_(torch.einsum("bkd,bk->d", self.features[idx], z * coef.to(self.dtype).unsqueeze(1)))
+
+    def max_loss(self, idx):
+        return self.losses[idx].max(1).values
