@@ -9,6 +9,10 @@
 
 from .bcfw import BCFW
 from .dual_solver import DualSolver
+from .frank_wolfe import FrankWolfe
 from .problems import ChainProblem, DualProblem, FeatureTableProblem, make_problem
+from .regularization_path import RegularizationPath, grid_search, regularization_path
+from .ssg import SSG
 
-__all__ = ["BCFW", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem", "make_problem"]
+__all__ = ["BCFW", "FrankWolfe", "SSG", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem", "make_problem",
+           "RegularizationPath", "regularization_path", "grid_search"]

@@ -192,7 +192,8 @@ class BCFW(DualSolver):
                 direction = corner_s - corner_a
                 d_ell = (s_loss - loss_a) / n
                 c = (s_H - away_H) / n
-                upper = alpha_a
+                # the FW atom may be the away atom: a zero direction, whatever rounding says about c
+                upper = torch.where(s_slot.to(p.device) == away, torch.zeros_like(alpha_a), alpha_a)
                 kind = torch.ones(B, dtype=torch.long)  # 1: pairwise
             else:
                 g_away = ell_i - (base + away_H) / n

@@ -76,6 +76,22 @@ def parse_box(box, problem: DualProblem):
     return lower, upper
 
 
+@torch.no_grad()
+def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell: torch.Tensor, chunk: int = 1024):
+    """Exact block gaps ``g_i`` and hinge terms ``max_y H_i(y; w)`` by one oracle call per block:
+    ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (note 001 eq. 7 in marginal coordinates)."""
+    n = problem.n
+    gaps = torch.empty(n, dtype=torch.float64, device=problem.device)
+    hinge = torch.empty_like(gaps)
+    for idx in problem.chunks(chunk):
+        theta = problem.potentials(w, idx)
+        _, _, H = problem.oracle(theta, idx)
+        H = H.clamp_min(0)  # H_i(y_i) = 0: an exact oracle never returns less ([C] falls back to y_i)
+        hinge[idx] = H
+        gaps[idx] = (problem.inner(theta, z[idx]) + H) / n - ell[idx]
+    return gaps, hinge
+
+
 class DualSolver:
     """Base of the dual solvers (`BCFW`, `FrankWolfe`); subclasses implement `step`.
 
@@ -130,21 +146,8 @@ class DualSolver:
             d -= self.lam * (float(bu @ up[fu]) - float(bl @ lo[fl]))
         return d
 
-    @torch.no_grad()
     def _full_pass(self, chunk: int = 1024):
-        """Exact block gaps ``g_i`` and ``H_i = max_y H_i(y; w)`` by one oracle call per block.
-
-        ``g_i = (<theta_i, z_i> + H_i) / n - l_i`` (note 001 eq. 7 in marginal coordinates)."""
-        p, n = self.problem, self.n
-        gaps = torch.empty(n, dtype=torch.float64, device=p.device)
-        hinge = torch.empty_like(gaps)
-        for idx in p.chunks(chunk):
-            theta = p.potentials(self.w, idx)
-            _, _, H = p.oracle(theta, idx)
-            H = H.clamp_min(0)  # H_i(y_i) = 0: an exact oracle never returns less ([C] falls back to y_i)
-            hinge[idx] = H
-            gaps[idx] = (p.inner(theta, self.z[idx]) + H) / n - self.ell[idx]
-        return gaps, hinge
+        return exact_block_gaps(self.problem, self.w, self.z, self.ell, chunk)
 
     def duality_gap(self) -> dict:
         """Exact ``primal``, ``dual`` and ``gap`` at the current iterate with the block gaps ``(n,)``.

@@ -9,6 +9,7 @@ attributes), never a dense ``d``-vector per block.
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -224,8 +225,8 @@ class ChainProblem(DualProblem):
         cols = (x.ids.clamp_min(0).unsqueeze(3) * K + torch.arange(K, device=self.device)).reshape(-1)
         rows = torch.arange(B, device=self.device).repeat_interleave(T * A * K)
         keep = v != 0
-        return torch.sparse_coo_tensor(torch.stack([rows[keep], cols[keep]]), v[keep],
-                                       (B, self.D * K)).coalesce()
+        return torch.sparse_coo_tensor(torch.stack([rows[keep], cols[keep]]), v[keep], (B, self.D * K),
+                                       check_invariants=False).coalesce()
 
     def gram(self, idx_a, z_a, idx_b=None, z_b=None) -> torch.Tensor:
         same = idx_b is None
@@ -237,7 +238,9 @@ class ChainProblem(DualProblem):
         Ea = self._emission(idx_a, ua, T)
         Eb = Ea if same else self._emission(idx_b, ub, T)
         if self.sparse:
-            G = torch.sparse.mm(Ea, Eb.t().coalesce()).to_dense()
+            with warnings.catch_warnings():  # torch routes sparse @ sparse through its beta CSR kernels
+                warnings.simplefilter("ignore", UserWarning)
+                G = torch.sparse.mm(Ea, Eb.t().coalesce()).to_dense()
         else:
             G = Ea @ Eb.T
         G = G + ta.flatten(1) @ tb.flatten(1).T

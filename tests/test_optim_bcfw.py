@@ -1,0 +1,347 @@
+"""BCFW and its variants: the invariants and identities of note 001 section 7, on enumerable problems."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import torchssvm as ts
+from torchssvm.optim import BCFW, FeatureTableProblem
+from torchssvm.optim.box_qp import box_qp
+
+VARIANTS = list(itertools.product(["uniform", "gap"], ["fw", "pairwise", "away"], [0, 3], [1, 4]))
+
+
+def random_table(n=12, K=5, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    F = torch.randn(n, K, d, generator=g, dtype=torch.float64)
+    y = torch.randint(K, (n,), generator=g)
+    L = torch.rand(n, K, generator=g, dtype=torch.float64)
+    L[torch.arange(n), y] = 0
+    return F, L, y
+
+
+def brute_primal(F, L, y, w, lam):
+    n = F.shape[0]
+    psi = F[torch.arange(n), y].unsqueeze(1) - F
+    return float(lam / 2 * (w @ w) + (L - psi @ w).max(1).values.mean())
+
+
+def check_invariants(s: BCFW, F=None, L=None, y=None):
+    """w = sum_i w_i, l = sum_i l_i, explicit duals on the simplex and reproducing the blocks, and the
+    exact gap = P(w) - D(alpha) with P by enumeration."""
+    p, n = s.problem, s.n
+    v = torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(v, torch.arange(n), s.z, torch.full((n,), 1 / (s.lam * n), dtype=torch.float64))
+    torch.testing.assert_close(s.v, v, rtol=0, atol=1e-12)
+    if s.atoms is not None:
+        st = s.atoms
+        for i in range(n):
+            if not bool(st.alpha_valid[i]):
+                continue
+            c = int(st.count[i])
+            a = st.alpha[i, :c]
+            assert (a >= 0).all()
+            assert abs(float(a.sum()) - 1) < 1e-12
+            idx = torch.full((c,), i)
+            torch.testing.assert_close((a.unsqueeze(1) * p.corner(idx, st.labels[i, :c])).sum(0), s.z[i],
+                                       rtol=0, atol=1e-12)
+            assert abs(float((a * st.loss[i, :c]).sum()) / n - float(s.ell[i])) < 1e-12
+    g = s.duality_gap()
+    assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+    assert g["gap"] >= -1e-12
+    if F is not None:
+        assert abs(brute_primal(F, L, y, s.w, s.lam) - g["primal"]) < 1e-9
+    return g
+
+
+@pytest.mark.parametrize("sampling,step,cache,B", VARIANTS)
+def test_every_variant_keeps_invariants_and_never_increases_the_dual(sampling, step, cache, B):
+    F, L, y = random_table(seed=len(sampling) + len(step) + cache + B)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, sampling=sampling, step=step, cache_size=cache,
+             batch_size=B, gap_check_every=2, seed=3)
+    f_prev = -s.dual_value()
+    first = check_invariants(s, F, L, y)["gap"]
+    for k in range(6):
+        done = 0
+        while done < s.n:  # single updates, so the dual is checked after every block step
+            s._update(s._sample(B))
+            f = -s.dual_value()
+            assert f <= f_prev + 1e-13
+            f_prev = f
+            done += B
+        check_invariants(s, F, L, y)
+    assert s.duality_gap()["gap"] < first
+
+
+def test_reported_exact_gap_is_the_certificate():
+    F, L, y = random_table(seed=1)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.05, sampling="gap", step="pairwise", cache_size=3,
+             gap_check_every=2)
+    reports = [s.step() for _ in range(4)]
+    assert [r["gap_exact"] for r in reports] == [False, True, False, True]
+    g = s.duality_gap()
+    assert abs(reports[-1]["gap"] - g["gap"]) < 1e-12
+    assert abs(reports[-1]["primal"] - brute_primal(F, L, y, s.w, s.lam)) < 1e-12
+    assert reports[-1]["passes"] == pytest.approx(reports[-1]["oracle_calls"] / s.n)
+    # refresh passes are counted: 4 passes of n visits, 2 exact passes, minus the cache hits
+    assert reports[-1]["oracle_calls"] == 6 * s.n - reports[-1]["cache_hits"]
+
+
+def _line_search_brute(s, idx, direction, d_ell, upper):
+    """Minimize the dual f(gamma) = lam/2 ||w + gamma Phi d / (lam n)||^2 - (l + gamma d_l) on a grid
+    refined around the best point."""
+    p, n, lam = s.problem, s.n, s.lam
+    dv = torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(dv, idx, direction, torch.full((1,), 1 / (lam * n), dtype=torch.float64))
+
+    def f(g):
+        w = s.w + g * dv
+        return 0.5 * lam * float(w @ w) - (float(s.ell.sum()) + g * float(d_ell))
+
+    lo, hi = 0.0, float(upper)
+    for _ in range(60):  # ternary search: f is a convex quadratic in gamma
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if f(a) <= f(b):
+            hi = b
+        else:
+            lo = a
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
+def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
+    F, L, y = random_table(seed=4)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.2, step=step, seed=0)
+    for _ in range(2):
+        s.step()
+    captured = []
+    original = box_qp
+
+    def spy(c, H, upper, **kw):
+        gamma = original(c, H, upper, **kw)
+        captured.append((c.clone(), H.clone(), upper.clone(), gamma.clone()))
+        return gamma
+
+    monkeypatch.setattr("torchssvm.optim.bcfw.box_qp", spy)
+    checked = 0
+    for trial in range(30):
+        idx = s._sample(1)
+        state = {k: v.clone() for k, v in (("z", s.z), ("ell", s.ell), ("v", s.v))}
+        s._update(idx)
+        c, H, upper, gamma = captured[-1]
+        if float(gamma) < 1e-6:  # the direction is recovered as (z_new - z_old) / gamma below
+            continue
+        # recover the direction from the block change: z_new - z_old = gamma d
+        direction = (s.z[idx] - state["z"][idx]) / float(gamma)
+        d_ell = (s.ell[idx] - state["ell"][idx]) / float(gamma)
+        s.z, s.ell, s.v = state["z"], state["ell"], state["v"]
+        s._sync_w()
+        best = _line_search_brute(s, idx, direction, d_ell, upper[0])
+        assert abs(best - float(gamma)) < 1e-6 * max(1.0, float(upper[0]))
+        checked += 1
+        s._update(idx)  # (re-applies the same step: same w, same oracle answer)
+    assert checked >= 5
+
+
+def test_box_qp_matches_projected_brute_force():
+    g = torch.Generator().manual_seed(0)
+    for B in (1, 2, 5):
+        M = torch.randn(B, B + 1, generator=g, dtype=torch.float64)
+        H = M @ M.T
+        c = torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        gamma = box_qp(c, H, u, max_sweeps=500, tol=0)
+        assert ((gamma >= 0) & (gamma <= u)).all()
+        obj = lambda x: float(-c @ x + 0.5 * x @ H @ x)  # noqa: E731
+        for _ in range(200):  # no feasible random point is better
+            x = torch.rand(B, generator=g, dtype=torch.float64) * u
+            assert obj(gamma) <= obj(x) + 1e-9
+    # zero curvature: go to the bound when the gain is positive
+    one = torch.ones(1, dtype=torch.float64)
+    assert float(box_qp(one, torch.zeros(1, 1, dtype=torch.float64), 0.3 * one)) == 0.3
+
+
+def test_minibatch_step_is_at_least_as_good_as_one_block():
+    F, L, y = random_table(n=30, seed=5)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.05, batch_size=8, seed=0)
+    f0 = -s.dual_value()
+    s._update(torch.arange(8))
+    f_joint = -s.dual_value()
+    assert f_joint < f0
+    # B independent line searches can increase the dual; the coordinated step cannot
+    t = BCFW(FeatureTableProblem(F, L, y), lam=0.05, batch_size=1, seed=0)
+    t._update(torch.arange(1))
+    assert f_joint <= -t.dual_value() + 1e-15
+
+
+# -- the toy example of App. C (note 001 section 4) -----------------------------------------------
+def toy_problem(n, K):
+    """1 hard object (phi(x_1, k) = -e_k / sqrt 2) and n - 1 easy ones (phi(x_i, k) = -e_{K+1}), 0-1 loss,
+    truth 0 with phi = 0; used with lam = 1/n."""
+    F = torch.zeros(n, K + 1, K + 1, dtype=torch.float64)
+    for k in range(1, K + 1):
+        F[0, k, k - 1] = -1 / math.sqrt(2)
+        F[1:, k, K] = -1.0
+    L = torch.ones(n, K + 1, dtype=torch.float64)
+    L[:, 0] = 0
+    return FeatureTableProblem(F, L, torch.zeros(n, dtype=torch.long))
+
+
+def _oracle_calls_to(n, K, eps, sampling, max_passes=2000):
+    s = BCFW(toy_problem(n, K), lam=1.0 / n, sampling=sampling, seed=0, gap_check_every=10)
+    while s.oracle_calls / n < max_passes:
+        s.step()
+        if s.duality_gap()["gap"] <= eps:
+            return s.oracle_calls
+    return math.inf
+
+
+def test_toy_first_easy_visit_zeroes_every_easy_gap():
+    n, K = 6, 4
+    s = BCFW(toy_problem(n, K), lam=1.0 / n)
+    s._update(torch.tensor([3]))
+    gaps = s.duality_gap()["block_gaps"]
+    assert float(s.block_gaps[3]) == pytest.approx(1.0 / n)  # g_i = 1/n at the first easy visit, gamma = 1
+    assert torch.equal(gaps[1:], torch.zeros(n - 1, dtype=torch.float64))
+    assert float(s.w[K]) == pytest.approx(1.0)
+
+
+def test_toy_gap_sampling_speedup_grows_like_min_n_K():
+    r_small = _oracle_calls_to(10, 200, 1e-4, "uniform") / _oracle_calls_to(10, 200, 1e-4, "gap")
+    r_large = _oracle_calls_to(40, 200, 1e-4, "uniform") / _oracle_calls_to(40, 200, 1e-4, "gap")
+    r_capped = _oracle_calls_to(40, 10, 1e-4, "uniform") / _oracle_calls_to(40, 10, 1e-4, "gap")
+    assert r_small > 4  # min(n, K, 1/(n eps)) = 10
+    assert r_large > 2 * r_small  # min(...) = 40
+    assert r_capped < r_large / 2  # K = 10 caps it
+
+
+def test_toy_converges_to_the_known_optimum():
+    n, K = 5, 3
+    s = BCFW(toy_problem(n, K), lam=1.0 / n, sampling="gap", step="pairwise", seed=0)
+    s.fit(gap_tol=1e-10, max_passes=5000)
+    hard = s.w[:K]
+    assert float(s.w[K]) == pytest.approx(1.0, abs=1e-6)
+    torch.testing.assert_close(hard, torch.full((K,), float(hard.mean()), dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+def test_gap_sampling_without_refresh_stalls_and_refresh_converges():
+    F, L, y = random_table(n=60, K=8, d=6, seed=0)
+    gaps = {}
+    for every in (10, 0):
+        s = BCFW(FeatureTableProblem(F, L, y), lam=0.01, sampling="gap", gap_check_every=every, seed=0)
+        for _ in range(100):
+            r = s.step()
+        gaps[every] = (s.duality_gap()["gap"], r["gap"])
+    true_inf, estimate_inf = gaps[0]
+    assert gaps[10][0] < true_inf / 3  # refresh every 10 passes converges further
+    assert estimate_inf < true_inf / 5  # Gap Inf: the stale estimates underestimate the gap badly
+
+
+def test_box_constraints_stay_feasible_and_keep_the_gap_identity():
+    F, L, y = random_table(n=15, K=5, d=4, seed=6)
+    lower = torch.tensor([0.0, -0.1, -math.inf, -math.inf], dtype=torch.float64)
+    upper = torch.tensor([math.inf, 0.1, 0.05, math.inf], dtype=torch.float64)
+    for step in ("fw", "pairwise"):
+        s = BCFW(FeatureTableProblem(F, L, y), lam=0.05, step=step, box=(lower, upper), seed=1)
+        for _ in range(6):
+            s.step()
+            assert ((s.w >= lower) & (s.w <= upper)).all()
+            g = check_invariants(s, F, L, y)
+        assert (s.v != s.w).any()  # the box is active
+        # weak duality across the two problems: the unconstrained optimum (>= its dual value) is no
+        # worse than any box-feasible point
+        u = BCFW(FeatureTableProblem(F, L, y), lam=0.05, step=step, seed=1)
+        u.fit(max_passes=10)
+        assert u.dual_value() <= g["primal"] + 1e-12
+
+
+def test_chain_box_positivity_on_transition():
+    ds = ts.data.synthetic_chain("train", 20, num_labels=3, num_features=4, seed=0)
+    model = ts.LinearChainModel(4, 3, dtype=torch.float64)
+    s = BCFW(model, ds, lam=0.1, step="pairwise", box={"transition": (0.0, None)})
+    for _ in range(3):
+        s.step()
+        assert (model.transition >= 0).all()
+    g = s.duality_gap()
+    assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+    with pytest.raises(ValueError, match="transition"):
+        BCFW(model, ds, lam=0.1, box={"transitions": (0.0, None)})
+
+
+@pytest.mark.parametrize("cfg", [dict(), dict(sampling="gap", step="pairwise", cache_size=3),
+                                 dict(step="away", batch_size=3, sampling="gap")])
+def test_state_dict_resumes_bitwise(cfg):
+    F, L, y = random_table(n=10, seed=7)
+    a = BCFW(FeatureTableProblem(F, L, y), lam=0.1, gap_check_every=2, seed=5, **cfg)
+    for _ in range(5):
+        a.step()
+    b = BCFW(FeatureTableProblem(F, L, y), lam=0.1, gap_check_every=2, seed=5, **cfg)
+    for _ in range(2):
+        b.step()
+    state = b.state_dict()
+    c = BCFW(FeatureTableProblem(F, L, y), lam=0.1, gap_check_every=2, seed=123, **cfg)
+    c.load_state_dict(state)
+    for _ in range(3):
+        c.step()
+    assert torch.equal(a.v, c.v) and torch.equal(a.z, c.z) and torch.equal(a.ell, c.ell)
+    assert a.oracle_calls == c.oracle_calls
+
+
+def test_chain_state_dict_round_trip_through_torch_save(tmp_path):
+    ds = ts.data.synthetic_chain("train", 15, num_labels=3, num_features=4, seed=1)
+    runs = []
+    for interrupt in (False, True):
+        model = ts.LinearChainModel(4, 3, dtype=torch.float64)
+        s = BCFW(model, ds, lam=0.05, sampling="gap", step="pairwise", cache_size=4, gap_check_every=2, seed=0)
+        for k in range(4):
+            if interrupt and k == 2:
+                torch.save(s.state_dict(), tmp_path / "bcfw.pt")
+                model = ts.LinearChainModel(4, 3, dtype=torch.float64)
+                s = BCFW(model, ds, lam=0.05, sampling="gap", step="pairwise", cache_size=4, gap_check_every=2)
+                s.load_state_dict(torch.load(tmp_path / "bcfw.pt", weights_only=False))
+            s.step()
+        runs.append(torch.nn.utils.parameters_to_vector(model.parameters()).clone())
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_writer_gets_scalars_and_block_gap_histogram():
+    class Recorder:
+        def __init__(self):
+            self.scalars, self.hists = {}, []
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.setdefault(tag, []).append((step, value))
+
+        def add_histogram(self, tag, values, step):
+            self.hists.append((tag, step, values.numel()))
+
+    F, L, y = random_table(seed=8)
+    w = Recorder()
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, writer=w, cache_size=3, gap_check_every=1)
+    s.step()
+    for key in ("primal", "dual", "gap", "exact_gap", "oracle_calls", "cache_hit_rate", "time"):
+        assert f"bcfw/{key}" in w.scalars
+    assert w.hists == [("bcfw/block_gaps", 1, s.n)]
+
+
+def test_fit_stops_on_a_certified_gap():
+    F, L, y = random_table(seed=9)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.2, sampling="gap", step="pairwise")
+    hist = s.fit(gap_tol=1e-4, max_passes=2000)
+    assert hist[-1]["gap_exact"] and hist[-1]["gap"] <= 1e-4
+    assert s.duality_gap()["gap"] == pytest.approx(hist[-1]["gap"], abs=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(sampling="random"), "sampling"), (dict(step="fast"), "step"), (dict(cache_size=-1), "cache_size"),
+    (dict(cache_size=1), "cache_size"), (dict(batch_size=0), "batch_size"), (dict(batch_size=99), "batch_size"),
+    (dict(lam=0.0), "lam"), (dict(lam=float("nan")), "lam"), (dict(cache_factor=-1.0), "cache_factor"),
+    (dict(gap_check_every=1.5), "gap_check_every"), (dict(box=(1.0, 0.0)), "box"),
+])
+def test_bad_arguments_name_themselves(kwargs, match):
+    F, L, y = random_table()
+    kwargs = {"lam": 0.1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        BCFW(FeatureTableProblem(F, L, y), **kwargs)

@@ -1,0 +1,123 @@
+"""The marginal-coordinate operations of the dual problems against explicit joint feature vectors."""
+
+import itertools
+
+import pytest
+import torch
+
+import torchssvm as ts
+from torchssvm.models import TokenFeatures, joint_feature
+from torchssvm.optim import ChainProblem, FeatureTableProblem
+
+
+def _dense_problem(seed=0, n=5, K=3, D=4, T=5, bias="ocr"):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (n,), generator=g)
+    lengths[0] = T
+    x = torch.randn(n, T, D, generator=g)
+    y = torch.randint(0, K, (n, T), generator=g)
+    y[torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+    ds = ts.data.SequenceDataset(x, y, lengths, num_labels=K, num_features=D)
+    model = ts.LinearChainModel(D, K, bias=bias, dtype=torch.float64)
+    return model, ds
+
+
+def _sparse_problem(seed=0, n=4, K=3, D=9, T=5, A=3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (n,), generator=g)
+    lengths[0] = T
+    ids = torch.randint(-1, D, (n, T, A), generator=g)
+    vals = torch.rand(n, T, A, generator=g, dtype=torch.float64)
+    y = torch.randint(0, K, (n, T), generator=g)
+    y[torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+    ds = ts.data.SequenceDataset(TokenFeatures(ids, vals), y, lengths, num_labels=K, num_features=D)
+    model = ts.LinearChainModel(D, K, sparse=True, dtype=torch.float64)
+    return model, ds
+
+
+def _random_w(problem, seed):
+    return torch.randn(problem.d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _phi(model, ds, i, labels, problem):
+    """Explicit phi(x_i, y) as a d-vector via autograd (joint_feature)."""
+    b = ds[i]
+    T = b.y.shape[1]
+    y = labels[:T].unsqueeze(0)
+    mus = problem.structure.marginals(y, b.lengths, dtype=torch.float64)
+    return joint_feature(model, b.x if isinstance(b.x, TokenFeatures) else b.x.double(), mus)
+
+
+def _load_w(model, w):
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(w, model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["dense", "dense-nobias", "sparse"])
+def test_chain_problem_products_match_explicit_features(kind):
+    if kind == "sparse":
+        model, ds = _sparse_problem()
+    else:
+        model, ds = _dense_problem(bias="ocr" if kind == "dense" else None)
+    p = ChainProblem(model, ds)
+    w = _random_w(p, 1)
+    _load_w(model, w)
+    n = p.n
+    idx = torch.arange(n)
+    g = torch.Generator().manual_seed(2)
+    # random labellings and their corners z = m(y_i) - m(y)
+    labels = torch.randint(0, p.K, (n, p.T), generator=g)
+    labels[torch.arange(p.T).unsqueeze(0) >= p.lengths.unsqueeze(1)] = -1
+    z = p.corner(idx, labels)
+    psi = torch.stack([_phi(model, ds, i, p.truth[i], p) - _phi(model, ds, i, labels[i], p) for i in range(n)])
+    theta = p.potentials(w, idx)
+    torch.testing.assert_close(p.inner(theta, z), psi @ w, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(p.gram(idx, z), psi @ psi.T, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(p.sqnorm(idx, z), (psi * psi).sum(1), rtol=1e-10, atol=1e-10)
+    a, b = torch.tensor([0, 2]), torch.tensor([1, 3, 2])
+    torch.testing.assert_close(p.gram(a, z[a], b, z[b]), psi[a] @ psi[b].T, rtol=1e-10, atol=1e-10)
+    coef = torch.rand(n, generator=g, dtype=torch.float64)
+    acc = torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(acc, idx, z, coef)
+    torch.testing.assert_close(acc, coef @ psi, rtol=1e-10, atol=1e-10)
+    # the oracle: labels, loss and max H against enumeration
+    lab, loss, H = p.oracle(theta, idx)
+    for i in range(n):
+        L = int(p.lengths[i])
+        best = -1e300
+        for ys in itertools.product(range(p.K), repeat=L):
+            yy = torch.full((p.T,), -1)
+            yy[:L] = torch.tensor(ys)
+            h = float(p.task_loss(idx[i : i + 1], yy.view(1, 1, -1))) - float(p.inner(
+                p.potentials(w, idx[i : i + 1]), p.corner(idx[i : i + 1], yy.view(1, -1))))
+            best = max(best, h)
+        assert abs(float(H[i]) - best) < 1e-9
+        zi = p.corner(idx[i : i + 1], lab[i : i + 1])
+        assert abs(float(loss[i]) - float(H[i]) - float(p.inner(p.potentials(w, idx[i : i + 1]), zi))) < 1e-9
+    assert (p.max_loss(idx) >= loss - 1e-12).all()
+
+
+def test_chain_problem_writes_model_and_validates():
+    model, ds = _dense_problem()
+    p = ChainProblem(model, ds)
+    w = _random_w(p, 3)
+    p.write_model(w)
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(model.parameters()), w)
+    with pytest.raises(ValueError, match="num_features"):
+        ChainProblem(ts.LinearChainModel(5, 3), ds)
+    with pytest.raises(TypeError, match="model"):
+        ChainProblem(torch.nn.Linear(2, 2), ds)
+
+
+def test_feature_table_validation():
+    F = torch.zeros(2, 3, 4)
+    L = torch.ones(2, 3)
+    y = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="L_i"):
+        FeatureTableProblem(F, L, y)
+    L[0, 0] = L[1, 1] = 0
+    FeatureTableProblem(F, L, y)
+    with pytest.raises(ValueError, match="losses"):
+        FeatureTableProblem(F, -L, y)
+    with pytest.raises(ValueError, match="truth"):
+        FeatureTableProblem(F, L, torch.tensor([0, 3]))
