@@ -35,7 +35,7 @@ def check_invariants(s: BCFW, F=None, L=None, y=None):
     v = torch.zeros(p.d, dtype=torch.float64)
     p.accumulate(v, torch.arange(n), s.z, torch.full((n,), 1 / (s.lam * n), dtype=torch.float64))
     torch.testing.assert_close(s.v, v, rtol=0, atol=1e-12)
-    if s.atoms is not None:
+    if getattr(s, "atoms", None) is not None:
         st = s.atoms
         for i in range(n):
             if not bool(st.alpha_valid[i]):
@@ -231,7 +231,7 @@ def test_gap_sampling_without_refresh_stalls_and_refresh_converges():
     gaps = {}
     for every in (10, 0):
         s = BCFW(FeatureTableProblem(F, L, y), lam=0.01, sampling="gap", gap_check_every=every, seed=0)
-        for _ in range(100):
+        for _ in range(150):
             r = s.step()
         gaps[every] = (s.duality_gap()["gap"], r["gap"])
     true_inf, estimate_inf = gaps[0]

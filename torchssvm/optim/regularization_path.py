@@ -136,7 +136,9 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: flo
         epsilon: the path's accuracy (paper: 0.1).
         kappa: inner tolerance ``kappa eps`` per breakpoint (paper: 0.9; the heuristic path uses 0.7).
         heuristic: stop each inner solve on the stale gap estimate (App. K) instead of an exact gap:
-            faster, and the guarantee is lost (check with `RegularizationPath.certify`).
+            faster, and the guarantee is lost (check with `RegularizationPath.certify`). [C] also turns
+            the refresh passes off (``gap_check_every=0``); then the estimates go stale (Gap Inf) and
+            the path can be far from epsilon, so the default keeps them.
         max_passes: effective passes allowed per breakpoint.
         time_budget: total seconds for the whole path.
         keep_duals: keep each breakpoint's duals (``n x m`` float64 each) so `certify` works.
