@@ -14,8 +14,32 @@ def read_scalars(logdir):
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_demo_trains_and_logs(tmp_path, capsys):
-    assert main(["demo", "--epochs", "3", "--logdir", str(tmp_path)]) == 0
+def test_demo_runs_bcfw_and_prints_the_gap(tmp_path, capsys):
+    assert main(["demo", "--passes", "3", "--logdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("pass")]
+    assert len(lines) == 3 and "TensorBoard logs" in out
+    gaps = [float(ln.split("gap ")[1].split()[0]) for ln in lines]
+    assert gaps[-1] < gaps[0] and gaps[-1] < 0.1
+    scalars = read_scalars(tmp_path)
+    assert len(scalars["certificate/duality_gap"]) == 3 and len(scalars["test/error"]) == 3
+    assert scalars["test/error"][-1] < 0.2  # the unary-free baseline is about 0.8
+    assert "bcfw/dual" in scalars and "bcfw/oracle_calls" in scalars
+
+
+def test_train_other_solvers(tmp_path, capsys):
+    for solver in ("fw", "ssg"):
+        assert main(["train", "--solver", solver, "--passes", "2", "--lam", "1", "--logdir", ""]) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass")]
+        assert len(lines) == 2 and "primal" in lines[-1]
+    argv = ["train", "--passes", "2", "--lam", "1", "--step", "pairwise", "--cache-size", "5", "--block-batch", "4",
+            "--nonneg-transition", "--logdir", ""]
+    assert main(argv) == 0
+    assert "gap" in capsys.readouterr().out
+
+
+def test_torch_optimizer_training_and_logs(tmp_path, capsys):
+    assert main(["demo", "--solver", "torch", "--lam", "1e-4", "--epochs", "3", "--logdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "epoch   3" in out and "test error" in out and "TensorBoard logs" in out
     scalars = read_scalars(tmp_path)
@@ -26,7 +50,8 @@ def test_demo_trains_and_logs(tmp_path, capsys):
 
 
 def test_train_on_ocr_small(data_root, tmp_path, capsys):
-    argv = ["train", "--data", "ocr-small", "--root", data_root, "--epochs", "1", "--logdir", ""]
+    argv = ["train", "--data", "ocr-small", "--root", data_root, "--solver", "torch", "--epochs", "1",
+            "--logdir", ""]
     assert main(argv) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")][-1]
     test_error = float(line.split("test error")[1].split()[0])

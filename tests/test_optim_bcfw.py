@@ -63,7 +63,7 @@ def test_every_variant_keeps_invariants_and_never_increases_the_dual(sampling, s
              batch_size=B, gap_check_every=2, seed=3)
     f_prev = -s.dual_value()
     first = check_invariants(s, F, L, y)["gap"]
-    for k in range(6):
+    for _ in range(6):
         done = 0
         while done < s.n:  # single updates, so the dual is checked after every block step
             s._update(s._sample(B))
@@ -126,7 +126,7 @@ def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
 
     monkeypatch.setattr("torchssvm.optim.bcfw.box_qp", spy)
     checked = 0
-    for trial in range(30):
+    for _ in range(30):
         idx = s._sample(1)
         state = {k: v.clone() for k, v in (("z", s.z), ("ell", s.ell), ("v", s.v))}
         s._update(idx)
@@ -154,7 +154,7 @@ def test_box_qp_matches_projected_brute_force():
         u = torch.rand(B, generator=g, dtype=torch.float64)
         gamma = box_qp(c, H, u, max_sweeps=500, tol=0)
         assert ((gamma >= 0) & (gamma <= u)).all()
-        obj = lambda x: float(-c @ x + 0.5 * x @ H @ x)  # noqa: E731
+        obj = lambda x, c=c, H=H: float(-c @ x + 0.5 * x @ H @ x)  # noqa: E731
         for _ in range(200):  # no feasible random point is better
             x = torch.rand(B, generator=g, dtype=torch.float64) * u
             assert obj(gamma) <= obj(x) + 1e-9

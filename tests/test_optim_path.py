@@ -4,12 +4,11 @@ import math
 
 import pytest
 import torch
+from test_optim_bcfw import brute_primal, check_invariants, random_table
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, SSG, FeatureTableProblem, FrankWolfe, grid_search, regularization_path
 from torchssvm.optim.regularization_path import _initialize
-
-from test_optim_bcfw import brute_primal, check_invariants, random_table
 
 
 def test_prop1_rescaling_identity_is_exact():

@@ -14,5 +14,5 @@ from .problems import ChainProblem, DualProblem, FeatureTableProblem, make_probl
 from .regularization_path import RegularizationPath, grid_search, regularization_path
 from .ssg import SSG
 
-__all__ = ["BCFW", "FrankWolfe", "SSG", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem", "make_problem",
-           "RegularizationPath", "regularization_path", "grid_search"]
+__all__ = ["BCFW", "FrankWolfe", "SSG", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
+           "make_problem", "RegularizationPath", "regularization_path", "grid_search"]

@@ -15,9 +15,9 @@ from typing import Optional
 import torch
 
 from ...data.sequence_dataset import SequenceDataset
+from ...kernels import viterbi
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
-from ...kernels import viterbi
 from .base import DualProblem
 
 
