@@ -55,8 +55,8 @@ def load(setting: str):
 
 
 def run_one(job) -> str:
-    setting, method, seed, max_passes, budget = job
-    path = RUNS / f"{setting.replace(':', '_')}_{method}_{seed}.json"
+    setting, method, seed, max_passes, budget, runs_dir = job
+    path = runs_dir / f"{setting.replace(':', '_')}_{method}_{seed}.json"
     if path.exists():
         return f"skip {path.name}"
     torch.set_num_threads(1)
@@ -82,7 +82,7 @@ def run_one(job) -> str:
               "d": solver.problem.d, "trace": trace, "test_token_error": ev["token_error"],
               "test_chunk_f1": ev.get("chunk_f1"), "machine": f"{platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores, torch {torch.__version__}, 1 thread"}
-    RUNS.mkdir(parents=True, exist_ok=True)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(path)
@@ -106,12 +106,6 @@ def _grid_median(runs, key, grid):
 
 
 def report() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
     if not runs:
         sys.exit("no runs in docs/benchmarks/bcfw_runs")
@@ -123,6 +117,28 @@ def report() -> None:
              "over seeds. Produced by `python scripts/bench_bcfw.py`; raw traces in `bcfw_runs/`.", "",
              f"Machine: {runs[0]['machine']}.", ""]
     summary = {}
+    lines += _sections(runs, "", summary)
+    long_runs = [json.loads(p.read_text()) for p in sorted((OUT / "bcfw_runs_long").glob("*.json"))]
+    if long_runs:
+        lines += ["# Longer runs (one seed)", "",
+                  "The same eight methods with a longer budget, one seed (raw traces in `bcfw_runs_long/`).", ""]
+        lines += _sections(long_runs, "_long", summary)
+    extra = OUT / "bcfw_findings.md"
+    if extra.exists():
+        lines += [extra.read_text()]
+    (OUT / "bcfw.md").write_text("\n".join(lines) + "\n")
+    (OUT / "bcfw.json").write_text(json.dumps(summary, indent=1))
+    print(f"wrote {OUT / 'bcfw.md'}")
+
+
+def _sections(runs, suffix: str, summary: dict) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    lines = []
     for setting in SETTINGS:
         sr = [r for r in runs if r["setting"] == setting]
         if not sr:
@@ -150,7 +166,7 @@ def report() -> None:
             rows.append((label, common, float(np.median(at)), float(np.min(at)), float(np.max(at)),
                          float(np.median(per_pass)), float(np.median([r["trace"][-1]["cache_hit_rate"] for r in mr])),
                          float(np.median(errs)), len(mr)))
-            summary.setdefault(setting, {})[method] = {"passes": common, "gap_median": float(np.median(at)),
+            summary.setdefault(setting + suffix, {})[method] = {"passes": common, "gap_median": float(np.median(at)),
                                                        "seconds_per_pass": float(np.median(per_pass)),
                                                        "test": float(np.median(errs))}
         for ax, key in zip(axes, ("effective passes", "solver seconds")):
@@ -162,11 +178,11 @@ def report() -> None:
         name, lam = setting.split(":")
         fig.suptitle(f"{name}, lambda = {lam} (n = {sr[0]['n']}, d = {sr[0]['d']})")
         fig.tight_layout()
-        png = f"bcfw_{name}_{lam}.png"
+        png = f"bcfw_{name}_{lam}{suffix}.png"
         fig.savefig(OUT / png, dpi=110)
         plt.close(fig)
         test_name = "test chunk F1" if setting.startswith("conll") else "test letter error"
-        lines += [f"## {name}, lambda = {lam}", "", f"![{setting}]({png})", "",
+        lines += [f"## {name}, lambda = {lam}{' (longer run)' if suffix else ''}", "", f"![{setting}]({png})", "",
                   f"| method | passes | gap (median) | gap (min..max) | s / pass | cache hit rate | {test_name} | "
                   "seeds |", "|---|---|---|---|---|---|---|---|"]
         for label, common, med, lo, hi, spp, hit, err, k in rows:
@@ -174,12 +190,7 @@ def report() -> None:
             lines.append(f"| {label} | {common:.1f} | {med:.3e} | {lo:.2e}..{hi:.2e} | {spp:.1f} | {hit:.2f} | {errs} "
                          f"| {k} |")
         lines.append("")
-    extra = OUT / "bcfw_findings.md"
-    if extra.exists():
-        lines += [extra.read_text()]
-    (OUT / "bcfw.md").write_text("\n".join(lines) + "\n")
-    (OUT / "bcfw.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {OUT / 'bcfw.md'}")
+    return lines
 
 
 def main() -> None:
@@ -190,10 +201,12 @@ def main() -> None:
     ap.add_argument("--max-passes", type=float, default=6)
     ap.add_argument("--time-budget", type=float, default=60, help="solver seconds per run")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--long", action="store_true", help="write to bcfw_runs_long/ (the one-seed longer runs)")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
+    runs_dir = OUT / "bcfw_runs_long" if args.long else RUNS
     if not args.report_only:
-        jobs = [(s, m, seed, args.max_passes, args.time_budget) for s in args.settings
+        jobs = [(s, m, seed, args.max_passes, args.time_budget, runs_dir) for s in args.settings
                 for seed in range(args.seeds) for m in args.methods]
         t0 = time.perf_counter()
         if args.jobs > 1:

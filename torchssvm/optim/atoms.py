@@ -16,7 +16,8 @@ class AtomStore:
         n, width = truth.shape
         self.capacity = max(2, int(capacity))
         dev = truth.device
-        self.labels = torch.full((n, self.capacity, width), -1, dtype=torch.long, device=dev)
+        # int32 labels: the store is n x capacity x width (CoNLL, cap 50: 35M entries)
+        self.labels = torch.full((n, self.capacity, width), -1, dtype=torch.int32, device=dev)
         self.labels[:, 0] = truth
         self.loss = torch.zeros(n, self.capacity, dtype=torch.float64, device=dev)
         self.alpha = torch.zeros(n, self.capacity, dtype=torch.float64, device=dev)
@@ -37,7 +38,7 @@ class AtomStore:
         ``C`` the largest count among them."""
         C = int(self.count[idx].max())
         used = torch.arange(C, device=idx.device).unsqueeze(0) < self.count[idx].unsqueeze(1)
-        return self.labels[idx, :C], self.loss[idx, :C], self.alpha[idx, :C], used
+        return self.labels[idx, :C].long(), self.loss[idx, :C], self.alpha[idx, :C], used
 
     def find(self, i: int, label: torch.Tensor) -> int:
         c = int(self.count[i])

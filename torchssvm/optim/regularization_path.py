@@ -125,7 +125,8 @@ def _record(path, solver: BCFW, gap: float, exact: bool, keep_duals: bool, t0: f
     path.breakpoints.append(b)
 
 
-def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: float = 0.9, lam_min: float = 1e-5,
+def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Optional[float] = None,
+                        lam_min: float = 1e-5,
                         heuristic: bool = False, max_passes: float = 1000, time_budget: Optional[float] = None,
                         keep_duals: bool = True, writer=None, structure=None, backend: str = "auto",
                         **solver_kwargs) -> RegularizationPath:
@@ -134,7 +135,8 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: flo
     Args:
         model, dataset, structure, backend: the problem (as for `BCFW`).
         epsilon: the path's accuracy (paper: 0.1).
-        kappa: inner tolerance ``kappa eps`` per breakpoint (paper: 0.9; the heuristic path uses 0.7).
+        kappa: inner tolerance ``kappa eps`` per breakpoint; default 0.9 (the paper's), 0.7 for the heuristic
+            path (the largest value the paper found accurate enough).
         heuristic: stop each inner solve on the stale gap estimate (App. K) instead of an exact gap:
             faster, and the guarantee is lost (check with `RegularizationPath.certify`). [C] also turns
             the refresh passes off (``gap_check_every=0``); then the estimates go stale (Gap Inf) and
@@ -144,6 +146,8 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: flo
         keep_duals: keep each breakpoint's duals (``n x m`` float64 each) so `certify` works.
         solver_kwargs: for `BCFW` (default ``sampling="gap"``, as in the paper's path experiments).
     """
+    if kappa is None:
+        kappa = 0.7 if heuristic else 0.9
     if not (0 < kappa < 1):
         raise ValueError(f"kappa must be in (0, 1), got {kappa}")
     if not (epsilon > 0 and math.isfinite(epsilon)):
