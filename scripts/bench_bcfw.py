@@ -6,7 +6,12 @@ calls), against effective passes (oracle calls / n) and solver seconds. Each run
 ``docs/benchmarks/bcfw_runs/<setting>_<method>_<seed>.json`` (existing files are skipped, so the script
 resumes), then ``--report-only`` (or the end of a run) writes ``docs/benchmarks/bcfw.md`` and PNG plots.
 
-    python scripts/bench_bcfw.py --jobs 2 --max-passes 6 --time-budget 60
+Each run stops at ``--max-passes`` effective passes or at its solver-time budget (``--time-budget``,
+default per setting in ``BUDGET``), and every run also stops at the wall-clock ``--deadline`` (seconds
+from the script's start) so that a batch of runs fits a fixed slot; a run cut there is kept with the
+passes it made (``"cut": true``).
+
+    python scripts/bench_bcfw.py --jobs 16 --settings ocr-large:1e-3 --runs-dir /tmp/runs --deadline 560
     python scripts/bench_bcfw.py --report-only
 """
 
@@ -28,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 RUNS = OUT / "bcfw_runs"
 SETTINGS = ("ocr-large:1e-4", "ocr-large:1e-3", "ocr-large:1e-1", "conll:1e-2")
+BUDGET = {"ocr-large:1e-4": 65.0, "ocr-large:1e-3": 65.0, "ocr-large:1e-1": 30.0, "conll:1e-2": 150.0}
 METHODS = [f"{s}-{st}{'-cache' if c else ''}" for s, st, c in
            itertools.product(("uniform", "gap"), ("fw", "pairwise"), (False, True))]
 LABEL = {"uniform": "uniform", "gap": "gap", "fw": "BCFW", "pairwise": "BCPFW"}
@@ -54,8 +60,20 @@ def load(setting: str):
     return _DATA[name]
 
 
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread per run"
+
+
 def run_one(job) -> str:
-    setting, method, seed, max_passes, budget, runs_dir = job
+    setting, method, seed, max_passes, budget, runs_dir, deadline = job
     path = runs_dir / f"{setting.replace(':', '_')}_{method}_{seed}.json"
     if path.exists():
         return f"skip {path.name}"
@@ -70,6 +88,7 @@ def run_one(job) -> str:
     g0 = solver.duality_gap()
     trace = [{"passes": 0.0, "time": 0.0, "gap": g0["gap"], "primal": g0["primal"], "estimate": math.inf,
               "cache_hit_rate": 0.0}]
+    cut = False
     while True:
         r = solver.step()
         g = solver.duality_gap()
@@ -77,11 +96,13 @@ def run_one(job) -> str:
                       "estimate": r["gap"], "cache_hit_rate": r["cache_hit_rate"]})
         if r["passes"] >= max_passes or r["time"] >= budget:
             break
+        if time.time() >= deadline:
+            cut = True
+            break
     ev = evaluate_chain(model, solver.problem.structure, test)
     result = {"setting": setting, "method": method, "seed": seed, "lam": lam, "n": train.__len__(),
               "d": solver.problem.d, "trace": trace, "test_token_error": ev["token_error"],
-              "test_chunk_f1": ev.get("chunk_f1"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, torch {torch.__version__}, 1 thread"}
+              "test_chunk_f1": ev.get("chunk_f1"), "machine": machine(), "budget": budget, "cut": cut}
     runs_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
@@ -198,16 +219,26 @@ def main() -> None:
     ap.add_argument("--settings", nargs="*", default=list(SETTINGS))
     ap.add_argument("--methods", nargs="*", default=METHODS)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--max-passes", type=float, default=6)
-    ap.add_argument("--time-budget", type=float, default=60, help="solver seconds per run")
+    ap.add_argument("--max-passes", type=float, default=200.0)
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="solver seconds per run (default: BUDGET of the setting)")
+    ap.add_argument("--deadline", type=float, default=math.inf,
+                    help="wall-clock seconds from the start after which every run stops at its next pass")
+    ap.add_argument("--runs-dir", type=Path, default=None, help="where run JSONs go (default: docs/benchmarks/...)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--long", action="store_true", help="write to bcfw_runs_long/ (the one-seed longer runs)")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
-    runs_dir = OUT / "bcfw_runs_long" if args.long else RUNS
+    runs_dir = args.runs_dir or (OUT / "bcfw_runs_long" if args.long else RUNS)
     if not args.report_only:
-        jobs = [(s, m, seed, args.max_passes, args.time_budget, runs_dir) for s in args.settings
+        deadline = time.time() + args.deadline
+        # longest runs first, so that the pool's tail is short
+        jobs = [(s, m, seed, args.max_passes, args.time_budget or BUDGET[s], runs_dir, deadline)
+                for s in sorted(args.settings, key=lambda s: -BUDGET[s])
                 for seed in range(args.seeds) for m in args.methods]
+        torch.set_num_threads(1)  # before any parallel region: OpenMP does not survive a fork
+        for s in args.settings:
+            load(s)  # before the fork: workers share the data
         t0 = time.perf_counter()
         if args.jobs > 1:
             import multiprocessing as mp
@@ -218,7 +249,8 @@ def main() -> None:
         else:
             for job in jobs:
                 print(f"[{time.perf_counter() - t0:7.0f}s] {run_one(job)}", flush=True)
-    report()
+    if runs_dir in (RUNS, OUT / "bcfw_runs_long"):
+        report()
 
 
 if __name__ == "__main__":
