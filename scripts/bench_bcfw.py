@@ -136,13 +136,17 @@ def report() -> None:
              "outside the timed solver time), against effective passes (oracle calls / n; cache hits are free, the "
              "exact-gap passes of gap sampling count) and solver seconds. Curves: median (line) and min-max (band) "
              "over seeds. Produced by `python scripts/bench_bcfw.py`; raw traces in `bcfw_runs/`.", "",
-             f"Machine: {runs[0]['machine']}.", ""]
+             f"Machine: {runs[0]['machine']}. Solver-time budget per run (seconds): "
+             + ", ".join(f"{k} {v:g}" for k, v in BUDGET.items()) + "; these are short horizons (2 to 8 "
+             "effective passes, against the paper's hundreds): see the findings at the end.", ""]
     summary = {}
     lines += _sections(runs, "", summary)
     long_runs = [json.loads(p.read_text()) for p in sorted((OUT / "bcfw_runs_long").glob("*.json"))]
     if long_runs:
         lines += ["# Longer runs (one seed)", "",
-                  "The same eight methods with a longer budget, one seed (raw traces in `bcfw_runs_long/`).", ""]
+                  "The same eight methods with a longer budget, one seed (raw traces in `bcfw_runs_long/`). "
+                  f"Machine: {long_runs[0]['machine']}; budget {long_runs[0]['budget']:g} solver seconds per run.",
+                  ""]
         lines += _sections(long_runs, "_long", summary)
     extra = OUT / "bcfw_findings.md"
     if extra.exists():
