@@ -2,6 +2,8 @@
 
 import glob
 
+import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchssvm.cli import main
@@ -56,3 +58,11 @@ def test_train_on_ocr_small(data_root, tmp_path, capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")][-1]
     test_error = float(line.split("test error")[1].split()[0])
     assert test_error < 0.5
+
+
+def test_train_rejects_a_bad_device():
+    with pytest.raises(ValueError, match="device"):
+        main(["train", "--passes", "1", "--device", "gpu0", "--logdir", ""])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            main(["train", "--passes", "1", "--device", "cuda", "--logdir", ""])

@@ -8,7 +8,7 @@ import torch
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, FeatureTableProblem
-from torchssvm.optim.box_qp import box_qp
+from torchssvm.optim.box_qp import box_qp, qp_objective
 
 VARIANTS = list(itertools.product(["uniform", "gap"], ["fw", "pairwise", "away"], [0, 3], [1, 4]))
 
@@ -145,14 +145,15 @@ def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
     assert checked >= 5
 
 
-def test_box_qp_matches_projected_brute_force():
+@pytest.mark.parametrize("method", ["newton", "sweeps"])
+def test_box_qp_matches_projected_brute_force(method):
     g = torch.Generator().manual_seed(0)
     for B in (1, 2, 5):
         M = torch.randn(B, B + 1, generator=g, dtype=torch.float64)
         H = M @ M.T
         c = torch.randn(B, generator=g, dtype=torch.float64)
         u = torch.rand(B, generator=g, dtype=torch.float64)
-        gamma = box_qp(c, H, u, max_sweeps=500, tol=0)
+        gamma = box_qp(c, H, u, method=method, max_iter=500, tol=0)
         assert ((gamma >= 0) & (gamma <= u)).all()
         obj = lambda x, c=c, H=H: float(-c @ x + 0.5 * x @ H @ x)  # noqa: E731
         for _ in range(200):  # no feasible random point is better
@@ -160,7 +161,55 @@ def test_box_qp_matches_projected_brute_force():
             assert obj(gamma) <= obj(x) + 1e-9
     # zero curvature: go to the bound when the gain is positive
     one = torch.ones(1, dtype=torch.float64)
-    assert float(box_qp(one, torch.zeros(1, 1, dtype=torch.float64), 0.3 * one)) == 0.3
+    assert float(box_qp(one, torch.zeros(1, 1, dtype=torch.float64), 0.3 * one, method=method)) == 0.3
+
+
+def _kkt_violation(c, H, u, gamma):
+    """max |gamma - clip(gamma - grad)|: zero exactly at the box QP's optimum."""
+    grad = H @ gamma - c
+    return float((gamma - torch.minimum(torch.maximum(gamma - grad, torch.zeros_like(u)), u)).abs().max())
+
+
+def test_box_qp_newton_reaches_the_optimum_of_full_rank_problems():
+    g = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        B = int(torch.randint(2, 48, (1,), generator=g))
+        M = torch.randn(B, B + 8, generator=g, dtype=torch.float64)
+        if trial % 2:  # strongly correlated directions, as the blocks of one mini-batch are
+            M = M + 4 * torch.randn(1, B + 8, generator=g, dtype=torch.float64)
+        H = M @ M.T
+        c = torch.randn(B, generator=g, dtype=torch.float64) * 3
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        gamma = box_qp(c, H, u)
+        ref = box_qp(c, H, u, method="sweeps", max_iter=20000, tol=1e-15)
+        f, f_ref = float(qp_objective(c, H, gamma)), float(qp_objective(c, H, ref))
+        assert f <= f_ref + 1e-10 * (1 + abs(f_ref))
+        assert _kkt_violation(c, H, u, gamma) <= 1e-9 * (1 + float(c.abs().max()))
+
+
+def test_box_qp_newton_is_monotone_and_feasible_on_singular_problems():
+    g = torch.Generator().manual_seed(2)
+    for _ in range(40):
+        B = int(torch.randint(2, 30, (1,), generator=g))
+        M = torch.randn(B, max(1, B // 3), generator=g, dtype=torch.float64)
+        H = M @ M.T
+        H[0], H[:, 0] = 0.0, 0.0  # a zero direction (a block already at its FW corner)
+        c = torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        u[-1] = 0.0  # pairwise step whose FW atom is its away atom
+        gamma = box_qp(c, H, u, max_iter=400)
+        assert ((gamma >= 0) & (gamma <= u)).all() and float(gamma[-1]) == 0.0
+        assert float(gamma[0]) == (float(u[0]) if float(c[0]) > 0 else 0.0)
+        f = float(qp_objective(c, H, gamma))
+        one_sweep = float(qp_objective(c, H, box_qp(c, H, u, method="sweeps", max_iter=1)))
+        assert f <= min(0.0, one_sweep) + 1e-12
+        assert _kkt_violation(c, H, u, gamma) <= 1e-8 * (1 + float(c.abs().max()))
+
+
+def test_box_qp_rejects_an_unknown_method():
+    one = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="method"):
+        box_qp(one, torch.eye(2, dtype=torch.float64), one, method="cg")
 
 
 def test_minibatch_step_is_at_least_as_good_as_one_block():

@@ -44,7 +44,7 @@ def train_chain(train, test, *, epochs: int, batch_size: int, lr: float, lam: fl
     Returns the last epoch's metrics and the log directory.
     """
     torch.manual_seed(seed)
-    dev = torch.device(device)
+    dev = _check_device(device)
     model = LinearChainModel(train.num_features, train.num_labels, sparse=train.sparse, device=dev)
     structure = Chain(train.num_labels)
     criterion = StructuredHingeLoss(structure, backend=backend)
@@ -100,20 +100,33 @@ def train_chain(train, test, *, epochs: int, batch_size: int, lr: float, lam: fl
 SOLVERS = ("bcfw", "fw", "ssg", "torch")
 
 
+def _check_device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    return dev
+
+
 def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
                gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
                step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10, box=None,
-               backend: str = "auto", logdir: Optional[str] = "runs", run_name: str = "train", seed: int = 0,
-               out=None) -> dict:
+               backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs", run_name: str = "train",
+               seed: int = 0, out=None) -> dict:
     """Train a linear chain SSVM on fixed features with a dual solver (`torchssvm.optim`).
 
     Prints one line per pass: effective passes, the exact duality gap of the current iterate (a full
     oracle pass for monitoring, not counted in the solver's oracle calls), primal, dual, train / test
     error, and solver seconds; logs the solver's scalars and the errors to TensorBoard. Stops after
-    ``passes`` steps, on a certified gap ``<= gap_tol``, or after ``time_budget`` solver seconds."""
+    ``passes`` steps, on a certified gap ``<= gap_tol``, or after ``time_budget`` solver seconds. On
+    ``device="cuda"`` the blocks, the caches, ``w`` and the oracle calls live on the GPU."""
     from . import optim
 
-    model = LinearChainModel(train.num_features, train.num_labels, sparse=train.sparse, dtype=torch.float64)
+    dev = _check_device(device)
+    model = LinearChainModel(train.num_features, train.num_labels, sparse=train.sparse, dtype=torch.float64,
+                             device=dev)
     structure = Chain(train.num_labels)
     writer = make_writer(logdir, run_name) if logdir else None
     common = {"structure": structure, "backend": backend, "writer": writer}
@@ -135,8 +148,8 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
         else:
             cert = s.duality_gap()
             gap_txt = f"gap {cert['gap']:.3e}  primal {cert['primal']:.5f}  dual {cert['dual']:.5f}"
-        tr = evaluate_chain(model, structure, train, backend=backend)
-        te = evaluate_chain(model, structure, test, backend=backend)
+        tr = evaluate_chain(model, structure, train, device=dev, backend=backend)
+        te = evaluate_chain(model, structure, test, device=dev, backend=backend)
         metrics = {"pass": k, "passes": r["passes"], "seconds": r["time"], "train_error": tr["token_error"],
                    "test_error": te["token_error"], **{key: cert[key] for key in ("primal", "dual", "gap")
                                                        if key in cert}}
@@ -181,7 +194,7 @@ def _add_train_args(p: argparse.ArgumentParser, *, epochs: int, lr: float, lam: 
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--lam", type=float, default=lam, help="L2 regularization: lam/2 ||w||^2")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (dual solvers and torch optimizers)")
     p.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto")
     p.add_argument("--logdir", default="runs", help="TensorBoard log folder ('' to disable)")
     p.add_argument("--seed", type=int, default=0)
@@ -216,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         metrics = train_dual(train, test, solver=args.solver, lam=args.lam, passes=args.passes, gap_tol=args.gap_tol,
                              time_budget=args.time_budget, sampling=args.sampling, step=args.step,
                              cache_size=args.cache_size, batch_size=args.block_batch,
-                             gap_check_every=args.gap_check_every, backend=args.backend,
+                             gap_check_every=args.gap_check_every, backend=args.backend, device=args.device,
                              box={"transition": (0.0, None)} if args.nonneg_transition else None,
                              logdir=args.logdir or None, run_name=f"{args.command}-{name}-{args.solver}",
                              seed=args.seed)

@@ -22,6 +22,7 @@ import time
 import torch
 
 from .atoms import AtomStore
+from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
 from .dual_solver import DualSolver
 
@@ -43,7 +44,9 @@ class BCFW(DualSolver):
             passes; it refreshes the gap estimates and certifies the gap. 0 disables it (the paper's
             "Gap Inf", which does not converge with gap sampling).
         batch_size: blocks per update (one batched oracle call, coordinated step).
-        qp_sweeps: coordinate sweeps of the mini-batch QP.
+        qp_method: solver of the mini-batch box QP (`box_qp`): ``"newton"`` (projected Newton on the
+            device, the QP's optimum) or ``"sweeps"`` (coordinate sweeps on the host).
+        qp_max_iter: Newton iterations or coordinate sweeps of the mini-batch QP.
         seed: seed of the solver's own random generator (sampling).
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` and ``gap_exact`` (True after an exact pass, else
@@ -60,7 +63,8 @@ class BCFW(DualSolver):
 
     def __init__(self, model, dataset=None, lam: float = 1e-2, *, sampling: str = "uniform", step: str = "fw",
                  cache_size: int = 0, cache_factor: float = 0.25, cache_nu: float = 0.01,
-                 gap_check_every: int = 10, batch_size: int = 1, qp_sweeps: int = 50, box=None, seed: int = 0,
+                 gap_check_every: int = 10, batch_size: int = 1, qp_method: str = "newton", qp_max_iter: int = 50,
+                 box=None, seed: int = 0,
                  writer=None, structure=None, backend: str = "auto"):
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -71,7 +75,9 @@ class BCFW(DualSolver):
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if cache_size == 1:
             raise ValueError("cache_size must be 0 (no cache) or >= 2 (the truth takes one slot)")
-        for name, value in (("batch_size", batch_size), ("qp_sweeps", qp_sweeps)):
+        if qp_method not in QP_METHODS:
+            raise ValueError(f"qp_method must be one of {QP_METHODS}, got {qp_method!r}")
+        for name, value in (("batch_size", batch_size), ("qp_max_iter", qp_max_iter)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for name, value in (("cache_factor", cache_factor), ("cache_nu", cache_nu)):
@@ -82,7 +88,8 @@ class BCFW(DualSolver):
             raise ValueError(f"batch_size must be <= n = {self.n}, got {batch_size}")
         self.sampling, self.step_type = sampling, step
         self.cache_size, self.cache_factor, self.cache_nu = cache_size, float(cache_factor), float(cache_nu)
-        self.gap_check_every, self.batch_size, self.qp_sweeps = gap_check_every, batch_size, qp_sweeps
+        self.gap_check_every, self.batch_size = gap_check_every, batch_size
+        self.qp_method, self.qp_max_iter = qp_method, qp_max_iter
         self.seed = seed
         self.generator = torch.Generator().manual_seed(int(seed))
         p = self.problem
@@ -206,7 +213,7 @@ class BCFW(DualSolver):
 
         curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
             (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
-        gamma = box_qp(c, curvature, upper, max_sweeps=self.qp_sweeps)
+        gamma = box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter)
         if not bool((gamma > 0).any()):
             return
         self.z[idx] = zi + gamma.unsqueeze(1) * direction

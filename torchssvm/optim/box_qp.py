@@ -1,8 +1,17 @@
 """The B x B box QP of the coordinated mini-batch step (DESIGN.md, "Mini-batches of blocks, exactly").
 
-``min_gamma  -c^T gamma + 1/2 gamma^T H gamma   s.t.  0 <= gamma <= upper``, with ``H`` positive
-semi-definite. For ``B = 1`` the answer is the closed-form line search of note 001 (section 1.5):
-``clip(c / H, 0, upper)``.
+``min_gamma  f(gamma) = -c^T gamma + 1/2 gamma^T H gamma   s.t.  0 <= gamma <= upper``, with ``H``
+positive semi-definite. For ``B = 1`` the answer is the closed-form line search of note 001
+(section 1.5): ``clip(c / H, 0, upper)``.
+
+Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
+
+- ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
+  solve and a batched search along the projection arc per iteration, no Python loop over B. It
+  returns the QP's optimum to ``tol`` (typically in 3 to 10 iterations), which is at least as good as
+  any number of coordinate sweeps.
+- ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
+  reference of DESIGN.md.
 """
 
 from __future__ import annotations
@@ -10,22 +19,96 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+METHODS = ("newton", "sweeps")
 
-def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, max_sweeps: int = 50,
+
+def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
            tol: float = 1e-12) -> torch.Tensor:
-    """Exact coordinate minimization (Gauss-Seidel sweeps in index order) from ``gamma = 0``.
+    """Args:
+        c ``(B,)``, H ``(B, B)`` PSD, upper ``(B,)`` >= 0 (float64 on any device).
+        method: ``"newton"`` or ``"sweeps"``.
+        max_iter: Newton iterations or coordinate sweeps.
+        tol: stop when the projected gradient (``"newton"``) or every coordinate move (``"sweeps"``) is
+            at most ``tol`` times ``1 + max|c|``.
 
-    Every coordinate step is an exact 1-D minimization, so the objective never increases and stays
-    ``<= 0`` (its value at 0). Stops when no coordinate moves by more than ``tol`` in a sweep or after
-    ``max_sweeps`` sweeps. A zero-curvature coordinate with a positive gain goes to its upper bound.
-    """
+    Returns ``gamma (B,)`` on the device of ``c``. A zero-curvature coordinate with a positive gain
+    goes to its upper bound."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     B = c.shape[0]
     if B == 1:
         g = _coordinate(float(c[0]), float(H.reshape(-1)[0]), float(upper[0]))
         return torch.tensor([g], dtype=torch.float64, device=c.device)
+    if method == "sweeps":
+        return _sweeps(c, H, upper, max_iter, tol)
+    return _projected_newton(c.to(torch.float64), H.to(torch.float64), upper.to(torch.float64), max_iter, tol)
+
+
+def qp_objective(c: torch.Tensor, H: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``f(gamma) = -c^T gamma + 1/2 gamma^T H gamma`` for ``gamma (..., B)``."""
+    return -(gamma * c).sum(-1) + 0.5 * ((gamma @ H) * gamma).sum(-1)
+
+
+# Step lengths tried along each arc, relative to the arc's first breakpoint t_b (where the first free
+# coordinate reaches a bound): t_b * 2^j for j = -30..30, and 0 (keep the iterate). Relative lengths
+# matter when H is (nearly) singular: the Newton step is then huge along the null space and only
+# lengths near t_b leave the box's interior usable.
+_ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+
+
+def _first_breakpoints(gamma, moves, upper):
+    """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
+    ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
+    inf = torch.full_like(moves, torch.inf)
+    room = torch.where(moves > 0, (upper - gamma) / moves, torch.where(moves < 0, -gamma / moves, inf))
+    t = torch.where(room > 0, room, inf).min(1).values
+    return torch.where(torch.isfinite(t), t, torch.ones_like(t))
+
+
+def _projected_newton(c, H, upper, max_iter, tol):
+    """Projected Newton (Bertsekas 1982) with two arcs per iteration.
+
+    The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
+    direction solves the free-free system (``H_FF + r I``, a tiny ridge ``r`` for the semi-definite
+    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` solve so nothing
+    depends on the set's size. Along the Newton arc and along the projected-gradient arc
+    ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
+    once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
+    gradient arc makes every iteration at least a projected-gradient step with a line search."""
+    B, dev = c.shape[0], c.device
+    arc = _ARC.to(dev)
+    eye = torch.eye(B, dtype=torch.float64, device=dev)
+    ridge = 1e-13 * float(torch.diagonal(H).abs().max()) + 1e-300
+    scale = tol * (1.0 + float(c.abs().max()))
+    gamma = torch.zeros(B, dtype=torch.float64, device=dev)
+    grad = -c
+    f = torch.zeros((), dtype=torch.float64, device=dev)
+    lo = torch.zeros_like(upper)
+    newton_unit = torch.tensor([[1.0], [0.0]], dtype=torch.float64, device=dev)  # t = 1: the face's optimum
+    for _ in range(max_iter):
+        if float((gamma - (gamma - grad).clamp(lo, upper)).abs().max()) <= scale:
+            break
+        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+        free = (~bind).to(torch.float64)
+        M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge * eye
+        moves = torch.stack([torch.linalg.solve(M, -grad * free), -grad * free])  # (2, B): Newton, gradient
+        t = torch.cat([_first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc, newton_unit], 1)  # (2, A+1)
+        trials = (gamma + t.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, upper).reshape(-1, B)
+        values = qp_objective(c, H, trials)
+        best = int(torch.argmin(values))
+        if not bool(values[best] < f):
+            break
+        gamma, f = trials[best], values[best]
+        grad = H @ gamma - c
+    return gamma
+
+
+def _sweeps(c, H, upper, max_sweeps, tol):
+    B = c.shape[0]
     cn = c.detach().cpu().to(torch.float64).numpy()
     un = upper.detach().cpu().to(torch.float64).numpy()
     Hn = H.detach().cpu().to(torch.float64).numpy()
+    scale = tol * (1.0 + float(np.abs(cn).max()))
     gamma = np.zeros(B)
     grad = -cn.copy()  # H gamma - c
     for _ in range(max_sweeps):
@@ -39,7 +122,7 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, max_sweeps:
                 gamma[b] = new
                 grad += Hn[:, b] * delta
                 moved = max(moved, abs(delta))
-        if moved <= tol:
+        if moved <= scale:
             break
     return torch.from_numpy(gamma).to(c.device)
 
