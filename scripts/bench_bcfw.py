@@ -21,13 +21,12 @@ import argparse
 import itertools
 import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _bench_machine import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -61,15 +60,7 @@ def load(setting: str):
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread per run"
+    return f"{cpu_description()}, torch {torch.__version__}, 1 thread per run"
 
 
 def run_one(job) -> str:

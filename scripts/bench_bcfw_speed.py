@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _bench_machine import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -40,17 +39,9 @@ def load(name: str):
 
 
 def machine(device: torch.device) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     threads = torch.get_num_threads()
-    return f"{cpu}, {os.cpu_count()} cores, {threads} torch threads; device {dev}; torch {torch.__version__}"
+    return f"{cpu_description()}, {threads} torch threads; device {dev}; torch {torch.__version__}"
 
 
 def run(train, lam: float, B: int, passes: int, device: torch.device, seed: int) -> dict:

@@ -79,19 +79,25 @@ def test_autocast_on_cuda():
     assert transition.grad.dtype == torch.float32 and model.weight.grad is not None
 
 
+def _bcfw_on(device, ds, steps=0, max_passes=None, **kw):
+    """A BCFW run on ``device`` (float64, torch oracle): ``steps`` calls of `step`, or `fit` up to
+    ``max_passes``; checked against the gap identity. Returns the solver and its exact gap report."""
+    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device=device)
+    s = ts.optim.BCFW(model, ds.to(device), seed=0, backend="torch", **kw)
+    for _ in range(steps):
+        s.step()
+    if max_passes is not None:
+        s.fit(max_passes=max_passes)
+    g = s.duality_gap()
+    assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+    return s, g
+
+
 def test_bcfw_on_cuda_matches_cpu():
     """Uniform BCFW on CUDA tensors follows the CPU trajectory (same samples, no near-ties; float64 sums in
     another order) and keeps the gap identity."""
     ds = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0)
-    runs = []
-    for device in ("cpu", "cuda"):
-        model = ts.LinearChainModel(6, 4, dtype=torch.float64, device=device)
-        s = ts.optim.BCFW(model, ds.to(device), lam=0.5, seed=0, gap_check_every=2, backend="torch")
-        for _ in range(3):
-            s.step()
-        g = s.duality_gap()
-        assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
-        runs.append(s.w.cpu())
+    runs = [_bcfw_on(device, ds, 3, lam=0.5, gap_check_every=2)[0].w.cpu() for device in ("cpu", "cuda")]
     torch.testing.assert_close(runs[0], runs[1], rtol=1e-9, atol=1e-9)
 
 
@@ -101,15 +107,8 @@ def test_bcfw_pairwise_cache_on_cuda_certifies_the_cpu_optimum():
     and their trajectories part. Both must still certify the same optimum: P* <= P <= P* + gap on each, so
     the primal values differ by at most the larger certified gap."""
     ds = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0)
-    res = []
-    for device in ("cpu", "cuda"):
-        model = ts.LinearChainModel(6, 4, dtype=torch.float64, device=device)
-        s = ts.optim.BCFW(model, ds.to(device), lam=0.5, seed=0, gap_check_every=2, backend="torch",
-                          sampling="gap", step="pairwise", cache_size=4, batch_size=8)
-        s.fit(max_passes=40)
-        g = s.duality_gap()
-        assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
-        res.append(g)
+    kw = {"lam": 0.5, "gap_check_every": 2, "sampling": "gap", "step": "pairwise", "cache_size": 4, "batch_size": 8}
+    res = [_bcfw_on(device, ds, max_passes=40, **kw)[1] for device in ("cpu", "cuda")]
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
 
 
@@ -135,12 +134,7 @@ def test_minibatch_bcfw_on_cuda_matches_cpu():
     ds = ts.data.synthetic_chain("train", 200, num_labels=5, num_features=8, seed=1)
     res = []
     for device in ("cpu", "cuda"):
-        model = ts.LinearChainModel(8, 5, dtype=torch.float64, device=device)
-        s = ts.optim.BCFW(model, ds.to(device), lam=0.1, seed=0, batch_size=32, backend="torch")
-        for _ in range(5):
-            s.step()
-        g = s.duality_gap()
-        assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+        s, g = _bcfw_on(device, ds, 5, lam=0.1, batch_size=32)
         assert s.z.is_cuda == (device == "cuda") and s.w.is_cuda == (device == "cuda")
         res.append(g)
     assert abs(res[0]["dual"] - res[1]["dual"]) <= 1e-7 * (1 + abs(res[0]["dual"]))
