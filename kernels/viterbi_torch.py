@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 
 # Above this many elements per time step ((B, K, K) scores) the batch is processed in chunks.
@@ -148,6 +149,8 @@ def _viterbi_batch_last(unary, transition, start, end, lengths):
     if end is not None:
         final = final + end.unsqueeze(1)
     score, cur = final.max(dim=0)
+    if not per_position and unary.device.type == "cpu":
+        return _backtrack_numpy(hist, transition, cur, lengths), score
     batch = torch.arange(B, device=unary.device)
     trans_t = None if per_position else transition.t().contiguous()
 
@@ -156,3 +159,20 @@ def _viterbi_batch_last(unary, transition, start, end, lengths):
         return (rows[t - 1] + col).argmax(dim=0)
 
     return _backtrack(cur, lengths, T, best_prev), score
+
+
+def _backtrack_numpy(hist, transition, cur, lengths):
+    """`_backtrack` of the batch-last layout on CPU in numpy (a few microseconds per step instead of
+    torch's per-op overhead, which dominates for short steps): ``hist (T, K, B)`` forward scores, a
+    shared ``transition (K, K)``, last labels ``cur (B,)``. Same argmax (first maximum) and padding."""
+    T, K, B = hist.shape
+    h, tr = hist.numpy(), transition.detach().numpy()
+    cur, lengths = cur.numpy().copy(), lengths.cpu().numpy()
+    out = np.full((B, T), -1, dtype=np.int64)
+    for t in range(T - 1, 0, -1):
+        active = lengths > t
+        out[active, t] = cur[active]
+        prev = (h[t - 1] + tr[:, cur]).argmax(0)
+        cur = np.where(active, prev, cur)
+    out[:, 0] = cur
+    return torch.from_numpy(out)

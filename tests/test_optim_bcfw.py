@@ -206,6 +206,24 @@ def test_box_qp_newton_is_monotone_and_feasible_on_singular_problems():
         assert _kkt_violation(c, H, u, gamma) <= 1e-8 * (1 + float(c.abs().max()))
 
 
+def test_box_qp_newton_torch_and_numpy_paths_agree():
+    """CPU inputs take the numpy iteration, device tensors the torch one: the same steps."""
+    from torchssvm.optim.box_qp import _projected_newton, _projected_newton_numpy
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(30):
+        B = int(torch.randint(2, 70, (1,), generator=g))
+        M = torch.randn(B, B // 2 + 1 + 8 * (trial % 2), generator=g, dtype=torch.float64)
+        M = M + 3 * torch.randn(1, M.shape[1], generator=g, dtype=torch.float64)
+        H, c = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        a = _projected_newton(c, H, u, 50, 1e-12)
+        b = torch.from_numpy(_projected_newton_numpy(c.numpy(), H.numpy(), u.numpy(), 50, 1e-12))
+        fa, fb = float(qp_objective(c, H, a)), float(qp_objective(c, H, b))
+        assert abs(fa - fb) <= 1e-10 * (1 + abs(fa))
+        assert _kkt_violation(c, H, u, a) <= 1e-8 * (1 + float(c.abs().max()))
+
+
 def test_box_qp_rejects_an_unknown_method():
     one = torch.ones(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="method"):

@@ -7,7 +7,8 @@ positive semi-definite. For ``B = 1`` the answer is the closed-form line search 
 Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
 
 - ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
-  solve and a batched search along the projection arc per iteration, no Python loop over B. It
+  solve and a batched search along the projection arc per iteration, no Python loop over B (on CPU
+  the same iteration in numpy, whose per-operation overhead is several times lower than torch's). It
   returns the QP's optimum to ``tol`` (in a few iterations on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
@@ -41,6 +42,10 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         return torch.tensor([g], dtype=torch.float64, device=c.device)
     if method == "sweeps":
         return _sweeps(c, H, upper, max_iter, tol)
+    if c.device.type == "cpu":  # the same iteration in numpy: torch's per-op overhead dominates at B <= 1024
+        gamma = _projected_newton_numpy(*(t.detach().to(torch.float64).numpy() for t in (c, H, upper)),
+                                        max_iter, tol)
+        return torch.from_numpy(gamma)
     return _projected_newton(c.to(torch.float64), H.to(torch.float64), upper.to(torch.float64), max_iter, tol)
 
 
@@ -101,6 +106,40 @@ def _projected_newton(c, H, upper, max_iter, tol):
         gamma, f = trials[best], values[best]
         grad = H @ gamma - c
     return gamma
+
+
+def _projected_newton_numpy(c, H, upper, max_iter, tol):
+    """`_projected_newton` on numpy arrays, step for step (the CPU path)."""
+    B = c.shape[0]
+    arc = _ARC.numpy()
+    ridge = 1e-13 * float(np.abs(np.diagonal(H)).max()) + 1e-300
+    scale = tol * (1.0 + float(np.abs(c).max()))
+    gamma = np.zeros(B)
+    grad = -c
+    f = 0.0
+    for _ in range(max_iter):
+        if float(np.abs(gamma - np.clip(gamma - grad, 0.0, upper)).max()) <= scale:
+            break
+        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+        free = (~bind).astype(np.float64)
+        M = H * free[None, :] * free[:, None] + np.diag(1.0 - free + ridge)
+        moves = np.stack([np.linalg.solve(M, -grad * free), -grad * free])
+        t = np.concatenate([_first_breakpoints_numpy(gamma, moves, upper)[:, None] * arc, [[1.0], [0.0]]], 1)
+        trials = np.clip(gamma + t[:, :, None] * moves[:, None, :], 0.0, upper).reshape(-1, B)
+        values = -(trials @ c) + 0.5 * ((trials @ H) * trials).sum(1)
+        best = int(np.argmin(values))
+        if not values[best] < f:
+            break
+        gamma, f = trials[best], float(values[best])
+        grad = H @ gamma - c
+    return gamma
+
+
+def _first_breakpoints_numpy(gamma, moves, upper):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.where(moves > 0, (upper - gamma) / moves, np.where(moves < 0, -gamma / moves, np.inf))
+    t = np.where(room > 0, room, np.inf).min(1)
+    return np.where(np.isfinite(t), t, 1.0)
 
 
 def _sweeps(c, H, upper, max_sweeps, tol):

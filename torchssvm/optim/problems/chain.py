@@ -3,13 +3,12 @@
 Block vector layout (flat, size ``m = T K + K^2 + 2 K`` with T the dataset's padded length):
 ``[unary marginals (T, K) | transition counts (K, K) | start (K) | end (K)]``. The joint feature map of
 the model (``phi = d <model(x), mu> / d w``, `torchssvm.models`) is applied in factored form: the
-emission part of ``Phi_i z`` is ``X_i^T z_unary`` (dense inputs) or a sparse ``(D K)`` vector (sparse
-attributes), never a dense ``d``-vector per block.
+emission part of ``Phi_i z`` is ``X_i^T z_unary`` (dense inputs); for sparse attributes the Gram matrix
+is built from (block, attribute) rows (`sparse_gram`), never a dense ``d``-vector per block.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
@@ -19,6 +18,7 @@ from ...kernels import viterbi
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
+from .sparse_gram import sparse_emission_gram, sparse_emission_sqnorm
 
 
 class ChainProblem(DualProblem):
@@ -114,6 +114,10 @@ class ChainProblem(DualProblem):
             return self._length_list[int(idx)]
         return int(self.lengths[idx].max())
 
+    def _token_mask(self, idx: torch.Tensor, T: int) -> torch.Tensor:
+        """``(B, T)`` bool: position t is inside sequence ``idx[b]``."""
+        return torch.arange(T, device=self.device).unsqueeze(0) < self.lengths[idx].unsqueeze(1)
+
     def _x(self, idx: torch.Tensor, T: int):
         if self.sparse:
             return self.x[idx][:, :T]
@@ -124,14 +128,16 @@ class ChainProblem(DualProblem):
         T = self._batch_T(idx)
         E = self._part(w, "emission")
         if self.sparse:
-            x = self._x(idx, T)
-            B, _, A = x.ids.shape
-            ids = x.ids.reshape(B * T, A)
+            # one bag per real token (padding positions stay 0); absent attributes weigh 0
+            x, B = self._x(idx, T), idx.shape[0]
+            tokens = self._token_mask(idx, T)
+            ids = x.ids[tokens]
             wt = (ids >= 0).to(self.dtype)
             if x.values is not None:
-                wt = wt * x.values.reshape(B * T, A)
-            unary = torch.nn.functional.embedding_bag(ids.clamp_min(0), E, per_sample_weights=wt,
-                                                      mode="sum").view(B, T, self.K)
+                wt = wt * x.values[tokens]
+            unary = E.new_zeros(B, T, self.K)
+            unary[tokens] = torch.nn.functional.embedding_bag(ids.clamp_min(0), E, per_sample_weights=wt,
+                                                              mode="sum")
         else:
             unary = self._x(idx, T) @ E
         bias = self._part(w, "bias")
@@ -212,21 +218,9 @@ class ChainProblem(DualProblem):
             out = out + ze @ theta.end
         return out
 
-    def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int):
-        """Emission part of ``Phi_b z_b``: dense ``(B, D K)`` or a sparse COO ``(B, D K)``."""
-        x = self._x(idx, T)
-        B, K = zu.shape[0], self.K
-        if not self.sparse:
-            return torch.bmm(x.transpose(1, 2), zu).reshape(B, self.D * K)
-        A = x.ids.shape[2]
-        vals = (x.ids >= 0).to(self.dtype) if x.values is None else x.values * (x.ids >= 0)
-        # entry (b, id * K + k) += vals[b, t, a] * zu[b, t, k]
-        v = (vals.unsqueeze(3) * zu.unsqueeze(2)).reshape(-1)
-        cols = (x.ids.clamp_min(0).unsqueeze(3) * K + torch.arange(K, device=self.device)).reshape(-1)
-        rows = torch.arange(B, device=self.device).repeat_interleave(T * A * K)
-        keep = v != 0
-        return torch.sparse_coo_tensor(torch.stack([rows[keep], cols[keep]]), v[keep], (B, self.D * K),
-                                       check_invariants=False).coalesce()
+    def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int) -> torch.Tensor:
+        """Emission part of ``Phi_b z_b`` for dense inputs, ``(B, D K)``."""
+        return torch.bmm(self._x(idx, T).transpose(1, 2), zu).reshape(zu.shape[0], self.D * self.K)
 
     def gram(self, idx_a, z_a, idx_b=None, z_b=None) -> torch.Tensor:
         same = idx_b is None
@@ -235,13 +229,17 @@ class ChainProblem(DualProblem):
         T = max(self._batch_T(idx_a), self._batch_T(idx_b))
         ua, ta, sa, ea = self._split(z_a, T)
         ub, tb, sb, eb = (ua, ta, sa, ea) if same else self._split(z_b, T)
-        Ea = self._emission(idx_a, ua, T)
-        Eb = Ea if same else self._emission(idx_b, ub, T)
-        if self.sparse:
-            with warnings.catch_warnings():  # torch routes sparse @ sparse through its beta CSR kernels
-                warnings.simplefilter("ignore", UserWarning)
-                G = torch.sparse.mm(Ea, Eb.t().coalesce()).to_dense()
+        if self.sparse:  # factored: no (B, D K) vectors (sparse_gram.py)
+            xa = self._x(idx_a, T)
+            if same:
+                G = sparse_emission_gram(xa.ids, xa.values, ua)
+            else:
+                xb, Ba = self._x(idx_b, T), ua.shape[0]
+                vals = None if xa.values is None else torch.cat([xa.values, xb.values])
+                G = sparse_emission_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
         else:
+            Ea = self._emission(idx_a, ua, T)
+            Eb = Ea if same else self._emission(idx_b, ub, T)
             G = Ea @ Eb.T
         G = G + ta.flatten(1) @ tb.flatten(1).T
         if "bias" in self._slices:
@@ -255,12 +253,11 @@ class ChainProblem(DualProblem):
     def sqnorm(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = self._batch_T(idx)
         u, t, s, e = self._split(z, T)
-        E = self._emission(idx, u, T)
         if self.sparse:
-            rows = E.indices()[0]
-            out = torch.zeros(z.shape[0], dtype=self.dtype, device=self.device)
-            out.index_add_(0, rows, E.values() ** 2)
+            x = self._x(idx, T)
+            out = sparse_emission_sqnorm(x.ids, x.values, u)
         else:
+            E = self._emission(idx, u, T)
             out = (E * E).sum(1)
         out = out + (t * t).sum((1, 2))
         if "bias" in self._slices:
@@ -277,10 +274,13 @@ class ChainProblem(DualProblem):
         u, t, s, e = self._split(z, T)
         E = self._part(w, "emission")
         x = self._x(idx, T)
-        if self.sparse:
-            vals = (x.ids >= 0).to(self.dtype) if x.values is None else x.values * (x.ids >= 0)
-            rows = (vals.unsqueeze(3) * u.unsqueeze(2)).reshape(-1, self.K)
-            E.index_add_(0, x.ids.clamp_min(0).reshape(-1), rows)
+        if self.sparse:  # one row per present token attribute
+            ids = x.ids.reshape(-1)
+            flat = ((x.ids >= 0) & (u != 0).any(2).unsqueeze(2)).reshape(-1).nonzero().squeeze(1)
+            rows = u.reshape(-1, self.K).index_select(0, flat // x.ids.shape[2])
+            if x.values is not None:
+                rows = rows * x.values.reshape(-1)[flat].unsqueeze(1)
+            E.index_add_(0, ids[flat], rows)
         else:
             E.add_(x.reshape(-1, self.D).T @ u.reshape(-1, self.K))
         self._part(w, "transition").add_(t.sum(0))
