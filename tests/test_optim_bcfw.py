@@ -412,3 +412,58 @@ def test_bad_arguments_name_themselves(kwargs, match):
     kwargs = {"lam": 0.1, **kwargs}
     with pytest.raises(ValueError, match=match):
         BCFW(FeatureTableProblem(F, L, y), **kwargs)
+
+
+@pytest.mark.parametrize("cap,keep_active", [(0, True), (0, False), (3, True), (3, False), (6, False)])
+def test_batched_atom_insertion_equals_block_by_block(cap, keep_active):
+    """`AtomStore.insert_batch` (mini-batches, on the device) makes the same slots and store as `insert`:
+    hits, appends, replacement of the lowest inactive atom, eviction of active atoms, growth."""
+    from torchssvm.optim.atoms import AtomStore
+
+    g = torch.Generator().manual_seed(cap + 10 * keep_active)
+    n, W, K = 9, 3, 3
+    truth = torch.randint(K, (n, W), generator=g)
+    a, b = AtomStore(truth, 2), AtomStore(truth, 2)
+    for _ in range(25):
+        idx = torch.randperm(n, generator=g)[:5]
+        labels = torch.randint(K, (5, W), generator=g)
+        loss = torch.rand(5, generator=g, dtype=torch.float64)
+        C = int(a.count[idx].max())
+        scores = torch.randn(5, C, generator=g, dtype=torch.float64)
+        slots = [a.insert(int(i), labels[r], float(loss[r]), scores[r], cap=cap, keep_active=keep_active)
+                 for r, i in enumerate(idx.tolist())]
+        assert b.insert_batch(idx, labels, loss, scores, cap=cap, keep_active=keep_active).tolist() == slots
+        for r, i in enumerate(idx.tolist()):  # random activity: some atoms gain mass, some lose it
+            mass = float(torch.rand(1, generator=g)) if r % 2 else 0.0
+            for st in (a, b):
+                st.alpha[i, slots[r]] = mass
+        for name in ("labels", "loss", "alpha", "count", "alpha_valid"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
+def test_batched_dual_weights_update_equals_block_by_block(step):
+    F, L, y = random_table(n=16, seed=4)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, step=step, cache_size=4, batch_size=1, seed=0)
+    s.fit(max_passes=3)
+    st = s.atoms
+    g = torch.Generator().manual_seed(1)
+    idx = torch.arange(0, 16, 2)
+    B = idx.shape[0]
+    count = st.count[idx]
+    s_slot = (torch.rand(B, generator=g) * count).long()
+    away = (torch.rand(B, generator=g) * count).long()
+    upper = torch.rand(B, generator=g, dtype=torch.float64)
+    gamma = upper * torch.tensor([0.0, 0.3, 1.0, 0.7, 1.0, 0.2, 0.5, 1.0], dtype=torch.float64)
+    gamma[2] = 1.5 if step == "fw" else gamma[2]  # FW: gamma >= 1 puts all mass on the FW atom
+    kind = None if step == "fw" else (torch.arange(B) % 3 if step == "away" else torch.ones(B, dtype=torch.long))
+    aw = None if step == "fw" else away
+    before = st.alpha.clone()
+    s._update_alpha_batch(idx, gamma, upper, s_slot, aw, kind)
+    batched = st.alpha.clone()
+    st.alpha.copy_(before)
+    for b in range(B):
+        s._update_alpha(idx[b : b + 1], gamma[b : b + 1], upper[b : b + 1], s_slot[b : b + 1],
+                        None if aw is None else aw[b : b + 1], None if kind is None else kind[b : b + 1])
+    assert torch.equal(batched, st.alpha)
+    assert not torch.equal(batched, before)

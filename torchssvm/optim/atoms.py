@@ -79,6 +79,42 @@ class AtomStore:
         self.alpha[i, slot] = 0.0
         return slot
 
+    def insert_batch(self, idx: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, scores: torch.Tensor, *,
+                     cap: int, keep_active: bool) -> torch.Tensor:
+        """`insert` for distinct blocks ``idx (B,)`` at once, on the store's device: ``labels (B, width)``,
+        ``loss (B,)``, ``scores (B, C)`` over the first ``C = max count`` slots. Returns the slots ``(B,)``;
+        the same slots and store as calling `insert` block by block."""
+        dev = self.labels.device
+        B = idx.shape[0]
+        c = self.count[idx]
+        C = scores.shape[1]
+        pos = torch.arange(C, device=dev).unsqueeze(0)
+        used = pos < c.unsqueeze(1)
+        match = (self.labels[idx, :C] == labels.to(self.labels.dtype).unsqueeze(1)).all(2) & used
+        found = match.any(1)
+        alpha = self.alpha[idx, :C]
+        inactive = (alpha == 0) & used & (pos >= 1)
+        inf = torch.full_like(scores, torch.inf)
+        cand_slot = torch.where(inactive, scores, inf).argmin(1)  # first lowest, as `insert`
+        evict_slot = torch.where(used & (pos >= 1), scores, inf).argmin(1)
+        full = c >= cap if cap > 0 else torch.ones_like(found)
+        has_cand = inactive.any(1)
+        evict = full & ~has_cand & (c > 1) & (not keep_active)
+        append = ~(full & (has_cand | evict))
+        slot = torch.where(full & has_cand, cand_slot, torch.where(evict, evict_slot, c))
+        slot = torch.where(found, match.to(torch.int8).argmax(1), slot)
+        new = ~found
+        append, evict = append & new, evict & new
+        if bool((append & (c >= self.labels.shape[1])).any()):
+            self.grow()
+        rows = idx[new]
+        self.labels[rows, slot[new]] = labels[new].to(self.labels.dtype)
+        self.loss[rows, slot[new]] = loss[new].to(self.loss.dtype)
+        self.alpha[rows, slot[new]] = 0.0
+        self.count[idx[append]] += 1
+        self.alpha_valid[idx[evict]] = False
+        return slot
+
     def state_dict(self) -> dict:
         return {"labels": self.labels.clone(), "loss": self.loss.clone(), "alpha": self.alpha.clone(),
                 "count": self.count.clone(), "alpha_valid": self.alpha_valid.clone(), "capacity": self.capacity}

@@ -174,12 +174,12 @@ class BCFW(DualSolver):
 
         # Insert the FW atoms and find the away atoms (per block; the stores are small).
         if store is not None:
-            s_slot = torch.empty(B, dtype=torch.long)
-            for b in range(B):
-                i = int(idx[b])
-                scores = a_H[b]
-                s_slot[b] = store.insert(i, s_labels[b], float(s_loss[b]), scores, cap=self.cache_size,
-                                         keep_active=self.step_type != "fw")
+            keep = self.step_type != "fw"
+            if B == 1:  # the sequential solver: host-side insertion, fewer operations
+                s_slot = torch.tensor([store.insert(int(idx[0]), s_labels[0], float(s_loss[0]), a_H[0],
+                                                    cap=self.cache_size, keep_active=keep)], device=p.device)
+            else:
+                s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=keep)
             a_labels, a_loss, a_alpha, used = store.slots(idx)
             a_H = a_loss - s_truth + p.labels_score(theta, idx, a_labels)
         corner_s = p.corner(idx, s_labels)
@@ -200,8 +200,8 @@ class BCFW(DualSolver):
                 d_ell = (s_loss - loss_a) / n
                 c = (s_H - away_H) / n
                 # the FW atom may be the away atom: a zero direction, whatever rounding says about c
-                upper = torch.where(s_slot.to(p.device) == away, torch.zeros_like(alpha_a), alpha_a)
-                kind = torch.ones(B, dtype=torch.long)  # 1: pairwise
+                upper = torch.where(s_slot == away, torch.zeros_like(alpha_a), alpha_a)
+                kind = torch.ones(B, dtype=torch.long, device=p.device)  # 1: pairwise
             else:
                 g_away = ell_i - (base + away_H) / n
                 use_away = (g_away > g_fw) & (alpha_a < 1)  # |S_i| > 1 iff alpha(y_a) < 1
@@ -209,7 +209,7 @@ class BCFW(DualSolver):
                 d_ell = torch.where(use_away, ell_i - loss_a / n, s_loss / n - ell_i)
                 c = torch.where(use_away, g_away, g_fw)
                 upper = torch.where(use_away, alpha_a / (1 - alpha_a).clamp_min(1e-300), torch.ones_like(g_fw))
-                kind = torch.where(use_away, 2, 0).cpu()  # 0: FW, 2: away
+                kind = torch.where(use_away, 2, 0)  # 0: FW, 2: away
 
         curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
             (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
@@ -224,6 +224,9 @@ class BCFW(DualSolver):
             self._update_alpha(idx, gamma, upper, s_slot, None if self.step_type == "fw" else away, kind)
 
     def _update_alpha(self, idx, gamma, upper, s_slot, away, kind) -> None:
+        """The explicit duals of the updated blocks (``kind``: None or 0 FW, 1 pairwise, 2 away)."""
+        if idx.shape[0] > 1:
+            return self._update_alpha_batch(idx, gamma, upper, s_slot, away, kind)
         store = self.atoms
         for b in range(idx.shape[0]):
             i, g = int(idx[b]), float(gamma[b])
@@ -248,6 +251,27 @@ class BCFW(DualSolver):
                 a.mul_(1.0 + g)
                 a[j] = 0.0 if g >= float(upper[b]) else a[j] - g
             a.clamp_(min=0.0)
+
+    def _update_alpha_batch(self, idx, gamma, upper, s_slot, away, kind) -> None:
+        """`_update_alpha` for a mini-batch as tensor operations on the store's device (same arithmetic)."""
+        store = self.atoms
+        rows = torch.arange(idx.shape[0], device=idx.device)
+        a = store.alpha[idx]
+        g = gamma.unsqueeze(1)
+        e_s = torch.zeros_like(a)
+        e_s[rows, s_slot] = 1.0
+        if kind is None:
+            kind = torch.zeros_like(s_slot)
+        fw = torch.where(g >= 1.0, e_s, (1.0 - g) * a + g * e_s)
+        out = torch.where((kind == 0).unsqueeze(1), fw, torch.where((kind == 1).unsqueeze(1), a + g * e_s,
+                                                                   (1.0 + g) * a))
+        if away is not None:  # pairwise / away: the away atom loses gamma (all of it at the bound)
+            moved = kind != 0
+            at_away = out[rows, away]
+            out[rows, away] = torch.where(moved, torch.where(gamma >= upper, torch.zeros_like(gamma), at_away - gamma),
+                                          at_away)
+        change = (gamma != 0) & store.alpha_valid[idx]
+        store.alpha[idx[change]] = out[change].clamp_min(0.0)
 
     # -- passes ---------------------------------------------------------------------------------
     def _refresh(self) -> dict:

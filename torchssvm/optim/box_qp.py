@@ -7,8 +7,8 @@ positive semi-definite. For ``B = 1`` the answer is the closed-form line search 
 Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
 
 - ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
-  solve and a batched search along the projection arc per iteration, no Python loop over B (on CPU
-  the same iteration in numpy, whose per-operation overhead is several times lower than torch's). It
+  solve and a batched search along the projection arc per iteration, no Python loop over B (on CPU,
+  for B <= 128, the same iteration in numpy, whose per-operation overhead is several times lower). It
   returns the QP's optimum to ``tol`` (in a few iterations on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
@@ -21,6 +21,12 @@ import numpy as np
 import torch
 
 METHODS = ("newton", "sweeps")
+
+
+# On CPU, problems up to this size run the numpy twin of the iteration: torch's per-operation overhead
+# dominates there (2x faster at B = 64). Above it numpy's BLAS goes multi-threaded, and its spinning
+# threads compete with torch's for the cores (measured: every torch op after it 2-4x slower on 2 cores).
+_NUMPY_MAX_B = 128
 
 
 def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
@@ -42,7 +48,7 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         return torch.tensor([g], dtype=torch.float64, device=c.device)
     if method == "sweeps":
         return _sweeps(c, H, upper, max_iter, tol)
-    if c.device.type == "cpu":  # the same iteration in numpy: torch's per-op overhead dominates at B <= 1024
+    if c.device.type == "cpu" and B <= _NUMPY_MAX_B:  # the same iteration in numpy (see _NUMPY_MAX_B)
         gamma = _projected_newton_numpy(*(t.detach().to(torch.float64).numpy() for t in (c, H, upper)),
                                         max_iter, tol)
         return torch.from_numpy(gamma)
