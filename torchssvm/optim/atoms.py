@@ -85,7 +85,6 @@ class AtomStore:
         ``loss (B,)``, ``scores (B, C)`` over the first ``C = max count`` slots. Returns the slots ``(B,)``;
         the same slots and store as calling `insert` block by block."""
         dev = self.labels.device
-        B = idx.shape[0]
         c = self.count[idx]
         C = scores.shape[1]
         pos = torch.arange(C, device=dev).unsqueeze(0)
