@@ -141,10 +141,14 @@ def _viterbi_batch_last(unary, transition, start, end, lengths):
     tr = transition.permute(1, 2, 3, 0).contiguous() if per_position else transition.unsqueeze(2)
     hist = unary.new_empty(T, K, B)
     rows = hist.unbind(0)
-    alpha = torch.add(u[0], start.unsqueeze(1), out=rows[0]) if start is not None else rows[0].copy_(u[0])
+    prev = hist.view(T, K, 1, B).unbind(0)  # the same rows as (K, 1, B): no unsqueeze per step
+    if start is not None:
+        torch.add(u[0], start.unsqueeze(1), out=rows[0])
+    else:
+        rows[0].copy_(u[0])
     for t in range(1, T):
-        s = alpha.unsqueeze(1) + (tr[t - 1] if per_position else tr)
-        alpha = torch.amax(s, dim=0, out=rows[t]).add_(u[t])
+        s = prev[t - 1] + (tr[t - 1] if per_position else tr)
+        torch.amax(s, dim=0, out=rows[t]).add_(u[t])
     final = hist.gather(0, (lengths - 1).view(1, 1, B).expand(1, K, B)).squeeze(0)  # (K, B)
     if end is not None:
         final = final + end.unsqueeze(1)

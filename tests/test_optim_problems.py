@@ -97,6 +97,30 @@ def test_chain_problem_products_match_explicit_features(kind):
     assert (p.max_loss(idx) >= loss - 1e-12).all()
 
 
+def test_sparse_accumulate_reuses_gram_rows_only_for_the_same_unmodified_direction():
+    model, ds = _sparse_problem(seed=4, n=6)
+    p = ChainProblem(model, ds)
+    idx = torch.arange(p.n)
+    g = torch.Generator().manual_seed(5)
+    labels = torch.randint(0, p.K, (p.n, p.T), generator=g)
+    labels[torch.arange(p.T).unsqueeze(0) >= p.lengths.unsqueeze(1)] = -1
+    z = p.corner(idx, labels)
+    coef = torch.rand(p.n, generator=g, dtype=torch.float64)
+    fresh = torch.zeros(p.d, dtype=torch.float64)
+    ChainProblem(model, ds).accumulate(fresh, idx, z, coef)  # no gram before: the per-token path
+    p.gram(idx, z)
+    assert p._memo_rows(idx, z, p._batch_T(idx)) is not None
+    reused = torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(reused, idx, z, coef)
+    torch.testing.assert_close(reused, fresh, rtol=1e-12, atol=1e-12)
+    z.mul_(2.0)  # modified in place after gram: the rows are stale and must not be used
+    assert p._memo_rows(idx, z, p._batch_T(idx)) is None
+    doubled = torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(doubled, idx, z, coef)
+    torch.testing.assert_close(doubled, 2.0 * fresh, rtol=1e-12, atol=1e-12)
+    assert p._memo_rows(idx.clone(), z, p._batch_T(idx)) is None  # another index tensor
+
+
 def test_chain_problem_writes_model_and_validates():
     model, ds = _dense_problem()
     p = ChainProblem(model, ds)

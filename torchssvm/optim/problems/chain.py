@@ -18,7 +18,7 @@ from ...kernels import viterbi
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
-from .sparse_gram import sparse_emission_gram, sparse_emission_sqnorm
+from .sparse_gram import attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
 
 
 class ChainProblem(DualProblem):
@@ -83,6 +83,7 @@ class ChainProblem(DualProblem):
                 self._slices[name] = (off, off + p.numel(), tuple(p.shape))
                 off += p.numel()
         self.d = off
+        self._rows_memo = None  # (idx, z, versions, T, attribute rows) of the last sparse `gram`
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
@@ -232,7 +233,10 @@ class ChainProblem(DualProblem):
         if self.sparse:  # factored: no (B, D K) vectors (sparse_gram.py)
             xa = self._x(idx_a, T)
             if same:
-                G = sparse_emission_gram(xa.ids, xa.values, ua)
+                rows = attribute_rows(xa.ids, xa.values, ua)
+                # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
+                self._rows_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
+                G = sparse_emission_gram(xa.ids, xa.values, ua, rows=rows)
             else:
                 xb, Ba = self._x(idx_b, T), ua.shape[0]
                 vals = None if xa.values is None else torch.cat([xa.values, xb.values])
@@ -270,23 +274,39 @@ class ChainProblem(DualProblem):
 
     def accumulate(self, w: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, coef: torch.Tensor) -> None:
         T = self._batch_T(idx)
-        z = z * coef.to(self.dtype).unsqueeze(1)
-        u, t, s, e = self._split(z, T)
+        coef = coef.to(self.dtype)
         E = self._part(w, "emission")
-        x = self._x(idx, T)
-        if self.sparse:  # one row per present token attribute
+        rows = self._memo_rows(idx, z, T)
+        zc = z * coef.unsqueeze(1)
+        u, t, s, e = self._split(zc, T)
+        if rows is not None:  # the (block, attribute) rows `gram` built for this z: one per distinct pair
+            attr, row, V = rows
+            E.index_add_(0, attr, V * coef[row].unsqueeze(1))
+        elif self.sparse:  # one row per present token attribute
+            x = self._x(idx, T)
             ids = x.ids.reshape(-1)
             flat = ((x.ids >= 0) & (u != 0).any(2).unsqueeze(2)).reshape(-1).nonzero().squeeze(1)
-            rows = u.reshape(-1, self.K).index_select(0, flat // x.ids.shape[2])
+            vals = u.reshape(-1, self.K).index_select(0, flat // x.ids.shape[2])
             if x.values is not None:
-                rows = rows * x.values.reshape(-1)[flat].unsqueeze(1)
-            E.index_add_(0, ids[flat], rows)
+                vals = vals * x.values.reshape(-1)[flat].unsqueeze(1)
+            E.index_add_(0, ids[flat], vals)
         else:
-            E.add_(x.reshape(-1, self.D).T @ u.reshape(-1, self.K))
+            E.add_(self._x(idx, T).reshape(-1, self.D).T @ u.reshape(-1, self.K))
         self._part(w, "transition").add_(t.sum(0))
         for name, part in (("bias", u.sum((0, 1))), ("start", s.sum(0)), ("end", e.sum(0))):
             if name in self._slices:
                 self._part(w, name).add_(part)
+
+    def _memo_rows(self, idx: torch.Tensor, z: torch.Tensor, T: int):
+        """The attribute rows of the last sparse `gram` if it was called on these very, unmodified
+        ``idx`` and ``z`` (the coordinated step calls gram, then accumulate on the same direction)."""
+        memo = self._rows_memo
+        if memo is None:
+            return None
+        m_idx, m_z, versions, m_T, rows = memo
+        if m_idx is idx and m_z is z and versions == (idx._version, z._version) and m_T == T:
+            return rows
+        return None
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
         if self.K == 1:

@@ -56,14 +56,15 @@ def attribute_rows(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.T
 
 
 def sparse_emission_gram(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
-                         dense_min: Optional[int] = None) -> torch.Tensor:
+                         dense_min: Optional[int] = None, rows=None) -> torch.Tensor:
     """``G (R, R)`` with ``G_rs = <E_r, E_s>`` (see the module docstring; same arguments as
     `attribute_rows`). ``dense_min``: attributes carried by at least this many blocks go through the
-    dense product (default ``max(2, R // 8)``)."""
+    dense product (default ``max(2, R // 8)``). ``rows``: the output of `attribute_rows` for these
+    arguments, if the caller already has it."""
     R = ids.shape[0]
     if dense_min is None:
         dense_min = max(2, R // 8)
-    attr, row, V = attribute_rows(ids, values, u)
+    attr, row, V = attribute_rows(ids, values, u) if rows is None else rows
     K = V.shape[1]
     G = torch.zeros(R, R, dtype=u.dtype, device=u.device)
     if attr.numel() == 0:
