@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from .slack_chain_torch import slack_viterbi_torch
 from .viterbi_torch import viterbi_torch
 
 BACKENDS = ("auto", "torch", "triton")
@@ -52,4 +53,16 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     return viterbi_torch(unary, transition, start, end, lengths)
 
 
-__all__ = ["viterbi", "viterbi_torch", "resolve_backend", "triton_available", "BACKENDS"]
+@torch.no_grad()
+def slack_viterbi(unary, transition, start, end, lengths, target, cost, target_score, backend: str = "auto"):
+    """The exact slack-rescaled chain oracle (`slack_viterbi_torch`, its contract). Only the torch twin
+    exists so far: ``"auto"`` runs it on every device and ``"triton"`` raises."""
+    if backend == "triton":
+        raise NotImplementedError("the slack-rescaled chain DP has no Triton kernel yet; use backend='torch' "
+                                  "or 'auto'")
+    resolve_backend(backend, unary.device)
+    return slack_viterbi_torch(unary, transition, start, end, lengths, target, cost, target_score)
+
+
+__all__ = ["viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
+           "BACKENDS"]

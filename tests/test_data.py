@@ -131,3 +131,29 @@ def test_batches_cover_dataset_once():
 def test_missing_data_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="TORCHSSVM_DATA"):
         ts.data.ocr(root=str(tmp_path))
+
+
+def test_yeast_sizes(data_root):
+    train, test = ts.data.yeast("train", data_root), ts.data.yeast("test", data_root)
+    assert (len(train), len(test)) == (1500, 917)
+    assert train.num_features == test.num_features == 103
+    assert train.num_labels == test.num_labels == 14
+    assert set(train.y.unique().tolist()) == {0, 1}
+    # label cardinality of Yeast (Elisseeff & Weston): about 4.24 labels per gene; every gene has one
+    assert 4.1 < float(train.y.sum(1).double().mean()) < 4.4
+    assert int(train.y.sum(1).min()) >= 1
+    assert bool(torch.isfinite(train.x).all()) and float(train.x.abs().max()) <= 1.0
+    b = next(train.batches(32))
+    assert b.x.shape == (32, 103) and b.y.shape == (32, 14)
+
+
+def test_libsvm_multilabel_parser_errors():
+    from torchssvm.data.yeast import parse_libsvm_multilabel
+
+    x, y = parse_libsvm_multilabel(["0,2 1:0.5 3:-1", "", "1 2:2"], 3, 3)
+    assert torch.equal(y, torch.tensor([[1, 0, 1], [0, 1, 0]]))
+    assert torch.equal(x, torch.tensor([[0.5, 0.0, -1.0], [0.0, 2.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="line 1: label 5"):
+        parse_libsvm_multilabel(["5 1:1"], 3, 3)
+    with pytest.raises(ValueError, match="line 2: feature id 4"):
+        parse_libsvm_multilabel(["0 1:1", "1 4:1"], 3, 3)

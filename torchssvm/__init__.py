@@ -5,9 +5,16 @@
 """
 
 from . import data, kernels, metrics, optim
-from .losses import CRFLoss, StructuredHingeLoss, crf_negative_log_likelihood, structured_hinge_loss
+from .losses import (
+    CRFLoss,
+    SlackRescaledHingeLoss,
+    StructuredHingeLoss,
+    crf_negative_log_likelihood,
+    slack_rescaled_hinge_loss,
+    structured_hinge_loss,
+)
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
-from .structures import Chain, ChainPotentials, Multiclass, Structure
+from .structures import Chain, ChainPotentials, Multiclass, MultiLabel, MultiLabelPotentials, Structure
 
 __version__ = "0.1.0"
 
@@ -15,9 +22,13 @@ __all__ = [
     "Chain",
     "ChainPotentials",
     "Multiclass",
+    "MultiLabel",
+    "MultiLabelPotentials",
     "Structure",
     "StructuredHingeLoss",
     "structured_hinge_loss",
+    "SlackRescaledHingeLoss",
+    "slack_rescaled_hinge_loss",
     "CRFLoss",
     "crf_negative_log_likelihood",
     "LinearChainModel",

@@ -1,5 +1,5 @@
-"""Structured losses: the hinge (an autograd Function with an explicit backward) and, as the baseline
-it is compared against, the CRF negative log-likelihood.
+"""Structured losses: the margin-rescaled and slack-rescaled hinges (autograd Functions with an explicit
+backward) and, as the baseline they are compared against, the CRF negative log-likelihood.
 
 Structured hinge loss:
 
@@ -131,6 +131,90 @@ class StructuredHingeLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.structure!r}, reduction={self.reduction!r}"
+
+
+class _SlackRescaledHinge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, structure, target, lengths, backend, *tensors):
+        pot = structure.from_tensors(tensors)
+        y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
+        ctx.structure = structure
+        ctx.save_for_backward(y_hat, target, lengths, *tensors)
+        ctx.mark_non_differentiable(y_hat)
+        return value.to(tensors[0].dtype), y_hat
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_y_hat):
+        y_hat, target, lengths, *tensors = ctx.saved_tensors
+        structure = ctx.structure
+        needs = ctx.needs_input_grad[4:]
+        pot = structure.from_tensors(tensors)
+        acc = compute_dtype(tensors)
+        # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
+        weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
+        g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
+        g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
+        grads = tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
+        return (None, None, None, None) + grads
+
+
+SEARCHES = ("exact",)
+
+
+def slack_rescaled_hinge_loss(
+    structure: Structure,
+    potentials,
+    target: torch.Tensor,
+    lengths=None,
+    *,
+    search: str = "exact",
+    reduction: str = "mean",
+    backend: str = "auto",
+    return_argmax: bool = False,
+):
+    """Slack-rescaled structured hinge loss (seed 000, eq. 4): per example
+
+        max_y Delta(y*, y) (1 + s_theta(y) - s_theta(y*))  >= 0,
+
+    with the subgradient ``Delta(y_hat) (marginals(y_hat) - marginals(y*))`` in the potentials (explicit
+    backward; zero when nothing violates, ``y_hat = y*``).
+
+    Args:
+        structure: ``Chain(K)`` (exact error-count DP, uniform Hamming cost), ``Multiclass(K)`` or
+            ``MultiLabel(K)`` (exact by enumeration).
+        potentials, target, lengths, reduction, backend, return_argmax: as `structured_hinge_loss`.
+        search: how the most violating labelling is found; ``"exact"`` (the structure's exact oracle).
+    """
+    _check_structure(structure)
+    _check_reduction(reduction)
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+    pot, lengths, target = structure.validate(potentials, lengths, target)
+    tensors = structure.tensors(pot)
+    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, *tensors)
+    loss = _reduce(loss, reduction)
+    return (loss, y_hat) if return_argmax else loss
+
+
+class SlackRescaledHingeLoss(nn.Module):
+    """Module wrapper of `slack_rescaled_hinge_loss`: ``loss = criterion(potentials, target, lengths)``."""
+
+    def __init__(self, structure: Structure, reduction: str = "mean", *, search: str = "exact", backend: str = "auto"):
+        super().__init__()
+        _check_structure(structure)
+        if search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+        self.structure = structure
+        self.reduction = _check_reduction(reduction)
+        self.search = search
+        self.backend = backend
+
+    def forward(self, potentials, target, lengths=None):
+        return slack_rescaled_hinge_loss(self.structure, potentials, target, lengths, search=self.search,
+                                         reduction=self.reduction, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{self.structure!r}, reduction={self.reduction!r}, search={self.search!r}"
 
 
 def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.Tensor, lengths=None, *,

@@ -2,9 +2,12 @@
 synthetic generators."""
 
 from .conll2000 import conll2000
+from .multilabel_dataset import MultiLabelBatch, MultiLabelDataset
 from .ocr import ocr
 from .paths import data_root
 from .sequence_dataset import ChainBatch, SequenceDataset
 from .synthetic import synthetic_chain
+from .yeast import yeast
 
-__all__ = ["ocr", "conll2000", "synthetic_chain", "SequenceDataset", "ChainBatch", "data_root"]
+__all__ = ["ocr", "conll2000", "yeast", "synthetic_chain", "SequenceDataset", "ChainBatch", "MultiLabelDataset",
+           "MultiLabelBatch", "data_root"]

@@ -3,5 +3,6 @@
 from .base import Structure
 from .chain import Chain, ChainPotentials
 from .multiclass import Multiclass
+from .multilabel import MultiLabel, MultiLabelPotentials
 
-__all__ = ["Structure", "Chain", "ChainPotentials", "Multiclass"]
+__all__ = ["Structure", "Chain", "ChainPotentials", "Multiclass", "MultiLabel", "MultiLabelPotentials"]

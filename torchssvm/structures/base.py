@@ -60,6 +60,16 @@ class Structure:
         (``Delta`` omitted when ``target`` is None)."""
         raise NotImplementedError
 
+    def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto"):
+        """The exact slack-rescaled oracle (seed 000, eq. 6): ``(y_hat, value)`` with
+        ``value = max(0, max_y Delta(target, y) (1 + s(y) - s(target)))`` per example and ``y_hat`` a
+        maximizer (``target`` itself when nothing violates)."""
+        pot, lengths, target = self.validate(potentials, lengths, target)
+        return self._slack_max_oracle(pot, lengths, target, backend)
+
+    def _slack_max_oracle(self, potentials, lengths, target, backend):
+        raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
+
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         """``<theta, one_hot(y)>`` per example, shape ``(B,)``."""
         raise NotImplementedError

@@ -14,7 +14,7 @@ from .._validation import (
     check_shape,
     check_tensor,
 )
-from ..kernels import viterbi
+from ..kernels import slack_viterbi, viterbi
 from .base import Structure, compute_dtype
 
 
@@ -117,6 +117,19 @@ class Chain(Structure):
             unary = unary + pos_w.unsqueeze(2) * wrong
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
         return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
+
+    def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend):
+        """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))``, exact by the error-count DP
+        (`torchssvm.kernels.slack_chain_torch`); needs a uniform Hamming cost (no ``class_weights``)."""
+        if self.class_weights is not None:
+            raise ValueError("the exact slack-rescaled chain oracle needs the same cost for every wrong "
+                             "position: class_weights must be None")
+        dt = compute_dtype(pot)
+        det = ChainPotentials(*(None if t is None else t.detach().to(dt) for t in pot))
+        gold = self._score(det, target, lengths)
+        cost = 1.0 / lengths.to(dt) if self.normalize else torch.ones(lengths.shape, dtype=dt, device=lengths.device)
+        return slack_viterbi(det.unary, det.transition, det.start, det.end, lengths, target, cost, gold,
+                             backend=backend)
 
     def _position_loss_weights(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` float64: the Hamming cost of a mistake at each position (0 on padding)."""

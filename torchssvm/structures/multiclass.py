@@ -60,6 +60,16 @@ class Multiclass(Structure):
         value, y_hat = s.max(dim=1)
         return y_hat, value
 
+    def _slack_max_oracle(self, scores, lengths, target, backend):
+        """``(y_hat, max(0, max_k Delta(y, k) (1 + s_k - s_y)))`` by enumeration; ``y`` when nothing violates."""
+        s = scores.detach().to(compute_dtype([scores]))
+        gold = s.gather(1, target.unsqueeze(1))
+        cost = self._class_weight(target, s.dtype).unsqueeze(1)
+        wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
+        value, y_hat = (cost * wrong * (1 + s - gold)).max(dim=1)
+        none = value <= 0
+        return torch.where(none, target, y_hat), value.clamp_min(0)
+
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         scores, _, y = self.validate(potentials, lengths, y, target_name="y")
         return self._score(scores, y, None)

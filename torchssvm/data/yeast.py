@@ -1,0 +1,56 @@
+"""Yeast multi-label data (Elisseeff & Weston): 1,500 train / 917 test genes, 103 dense features, 14 labels.
+
+Read from ``yeast/yeast_{train,test}.svm.gz`` under the data root (LIBSVM multi-label format:
+``l1,l2,... idx:val ...`` with 1-based feature ids), the copies described in ``../shared/data/README.md``.
+"""
+
+from __future__ import annotations
+
+import gzip
+from typing import Optional
+
+import torch
+
+from .multilabel_dataset import MultiLabelDataset
+from .paths import locate
+
+NUM_FEATURES = 103
+NUM_LABELS = 14
+SIZES = {"train": 1500, "test": 917}
+
+
+def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
+    """``(x (n, D) float64, y (n, K) long)`` from LIBSVM multi-label lines; errors name the line."""
+    xs, ys = [], []
+    for no, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        parts = line.split()
+        head, feats = (parts[0], parts[1:]) if ":" not in parts[0] else ("", parts)
+        x = [0.0] * num_features
+        y = [0] * num_labels
+        for lab in filter(None, head.split(",")):
+            k = int(lab)
+            if not 0 <= k < num_labels:
+                raise ValueError(f"line {no}: label {k} outside [0, {num_labels})")
+            y[k] = 1
+        for f in feats:
+            i, v = f.split(":")
+            j = int(i) - 1
+            if not 0 <= j < num_features:
+                raise ValueError(f"line {no}: feature id {i} outside [1, {num_features}]")
+            x[j] = float(v)
+        xs.append(x)
+        ys.append(y)
+    return torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.long)
+
+
+def yeast(split: str = "train", root: Optional[str] = None, *, dtype=torch.float32) -> MultiLabelDataset:
+    """The Yeast ``split`` (``"train"`` or ``"test"``) as a `MultiLabelDataset` of ``dtype`` features."""
+    if split not in SIZES:
+        raise ValueError(f"split must be one of {tuple(SIZES)}, got {split!r}")
+    path = locate(root, f"yeast/yeast_{split}.svm.gz")
+    with gzip.open(path, "rt") as f:
+        x, y = parse_libsvm_multilabel(f, NUM_FEATURES, NUM_LABELS)
+    return MultiLabelDataset(x.to(dtype), y, name=f"yeast-{split}")
