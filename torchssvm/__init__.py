@@ -4,7 +4,7 @@
     loss = ts.StructuredHingeLoss(ts.Chain(num_labels))(potentials, target, lengths)
 """
 
-from . import data, kernels, metrics, optim
+from . import data, kernels, metrics, optim, search
 from .losses import (
     CRFLoss,
     SlackRescaledHingeLoss,
@@ -39,4 +39,5 @@ __all__ = [
     "kernels",
     "metrics",
     "optim",
+    "search",
 ]

@@ -23,6 +23,17 @@ from .structures.base import Structure, compute_dtype
 REDUCTIONS = ("mean", "sum", "none")
 
 
+def _marginal_difference(structure, y_hat, target, lengths, weight, tensors, needs):
+    """``sum_b weight_b (marginals(y_hat_b) - marginals(y*_b))`` per potential tensor (None where not
+    needed): the hinges' gradient. Counts are summed over the batch: half precision accumulates in
+    float32 and is cast back at the end."""
+    pot = structure.from_tensors(tensors)
+    acc = compute_dtype(tensors)
+    g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
+    g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
+    return tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
+
+
 class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
@@ -41,13 +52,7 @@ class _StructuredHinge(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         structure = ctx.structure
-        needs = ctx.needs_input_grad[5:]
-        pot = structure.from_tensors(tensors)
-        # Counts are summed over the batch: accumulate half precision in float32, cast at the end.
-        acc = compute_dtype(tensors)
-        g_hat = structure.marginal_vjp(y_hat, grad_loss, pot, lengths, needs, dtype=acc)
-        g_gold = structure.marginal_vjp(target, grad_loss, pot, lengths, needs, dtype=acc)
-        grads = tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
+        grads = _marginal_difference(structure, y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:])
         grad_lw = None
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
@@ -147,14 +152,9 @@ class _SlackRescaledHinge(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         structure = ctx.structure
-        needs = ctx.needs_input_grad[4:]
-        pot = structure.from_tensors(tensors)
-        acc = compute_dtype(tensors)
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
         weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
-        g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
-        g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
-        grads = tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
+        grads = _marginal_difference(structure, y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[4:])
         return (None, None, None, None) + grads
 
 

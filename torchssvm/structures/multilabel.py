@@ -139,8 +139,8 @@ class MultiLabel(Structure):
         w = self._label_costs(target, dtype)  # (B, K)
         c = configs.to(dtype)
         t = target.to(dtype)
-        # sum_k w_k [c_k != t_k] = sum_k w_k (t_k + c_k - 2 t_k c_k)
-        return (w * t).sum(1, keepdim=True) + (w * (1 - 2 * t)) @ c.t()
+        # sum_k w_k [c_k != t_k] = sum_k w_k (t_k + c_k - 2 t_k c_k); the clamp removes rounding below 0
+        return ((w * t).sum(1, keepdim=True) + (w * (1 - 2 * t)) @ c.t()).clamp_min(0.0)
 
     def _label_costs(self, target: torch.Tensor, dtype) -> torch.Tensor:
         K = self.num_labels

@@ -1,0 +1,193 @@
+"""The oracles the slack-rescaling searches query (seed 000, eqs. 7-8; note 000 section 1.3).
+
+Per example i, a labelling y is the point ``(h(y), g(y))`` with ``h = 1 + s(y) - s(y_i)`` (margin
+violation) and ``g = Delta(y_i, y)`` (error); the slack-rescaled oracle wants ``argmax_y h(y) g(y)``.
+
+- the lambda-oracle ``O(lam) = argmax_y h(y) + lam g(y)``: margin-rescaled decoding with the loss scaled
+  by ``lam`` (any structure, `StructureOracle`);
+- the constrained lambda-oracle ``O_c(lam, alpha, beta)``: the same argmax over the labellings whose
+  slope ``g / h`` lies in the wedge between ``beta`` and ``alpha`` (``h, g > 0``), each bound open or
+  closed; exact by masking when the labellings can be enumerated (`TableOracle`).
+
+Both are batched: ``lam``, ``alpha``, ``beta`` are ``(B,)`` tensors, one per example, and a boolean
+``active (B,)`` says which examples take part in the call (only those are counted as oracle calls).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+
+class OracleAnswer(NamedTuple):
+    """``labels``: per example (``(B,)`` indices into the table, or the structure's labelling tensor);
+    ``h``, ``g``: ``(B,)`` float64; ``found``: ``(B,)`` bool (False where a constrained wedge is empty)."""
+
+    labels: torch.Tensor
+    h: torch.Tensor
+    g: torch.Tensor
+    found: torch.Tensor
+
+
+class TableOracle:
+    """Exact oracles over enumerated labellings: ``h, g (B, N)`` (float64), labelling j of example b has
+    the point ``(h[b, j], g[b, j])``. Ties go to the smallest j. Use `from_structure` for structures whose
+    labellings can be enumerated (`Multiclass`, `MultiLabel`)."""
+
+    def __init__(self, h: torch.Tensor, g: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                 truth: Optional[torch.Tensor] = None):
+        if h.shape != g.shape or h.dim() != 2:
+            raise ValueError(f"h and g must be (B, N) tensors of one shape, got {tuple(h.shape)} and "
+                             f"{tuple(g.shape)}")
+        if bool((g < 0).any()):
+            raise ValueError("g (the task loss) must be >= 0")
+        self.h, self.g = h.to(torch.float64), g.to(torch.float64)
+        self.table_labels = labels  # (N, ...) the labelling of each column, or None (indices)
+        # the true labelling's column (Phi = 0): given, else the first column with g = 0
+        self.truth = truth if truth is not None else (self.g == 0).to(torch.int8).argmax(1)
+        self.calls = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
+
+    @classmethod
+    def from_structure(cls, structure, potentials, target) -> TableOracle:
+        """The table of every labelling of a `Multiclass` or `MultiLabel` problem."""
+        from ..structures.multiclass import Multiclass
+        from ..structures.multilabel import MultiLabel
+
+        pot, _, target = structure.validate(potentials, None, target)
+        if isinstance(structure, Multiclass):
+            s = pot.detach().to(torch.float64)
+            configs = torch.arange(structure.num_labels, device=s.device)
+            cost = structure._class_weight(target, torch.float64).unsqueeze(1)
+            g = cost * (configs.unsqueeze(0) != target.unsqueeze(1))
+        elif isinstance(structure, MultiLabel):
+            configs = structure.configurations(pot.unary.device)
+            s = structure._config_scores(pot, configs, torch.float64)
+            g = structure._config_losses(target, configs, torch.float64)
+        else:
+            raise TypeError(f"TableOracle.from_structure needs a Multiclass or MultiLabel structure, got "
+                            f"{type(structure).__name__}")
+        column = _column_of(structure, target, configs)
+        gold = s.gather(1, column.unsqueeze(1))
+        return cls(1.0 + s - gold, g, configs, truth=column)
+
+    @property
+    def batch_size(self) -> int:
+        return self.h.shape[0]
+
+    def max_h(self) -> torch.Tensor:
+        """``max_y h(y)`` (free from the table: not counted as a call)."""
+        return self.h.max(1).values
+
+    def max_g(self) -> torch.Tensor:
+        return self.g.max(1).values
+
+    def labelling(self, j: torch.Tensor) -> torch.Tensor:
+        """The labellings of the column indices ``j (B,)``."""
+        return j if self.table_labels is None else self.table_labels[j]
+
+    def __call__(self, lam: torch.Tensor, active: Optional[torch.Tensor] = None) -> OracleAnswer:
+        """The lambda-oracle ``argmax_j h + lam g`` per example."""
+        self._count(active)
+        j = (self.h + lam.to(torch.float64).unsqueeze(1) * self.g).argmax(1)
+        return self._answer(j, torch.ones_like(j, dtype=torch.bool))
+
+    @property
+    def size(self) -> int:
+        """N, the labellings per example."""
+        return self.h.shape[1]
+
+    def constrained(self, lam, alpha, beta, *, alpha_closed=None, beta_closed=None,
+                    active: Optional[torch.Tensor] = None) -> OracleAnswer:
+        """``argmax h + lam g`` over ``h > 0, g > 0`` and slopes ``g / h`` between the rays ``beta`` and
+        ``alpha``, each a ``(B, 2)`` point ``(h_r, g_r)`` on the ray (slope ``g_r / h_r``; ``(0, 1)`` is the
+        vertical ray, slope infinity), each inequality non-strict where ``*_closed`` (``(B,)`` bool;
+        default: alpha closed, beta open, as App. F). Slopes are compared by cross-multiplication,
+        ``g h_r <= g_r h``: a labelling is never inside an open ray drawn through its own point, which is
+        how angular search keeps a found labelling from coming back."""
+        self._count(active)
+        B = self.batch_size
+        ones = torch.ones(B, dtype=torch.bool, device=self.h.device)
+        ac = (ones if alpha_closed is None else alpha_closed).unsqueeze(1)
+        bc = (~ones if beta_closed is None else beta_closed).unsqueeze(1)
+        h, g = self.h, self.g
+        alpha, beta = alpha.to(torch.float64), beta.to(torch.float64)
+        lhs_a, rhs_a = g * alpha[:, :1], alpha[:, 1:] * h
+        lhs_b, rhs_b = g * beta[:, :1], beta[:, 1:] * h
+        below = torch.where(ac, lhs_a <= rhs_a, lhs_a < rhs_a)
+        above = torch.where(bc, lhs_b >= rhs_b, lhs_b > rhs_b)
+        mask = (h > 0) & (g > 0) & below & above
+        score = (h + lam.to(torch.float64).unsqueeze(1) * g).masked_fill(~mask, -torch.inf)
+        j = score.argmax(1)
+        return self._answer(j, mask.any(1))
+
+    def _answer(self, j, found) -> OracleAnswer:
+        rows = torch.arange(self.batch_size, device=j.device)
+        return OracleAnswer(j, self.h[rows, j], self.g[rows, j], found)
+
+    def _count(self, active) -> None:
+        self.calls += 1 if active is None else active.long()
+
+
+class StructureOracle:
+    """The lambda-oracle of any structure: ``argmax_y s(y) + lam Delta(y_i, y)`` by the structure's exact
+    loss-augmented decoding (`Structure.max_oracle` with a per-example ``loss_weight``), returning the
+    labelling and its ``(h, g)``. It has no constrained form (use `TableOracle` where it is needed).
+
+    ``max_g`` is the structure's largest loss (Hamming: every position wrong) when known, and ``max_h``
+    costs one plain MAP decode (counted as a call)."""
+
+    def __init__(self, structure, potentials, target, lengths=None, *, backend: str = "auto"):
+        self.structure, self.backend = structure, backend
+        self.pot, self.lengths, self.target = structure.validate(potentials, lengths, target)
+        dt = torch.float64
+        self._pot64 = structure.from_tensors([None if t is None else t.detach().to(dt)
+                                              for t in structure.tensors(self.pot)])
+        self.gold = structure._score(self._pot64, self.target, self.lengths)
+        self.truth = self.target
+        self.calls = torch.zeros(self.target.shape[0], dtype=torch.long, device=self.gold.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.target.shape[0]
+
+    def labelling(self, y):
+        return y
+
+    def _point(self, y):
+        h = 1.0 + self.structure._score(self._pot64, y, self.lengths) - self.gold
+        g = self.structure._task_loss(y, self.target, self.lengths)
+        return h, g
+
+    def __call__(self, lam: torch.Tensor, active: Optional[torch.Tensor] = None) -> OracleAnswer:
+        self.calls += 1 if active is None else active.long()
+        y, _ = self.structure._max_oracle(self._pot64, self.lengths, self.target, lam.to(torch.float64),
+                                          self.backend)
+        h, g = self._point(y)
+        return OracleAnswer(y, h, g, torch.ones_like(h, dtype=torch.bool))
+
+    def max_h(self) -> torch.Tensor:
+        self.calls += 1
+        y, _ = self.structure._max_oracle(self._pot64, self.lengths, None, None, self.backend)
+        return self._point(y)[0]
+
+    def max_g(self) -> torch.Tensor:
+        from ..structures.chain import Chain
+
+        if isinstance(self.structure, Chain):
+            return self.structure._position_loss_weights(self.target, self.lengths).sum(1)
+        raise NotImplementedError(f"max_g of {type(self.structure).__name__} is not known in closed form")
+
+    def constrained(self, *args, **kwargs):
+        raise NotImplementedError(f"no exact constrained lambda-oracle for {type(self.structure).__name__}: "
+                                  "use TableOracle for enumerable structures")
+
+
+def _column_of(structure, target, configs):
+    """Column of each example's true labelling in the enumeration ``configs``."""
+    from ..structures.multiclass import Multiclass
+
+    if isinstance(structure, Multiclass):
+        return target
+    bits = 2 ** torch.arange(structure.num_labels, device=target.device)
+    return (target * bits).sum(1)
