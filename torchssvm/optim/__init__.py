@@ -2,7 +2,8 @@
 
 - `BCFW`: block-coordinate Frank-Wolfe with gap sampling, pairwise / away steps, caching, box
   constraints and exact mini-batches (``bcfw.py``).
-- `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines.
+- `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
+  ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
 - `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
 - ``problems/``: how a (model, dataset) pair is seen in marginal coordinates; add new structures there.
 """
@@ -10,9 +11,10 @@
 from .bcfw import BCFW
 from .dual_solver import DualSolver
 from .frank_wolfe import FrankWolfe
+from .pegasos import Pegasos
 from .problems import ChainProblem, DualProblem, FeatureTableProblem, make_problem
 from .regularization_path import RegularizationPath, grid_search, regularization_path
 from .ssg import SSG
 
-__all__ = ["BCFW", "FrankWolfe", "SSG", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
+__all__ = ["BCFW", "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "make_problem", "RegularizationPath", "regularization_path", "grid_search"]

@@ -50,6 +50,19 @@ class FeatureTableProblem(DualProblem):
         self.truth = truth.unsqueeze(1)
         self.weight = torch.zeros(d, dtype=self.dtype, device=self.device)
 
+    @classmethod
+    def slack_rescaled(cls, features: torch.Tensor, losses: torch.Tensor, truth: torch.Tensor) -> FeatureTableProblem:
+        """The slack-rescaled SSVM of the same tables (seed 000, eq. 4) as a margin-rescaled one.
+
+        ``max_y L(y) (1 - <w, psi(y)>) = max_y L(y) - <w, L(y) psi(y)>``: margin rescaling with the scaled
+        joint features ``psi~(y) = L(y) psi(y)`` (note 000 section 1.2), i.e. ``phi~(y) = phi(y_i) -
+        L(y) (phi(y_i) - phi(y))``. Every solver then runs unchanged; a BCFW corner is
+        ``w_s = L(y) psi(y) / (lam n)``, ``l_s = L(y) / n``, and the duality gap is the slack objective's."""
+        base = cls(features, losses, truth)  # validates
+        gold = base.features.gather(1, base.truth.unsqueeze(2).expand(-1, 1, base.d))  # (n, 1, d)
+        scaled = gold - base.losses.unsqueeze(2) * (gold - base.features)
+        return cls(scaled, losses, truth)
+
     def write_model(self, w: torch.Tensor) -> None:
         self.weight.copy_(w)
 
