@@ -27,24 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description
+from _bench_machine import cpu_description, median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
-
-
-def timed(fn, repeats: int = 5) -> float:
-    fn()
-    best = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best.append(time.perf_counter() - t0)
-    return statistics.median(best)
 
 
 def batch_reductions(train, idx, K, g):
@@ -81,12 +70,12 @@ def measure(contrib, inverse, S, attr, E, torch_scatter) -> dict:
     out = {}
     for name, fn in variants.items():
         torch.testing.assert_close(fn(), ref, rtol=1e-12, atol=1e-12)
-        out[name] = timed(fn)
+        out[name] = median_seconds(fn)
     E_ref = E.clone().index_add_(0, attr, ref)
     torch.testing.assert_close(torch_scatter.scatter(ref, attr, dim=0, out=E.clone(), reduce="sum"), E_ref,
                                rtol=1e-12, atol=1e-12)
-    out["acc_index_add"] = timed(lambda: E.index_add_(0, attr, ref))
-    out["acc_scatter"] = timed(lambda: torch_scatter.scatter(ref, attr, dim=0, out=E, reduce="sum"))
+    out["acc_index_add"] = median_seconds(lambda: E.index_add_(0, attr, ref))
+    out["acc_scatter"] = median_seconds(lambda: torch_scatter.scatter(ref, attr, dim=0, out=E, reduce="sum"))
     return out
 
 

@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description
+from _bench_machine import cpu_description, median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 SHAPES = [("OCR", 64, 14, 26), ("OCR", 512, 14, 26), ("CoNLL", 64, 40, 22), ("CoNLL", 512, 40, 22),
           ("CoNLL longest", 64, 78, 22)]
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
