@@ -14,13 +14,14 @@ from .losses import (
     structured_hinge_loss,
 )
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
-from .structures import Chain, ChainPotentials, Multiclass, MultiLabel, MultiLabelPotentials, Structure
+from .structures import Chain, ChainPotentials, Hierarchy, Multiclass, MultiLabel, MultiLabelPotentials, Structure
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Chain",
     "ChainPotentials",
+    "Hierarchy",
     "Multiclass",
     "MultiLabel",
     "MultiLabelPotentials",

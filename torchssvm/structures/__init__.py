@@ -2,7 +2,8 @@
 
 from .base import Structure
 from .chain import Chain, ChainPotentials
+from .hierarchy import Hierarchy
 from .multiclass import Multiclass
 from .multilabel import MultiLabel, MultiLabelPotentials
 
-__all__ = ["Structure", "Chain", "ChainPotentials", "Multiclass", "MultiLabel", "MultiLabelPotentials"]
+__all__ = ["Structure", "Chain", "ChainPotentials", "Hierarchy", "Multiclass", "MultiLabel", "MultiLabelPotentials"]
