@@ -70,8 +70,7 @@ def slack_viterbi_torch(
     a0 = unary[:, 0] + start if start is not None else unary[:, 0]
     alpha = torch.full((B, E, K), -torch.inf, dtype=dt, device=dev)
     alpha[:, 0] = torch.where(hit[:, 0], a0, neg)
-    if E > 1:
-        alpha[:, 1] = torch.where(hit[:, 0], neg, a0)
+    alpha[:, 1] = torch.where(hit[:, 0], neg, a0)  # E = T + 1 >= 2
     hist = [alpha]
     pad = alpha.new_full((B, 1, K), -torch.inf)
     for t in range(1, T):

@@ -1,5 +1,5 @@
 """Shared by the benchmark scripts: the machine line their reports print (CPU model from /proc/cpuinfo where
-there is one, and cores) and a median timer."""
+there is one, and cores), a median timer, and the report writer that keeps the hand-written findings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import List
 
 
 def cpu_description() -> str:
@@ -32,3 +33,15 @@ def median_seconds(fn, repeats: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def write_report(out: Path, name: str, lines: List[str]) -> Path:
+    """Write ``out / name.md`` from ``lines``, followed by ``out / name_findings.md`` when it exists (the
+    reading of the figures, written by hand, survives a re-run)."""
+    findings = out / f"{name}_findings.md"
+    if findings.exists():
+        lines = lines + ["", findings.read_text()]
+    path = out / f"{name}.md"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+    return path

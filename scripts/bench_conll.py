@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from _bench_machine import write_report as write_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -164,8 +165,7 @@ def write_report(log: dict, out: Path) -> None:
               f"- F1 within 0.3 points of CRFsuite's: {df1:+.2f} ({'met' if df1 >= -0.3 else 'not met'}).",
               f"- Training time no worse than CRFsuite's: {ratio:.2f}x CRFsuite's "
               f"({'met' if ratio <= 1.0 else 'not met'}).", ""]
-    (out / "conll2000.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'conll2000.md'}")
+    write_markdown(out, "conll2000", lines)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description, median_seconds
+from _bench_machine import cpu_description, median_seconds, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -126,11 +126,7 @@ def main() -> None:
                      f"{m['rows_index_add']:.0f} | {m['rows_scatter']:.0f} | {m['rows_sorted_index_add']:.0f} | "
                      f"{m['rows_segment_coo']:.0f} | "
                      f"{m['acc_index_add']:.0f} | {m['acc_scatter']:.0f} |")
-    findings = args.out / "segment_sum_findings.md"
-    if findings.exists():
-        lines += ["", findings.read_text()]
-    (args.out / "segment_sum.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'segment_sum.md'}")
+    write_report(args.out, "segment_sum", lines)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description, median_seconds
+from _bench_machine import cpu_description, median_seconds, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -57,8 +57,7 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['data']} | {r['B']} | {r['T']} | {r['K']} | {r['viterbi_ms']:.2f} | {r['slack_ms']:.2f} | "
                      f"{r['ratio']:.1f}x |")
-    (args.out / "slack_oracle.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'slack_oracle.md'}")
+    write_report(args.out, "slack_oracle", lines)
 
 
 if __name__ == "__main__":

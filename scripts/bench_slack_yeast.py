@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description
+from _bench_machine import cpu_description, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -168,11 +168,7 @@ def main() -> None:
         lines.append("")
     lines += ["Paper (Table 1, Yeast, inside cutting plane): queries per search angular 3.8, bisecting 10.3, "
               "Sarawagi 43.2; 4.7 / 3.6 / 18.5 ms per search."]
-    findings = args.out / "slack_findings.md"
-    if findings.exists():
-        lines += ["", findings.read_text()]
-    (args.out / "slack.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'slack.md'}")
+    write_report(args.out, "slack", lines)
 
 
 if __name__ == "__main__":

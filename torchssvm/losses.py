@@ -161,6 +161,12 @@ class _SlackRescaledHinge(torch.autograd.Function):
 SEARCHES = ("exact",)
 
 
+def _check_search(search: str) -> str:
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+    return search
+
+
 def slack_rescaled_hinge_loss(
     structure: Structure,
     potentials,
@@ -180,15 +186,14 @@ def slack_rescaled_hinge_loss(
     backward; zero when nothing violates, ``y_hat = y*``).
 
     Args:
-        structure: ``Chain(K)`` (exact error-count DP, uniform Hamming cost), ``Multiclass(K)`` or
-            ``MultiLabel(K)`` (exact by enumeration).
+        structure: ``Chain(K)`` (exact error-count DP, uniform Hamming cost), ``Multiclass(K)``,
+            ``MultiLabel(K)`` or ``Hierarchy(parents)`` (exact by enumeration).
         potentials, target, lengths, reduction, backend, return_argmax: as `structured_hinge_loss`.
         search: how the most violating labelling is found; ``"exact"`` (the structure's exact oracle).
     """
     _check_structure(structure)
     _check_reduction(reduction)
-    if search not in SEARCHES:
-        raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+    _check_search(search)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, *tensors)
@@ -202,11 +207,9 @@ class SlackRescaledHingeLoss(nn.Module):
     def __init__(self, structure: Structure, reduction: str = "mean", *, search: str = "exact", backend: str = "auto"):
         super().__init__()
         _check_structure(structure)
-        if search not in SEARCHES:
-            raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
         self.structure = structure
         self.reduction = _check_reduction(reduction)
-        self.search = search
+        self.search = _check_search(search)
         self.backend = backend
 
     def forward(self, potentials, target, lengths=None):

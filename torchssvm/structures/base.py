@@ -26,6 +26,24 @@ def compute_dtype(tensors) -> torch.dtype:
     return dtype
 
 
+def binary_hamming_table(costs: torch.Tensor, target: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
+    """``(B, C)``: ``sum_k costs_k [configs_ck != target_bk]`` for 0 / 1 labellings ``target (B, K)`` and
+    ``configs (C, K)``, costs ``(B, K)`` or ``(K,)``; one product through
+    ``[c != t] = t + c - 2 t c``, clamped at 0 against rounding."""
+    t = target.to(costs.dtype)
+    c = configs.to(costs.dtype)
+    costs = costs.expand_as(t)
+    return ((costs * t).sum(1, keepdim=True) + (costs * (1 - 2 * t)) @ c.t()).clamp_min(0.0)
+
+
+def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torch.Tensor):
+    """The slack oracles' convention: ``(target, 0)`` where no labelling has ``Phi > 0`` (another may tie
+    with the truth at 0), else ``(y_hat, value)``."""
+    none = value <= 0
+    mask = none.view(-1, *([1] * (target.dim() - 1)))
+    return torch.where(mask, target, y_hat), value.clamp_min(0)
+
+
 class Structure:
     """Base class. Subclasses implement the methods below for one kind of output."""
 

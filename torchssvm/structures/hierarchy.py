@@ -21,7 +21,7 @@ import torch
 
 from .._validation import check_finite, check_labels, check_loss_weight, check_shape, check_tensor
 from ..kernels import resolve_backend
-from .base import Structure, compute_dtype
+from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 MAX_ENUMERATION_LEAVES = 16
 
@@ -179,15 +179,11 @@ class Hierarchy(Structure):
         dt = compute_dtype([scores])
         theta = scores.detach().to(dt)
         configs = self.configurations(theta.device)
-        c = configs.to(dt)
-        s = theta @ c.t()
+        s = theta @ configs.to(dt).t()
         gold = (theta * target.to(dt)).sum(1, keepdim=True)
-        cost = self._node_costs(dt, theta.device)
-        t = target.to(dt)
-        loss = ((cost * t).sum(1, keepdim=True) + (cost * (1 - 2 * t)) @ c.t()).clamp_min(0)
+        loss = binary_hamming_table(self._node_costs(dt, theta.device), target, configs)
         value, j = (loss * (1 + s - gold)).max(1)
-        none = value <= 0
-        return torch.where(none.unsqueeze(1), target, configs[j]), value.clamp_min(0)
+        return truth_unless_violated(configs[j], value, target)
 
     # -- scores, losses, marginals --------------------------------------------------------------
     def score(self, potentials, y, lengths=None) -> torch.Tensor:

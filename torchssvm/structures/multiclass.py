@@ -8,7 +8,7 @@ import torch
 
 from .._validation import check_finite, check_labels, check_loss_weight, check_tensor
 from ..kernels import resolve_backend
-from .base import Structure, compute_dtype
+from .base import Structure, compute_dtype, truth_unless_violated
 
 
 def _no_lengths(lengths) -> None:
@@ -67,8 +67,7 @@ class Multiclass(Structure):
         cost = self._class_weight(target, s.dtype).unsqueeze(1)
         wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
         value, y_hat = (cost * wrong * (1 + s - gold)).max(dim=1)
-        none = value <= 0
-        return torch.where(none, target, y_hat), value.clamp_min(0)
+        return truth_unless_violated(y_hat, value, target)
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         scores, _, y = self.validate(potentials, lengths, y, target_name="y")

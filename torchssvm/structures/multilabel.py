@@ -18,7 +18,7 @@ import torch
 
 from .._validation import check_finite, check_labels, check_loss_weight, check_shape, check_tensor
 from ..kernels import resolve_backend
-from .base import Structure, compute_dtype
+from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
 MAX_ENUMERATION_LABELS = 16
@@ -136,11 +136,7 @@ class MultiLabel(Structure):
 
     def _config_losses(self, target: torch.Tensor, configs: torch.Tensor, dtype) -> torch.Tensor:
         """``(B, C)``: ``Delta(target, y)`` for every row of ``configs``."""
-        w = self._label_costs(target, dtype)  # (B, K)
-        c = configs.to(dtype)
-        t = target.to(dtype)
-        # sum_k w_k [c_k != t_k] = sum_k w_k (t_k + c_k - 2 t_k c_k); the clamp removes rounding below 0
-        return ((w * t).sum(1, keepdim=True) + (w * (1 - 2 * t)) @ c.t()).clamp_min(0.0)
+        return binary_hamming_table(self._label_costs(target, dtype), target, configs)
 
     def _label_costs(self, target: torch.Tensor, dtype) -> torch.Tensor:
         K = self.num_labels
@@ -192,8 +188,7 @@ class MultiLabel(Structure):
                            target, None)
         y_hat, value = self._enumerate(pot, target,
                                        lambda s, loss, rows: loss * (1 + s - gold[rows].unsqueeze(1)))
-        none = value <= 0  # Phi = 0 at the truth; another labelling may tie at 0
-        return torch.where(none.unsqueeze(1), target, y_hat), value.clamp_min(0)
+        return truth_unless_violated(y_hat, value, target)
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         pot, _, y = self.validate(potentials, lengths, y, target_name="y")
