@@ -19,6 +19,7 @@ Per mini-batch, the median over ``--repeats`` batches of
 Every variant is checked against ``index_add_`` (float64, 1e-12). Writes
 ``docs/benchmarks/segment_sum.{md,json}``.
 
+    pip install torchssvm[scatter]   # torch-scatter builds from source (about 5-7 minutes on 2 cores)
     python scripts/bench_segment_sum.py
 """
 
