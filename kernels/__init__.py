@@ -55,12 +55,12 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 
 @torch.no_grad()
 def slack_viterbi(unary, transition, start, end, lengths, target, cost, target_score, backend: str = "auto"):
-    """The exact slack-rescaled chain oracle (`slack_viterbi_torch`, its contract). Only the torch twin
-    exists so far: ``"auto"`` runs it on every device and ``"triton"`` raises."""
-    if backend == "triton":
-        raise NotImplementedError("the slack-rescaled chain DP has no Triton kernel yet; use backend='torch' "
-                                  "or 'auto'")
-    resolve_backend(backend, unary.device)
+    """Dispatch to `slack_viterbi_torch` or `slack_viterbi_triton`; see `slack_viterbi_torch` for the
+    contract (the exact slack-rescaled chain oracle of seed 000)."""
+    if resolve_backend(backend, unary.device) == "triton":
+        from .slack_chain_triton import slack_viterbi_triton
+
+        return slack_viterbi_triton(unary, transition, start, end, lengths, target, cost, target_score)
     return slack_viterbi_torch(unary, transition, start, end, lengths, target, cost, target_score)
 
 

@@ -24,13 +24,17 @@ def cpu_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def median_seconds(fn, repeats: int = 5) -> float:
-    """Median wall-clock seconds of ``repeats`` calls of ``fn`` after one warm-up call (CPU timings)."""
+def median_seconds(fn, repeats: int = 5, cuda: bool = False) -> float:
+    """Median wall-clock seconds of ``repeats`` calls of ``fn`` after one warm-up call; ``cuda=True``
+    synchronizes the device before each clock read."""
+    sync = (lambda: __import__("torch").cuda.synchronize()) if cuda else (lambda: None)
     fn()
     times = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

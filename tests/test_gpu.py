@@ -146,3 +146,22 @@ def test_train_dual_solver_on_cuda(tmp_path, capsys):
 
     assert main(["demo", "--passes", "2", "--block-batch", "64", "--device", "cuda", "--logdir", str(tmp_path)]) == 0
     assert "gap" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("B,T,K,per_position", [(64, 14, 26, False), (32, 40, 23, True), (8, 80, 45, False)])
+def test_slack_triton_equals_torch_on_cuda(B, T, K, per_position):
+    from torchssvm.kernels import slack_viterbi
+
+    g = torch.Generator().manual_seed(K)
+    unary = torch.randint(-3, 4, (B, T, K), generator=g).float().cuda()
+    trans = torch.randint(-3, 4, (B, T - 1, K, K) if per_position else (K, K), generator=g).float().cuda()
+    start, end = torch.randn(K, generator=g).cuda(), torch.randn(K, generator=g).cuda()
+    lengths = torch.randint(1, T + 1, (B,), generator=g).cuda()
+    target = torch.randint(0, K, (B, T), generator=g).cuda()
+    target[torch.arange(T, device="cuda").unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+    cost = 1.0 / lengths.float()
+    gold = ts.Chain(K).score(ts.ChainPotentials(unary, trans, start, end), target, lengths)
+    args = (unary, trans, start, end, lengths, target, cost, gold)
+    a = slack_viterbi(*args, backend="torch")
+    b = slack_viterbi(*args, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import needs_triton
 from torchssvm.kernels import slack_viterbi
 
 import torchssvm as ts
@@ -85,6 +86,47 @@ def test_chain_slack_oracle_in_chunks_equals_whole(monkeypatch):
     monkeypatch.setattr(slack_chain_torch, "_MAX_HISTORY_ELEMENTS", 6 * 7 * 4 * 2)  # chunks of 2
     parts = chain.slack_max_oracle(pot, y, lengths)
     assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
+
+
+def _slack_args(pot, lengths, y, chain):
+    gold = chain.score(pot, y, lengths)
+    cost = 1.0 / lengths.double() if chain.normalize else torch.ones(lengths.shape[0], dtype=torch.float64)
+    return (pot.unary, pot.transition, pot.start, pot.end, lengths, y, cost, gold)
+
+
+@needs_triton()
+@pytest.mark.parametrize("K", [2, 3, 5])
+@pytest.mark.parametrize("T", [1, 2, 4, 6])
+def test_triton_slack_dp_matches_enumeration_and_torch_bitwise(K, T):
+    from torchssvm.kernels.slack_chain_triton import slack_viterbi_triton
+
+    chain = ts.Chain(K)
+    for seed, per_position, ends, integer in [(0, False, True, False), (1, True, True, True),
+                                              (2, False, False, True)]:
+        pot, lengths, y = _chain_batch(5, T, K, seed + 10 * T + K, per_position=per_position, ends=ends,
+                                       integer=integer)
+        args = _slack_args(pot, lengths, y, chain)
+        labels, value = slack_viterbi_triton(*args)
+        ref = slack_viterbi(*args, backend="torch")
+        assert torch.equal(labels, ref[0]) and torch.equal(value, ref[1])
+        if T <= 4:
+            torch.testing.assert_close(value, _brute_chain(chain, pot, lengths, y), rtol=1e-10, atol=1e-10)
+
+
+@needs_triton()
+@pytest.mark.parametrize("B,T,K,dtype", [(6, 14, 26, torch.float32), (3, 20, 23, torch.float64),
+                                         (2, 9, 40, torch.float32)])
+def test_triton_slack_dp_equals_torch_at_benchmark_shapes(B, T, K, dtype):
+    """OCR-like (T 14, K 26) and CoNLL-like (K 23) shapes, non-power-of-two tiles, float32 and float64."""
+    chain = ts.Chain(K)
+    pot, lengths, y = _chain_batch(B, T, K, 5, integer=True)
+    pot = ts.ChainPotentials(pot.unary.to(dtype), pot.transition.to(dtype), pot.start.to(dtype), pot.end.to(dtype))
+    args = _slack_args(pot, lengths, y, chain)
+    args = args[:6] + (args[6].to(dtype), args[7].to(dtype))
+    a = slack_viterbi(*args, backend="torch")
+    b = slack_viterbi(*args, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert bool((a[1] > 0).any())
 
 
 def test_slack_dominates_margin_free_violation_and_is_zero_when_separated():
@@ -244,9 +286,9 @@ def test_slack_loss_errors():
         ts.slack_rescaled_hinge_loss(chain, pot, y, lengths)
     with pytest.raises(ValueError, match="search"):
         ts.SlackRescaledHingeLoss(ts.Chain(3), search="angular-typo")
-    with pytest.raises(NotImplementedError, match="Triton"):
+    with pytest.raises(ValueError, match="backend"):
         slack_viterbi(pot.unary, pot.transition, None, None, lengths, y, torch.ones(2, dtype=torch.float64),
-                      torch.zeros(2, dtype=torch.float64), backend="triton")
+                      torch.zeros(2, dtype=torch.float64), backend="cuda-typo")
 
 
 def test_slack_loss_trains_a_multilabel_model():
