@@ -38,6 +38,10 @@ def test_train_other_solvers(tmp_path, capsys):
             "--nonneg-transition", "--logdir", ""]
     assert main(argv) == 0
     assert "gap" in capsys.readouterr().out
+    assert main(["train", "--passes", "3", "--lam", "0.1", "--rescaling", "slack", "--logdir", ""]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass")]
+    gaps = [float(ln.split("gap ")[1].split()[0]) for ln in lines]
+    assert len(gaps) == 3 and 0 <= gaps[-1] < gaps[0]
 
 
 def test_torch_optimizer_training_and_logs(tmp_path, capsys):

@@ -114,8 +114,9 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
                gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
                step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10, box=None,
                backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs", run_name: str = "train",
-               seed: int = 0, out=None) -> dict:
-    """Train a linear chain SSVM on fixed features with a dual solver (`torchssvm.optim`).
+               seed: int = 0, rescaling: str = "margin", out=None) -> dict:
+    """Train a linear chain SSVM on fixed features with a dual solver (`torchssvm.optim`); ``rescaling``
+    ``"margin"`` or ``"slack"`` (seed 000: exact error-count DP oracle, slack-rescaled corners).
 
     Prints one line per pass: effective passes, the exact duality gap of the current iterate (a full
     oracle pass for monitoring, not counted in the solver's oracle calls), primal, dual, train / test
@@ -129,7 +130,7 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
                              device=dev)
     structure = Chain(train.num_labels)
     writer = make_writer(logdir, run_name) if logdir else None
-    common = {"structure": structure, "backend": backend, "writer": writer}
+    common = {"structure": structure, "backend": backend, "writer": writer, "rescaling": rescaling}
     if solver == "bcfw":
         s = optim.BCFW(model, train, lam=lam, sampling=sampling, step=step, cache_size=cache_size,
                        batch_size=batch_size, gap_check_every=gap_check_every, box=box, seed=seed, **common)
@@ -186,6 +187,8 @@ def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
     p.add_argument("--gap-check-every", type=int, default=10)
     p.add_argument("--block-batch", type=int, default=1, help="bcfw: blocks per coordinated step")
     p.add_argument("--nonneg-transition", action="store_true", help="box constraint: transition >= 0")
+    p.add_argument("--rescaling", choices=("margin", "slack"), default="margin",
+                   help="dual solvers: margin- or slack-rescaled hinge")
 
 
 def _add_train_args(p: argparse.ArgumentParser, *, epochs: int, lr: float, lam: float, batch_size: int):
@@ -232,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              gap_check_every=args.gap_check_every, backend=args.backend, device=args.device,
                              box={"transition": (0.0, None)} if args.nonneg_transition else None,
                              logdir=args.logdir or None, run_name=f"{args.command}-{name}-{args.solver}",
-                             seed=args.seed)
+                             seed=args.seed, rescaling=args.rescaling)
         if "logdir" in metrics:
             print(f"TensorBoard logs: {metrics['logdir']}  (tensorboard --logdir {args.logdir})")
         return 0

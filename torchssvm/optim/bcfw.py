@@ -35,7 +35,7 @@ class BCFW(DualSolver):
     ``solver.step()`` runs one pass (n block visits) and returns a report; `fit` loops.
 
     Args:
-        model, dataset, lam, box, writer, structure, backend: see `DualSolver`.
+        model, dataset, lam, box, writer, structure, backend, rescaling: see `DualSolver`.
         sampling: ``"uniform"`` or ``"gap"``.
         step: ``"fw"``, ``"pairwise"`` or ``"away"``.
         cache_size: labellings cached per block (0: no cache; the paper's experiments use 50).
@@ -65,7 +65,7 @@ class BCFW(DualSolver):
                  cache_size: int = 0, cache_factor: float = 0.25, cache_nu: float = 0.01,
                  gap_check_every: int = 10, batch_size: int = 1, qp_method: str = "newton", qp_max_iter: int = 50,
                  box=None, seed: int = 0,
-                 writer=None, structure=None, backend: str = "auto"):
+                 writer=None, structure=None, backend: str = "auto", rescaling: str = "margin"):
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         if step not in STEPS:
@@ -83,7 +83,8 @@ class BCFW(DualSolver):
         for name, value in (("cache_factor", cache_factor), ("cache_nu", cache_nu)):
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend)
+        super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
+                         rescaling=rescaling)
         if batch_size > self.n:
             raise ValueError(f"batch_size must be <= n = {self.n}, got {batch_size}")
         self.sampling, self.step_type = sampling, step

@@ -102,13 +102,16 @@ class DualSolver:
         box: box constraints on ``w`` (`parse_box`), or None.
         writer: a TensorBoard ``SummaryWriter`` (scalars per step, histogram of block gaps), or None.
         structure, backend: passed to the problem (task loss, oracle backend).
+        rescaling: ``"margin"`` (default) or ``"slack"``: the slack-rescaled SSVM (seed 000) through
+            `SlackRescaledProblem` (corners ``L(y) psi(y) / (lam n)``, losses ``L(y) / n``); needs a
+            problem with an exact slack oracle (chains without class weights, feature tables).
     """
 
     tag = "dual"
 
     def __init__(self, model, dataset=None, lam: float = 1e-2, *, box=None, writer=None, structure=None,
-                 backend: str = "auto"):
-        self.problem = make_problem(model, dataset, structure, backend=backend)
+                 backend: str = "auto", rescaling: str = "margin"):
+        self.problem = make_problem(model, dataset, structure, backend=backend, rescaling=rescaling)
         self.lam = _check_lam(lam)
         p = self.problem
         self.n = p.n

@@ -25,8 +25,9 @@ class FrankWolfe(DualSolver):
     tag = "fw"
 
     def __init__(self, model, dataset=None, lam: float = 1e-2, *, chunk: int = 1024, box=None, writer=None,
-                 structure=None, backend: str = "auto"):
-        super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend)
+                 structure=None, backend: str = "auto", rescaling: str = "margin"):
+        super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
+                         rescaling=rescaling)
         self.chunk = int(chunk)
 
     @torch.no_grad()

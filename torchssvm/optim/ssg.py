@@ -26,10 +26,11 @@ class SSG:
     tag = "ssg"
 
     def __init__(self, model, dataset=None, lam: float = 1e-2, *, averaging: bool = True, eval_every: int = 1,
-                 box=None, seed: int = 0, writer=None, structure=None, backend: str = "auto"):
+                 box=None, seed: int = 0, writer=None, structure=None, backend: str = "auto",
+                 rescaling: str = "margin"):
         if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 0:
             raise ValueError(f"eval_every must be an int >= 0, got {eval_every!r}")
-        self.problem = make_problem(model, dataset, structure, backend=backend)
+        self.problem = make_problem(model, dataset, structure, backend=backend, rescaling=rescaling)
         self.lam = _check_lam(lam)
         self.n = self.problem.n
         self.box = parse_box(box, self.problem)

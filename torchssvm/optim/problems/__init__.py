@@ -8,23 +8,39 @@ from __future__ import annotations
 
 from .base import DualProblem
 from .chain import ChainProblem
+from .multilabel import MultiLabelProblem
+from .slack import SlackRescaledProblem
 from .table import FeatureTableProblem
 
+RESCALINGS = ("margin", "slack")
 
-def make_problem(model, dataset=None, structure=None, *, backend: str = "auto") -> DualProblem:
-    """A `DualProblem` for ``(model, dataset)``; a `DualProblem` passed as ``model`` is returned as is."""
+
+def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
+                 rescaling: str = "margin") -> DualProblem:
+    """A `DualProblem` for ``(model, dataset)``; a `DualProblem` passed as ``model`` is used as is.
+    ``rescaling="slack"`` wraps it in `SlackRescaledProblem` (the slack-rescaled SSVM, seed 000)."""
+    if rescaling not in RESCALINGS:
+        raise ValueError(f"rescaling must be one of {RESCALINGS}, got {rescaling!r}")
     if isinstance(model, DualProblem):
         if dataset is not None:
             raise ValueError("dataset must be None when model is already a DualProblem")
-        return model
-    from ...models import LinearChainModel
+        problem = model
+    else:
+        from ...models import LinearChainModel
 
-    if isinstance(model, LinearChainModel):
+        if not isinstance(model, LinearChainModel):
+            raise TypeError(f"model must be a LinearChainModel or a DualProblem (e.g. FeatureTableProblem), "
+                            f"got {type(model).__name__}")
         if dataset is None:
             raise ValueError("dataset is required with a LinearChainModel")
-        return ChainProblem(model, dataset, structure, backend=backend)
-    raise TypeError(f"model must be a LinearChainModel or a DualProblem (e.g. FeatureTableProblem), "
-                    f"got {type(model).__name__}")
+        problem = ChainProblem(model, dataset, structure, backend=backend)
+    if rescaling == "slack" and not isinstance(problem, SlackRescaledProblem):
+        if isinstance(problem, ChainProblem) and problem.structure.class_weights is not None:
+            raise ValueError("rescaling='slack' with a chain needs the same cost for every wrong position: "
+                             "the structure's class_weights must be None")
+        problem = SlackRescaledProblem(problem)
+    return problem
 
 
-__all__ = ["DualProblem", "ChainProblem", "FeatureTableProblem", "make_problem"]
+__all__ = ["DualProblem", "ChainProblem", "FeatureTableProblem", "MultiLabelProblem",
+           "SlackRescaledProblem", "make_problem", "RESCALINGS"]

@@ -22,6 +22,9 @@ of example i. Solvers never build ``Phi_i``: they use the operations below, batc
 - ``inner(theta, z)``, ``gram(idx_a, z_a, idx_b, z_b)`` = ``<Phi_a z_a, Phi_b z_b>`` and ``sqnorm``.
 - ``accumulate(w, idx, z, coef)``: ``w += sum_b coef_b Phi_b z_b`` in place.
 - ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
+- ``slack_oracle(theta, idx)`` (optional): the exact slack-rescaled oracle ``argmax_y L_i(y) (1 + <theta_i,
+  m(y) - m(y_i)>)``, its loss and ``max(0, value)``; problems that have it can be trained slack-rescaled
+  (`SlackRescaledProblem`).
 
 Labellings are long tensors of a fixed ``label_width`` padded with -1 (a chain: the padded length).
 """
@@ -91,6 +94,9 @@ class DualProblem:
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def slack_oracle(self, theta, idx: torch.Tensor):
+        raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
 
     # -- derived --------------------------------------------------------------------------------
     def chunks(self, size: int = 1024):

@@ -164,6 +164,14 @@ class ChainProblem(DualProblem):
         truth_score = self.structure._score(theta, self.truth[idx, :T], lengths)
         return self._pad(labels), loss, value - truth_score
 
+    def slack_oracle(self, theta: ChainPotentials, idx: torch.Tensor):
+        """The exact error-count DP (`Chain.slack_max_oracle`); needs a Chain without class weights."""
+        T = theta.unary.shape[1]
+        lengths = self.lengths[idx]
+        labels, value = self.structure._slack_max_oracle(theta, lengths, self.truth[idx, :T], self.backend)
+        loss = self.loss_aug[idx, :T].gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)
+        return self._pad(labels), loss, value.to(self.dtype)
+
     def decode(self, theta: ChainPotentials, idx: torch.Tensor) -> torch.Tensor:
         labels, _ = self.structure._max_oracle(theta, self.lengths[idx], None, None, self.backend)
         return self._pad(labels)

@@ -75,6 +75,12 @@ class FeatureTableProblem(DualProblem):
         truth_score = theta.gather(1, self.truth[idx]).squeeze(1)
         return y.unsqueeze(1), self.losses[idx].gather(1, y.unsqueeze(1)).squeeze(1), best - truth_score
 
+    def slack_oracle(self, theta: torch.Tensor, idx: torch.Tensor):
+        loss = self.losses[idx]
+        truth_score = theta.gather(1, self.truth[idx])
+        value, y = (loss * (1 + theta - truth_score)).max(1)  # the truth scores 0: value >= 0
+        return y.unsqueeze(1), loss.gather(1, y.unsqueeze(1)).squeeze(1), value
+
     def decode(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return theta.argmax(1).unsqueeze(1)
 

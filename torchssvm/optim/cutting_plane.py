@@ -1,0 +1,360 @@
+"""The n-slack cutting-plane SSVM solver (SVM-struct's n-slack algorithm; seed 000 and seed 004, section 2).
+
+Each example i keeps a working set ``W_i`` of labellings (cuts; the truth is slot 0, its cut is the
+constraint ``xi_i >= 0``). A pass separates every example at the current ``w``: it finds a labelling with
+(approximately) the largest ``H_i(y; w)`` and adds it to ``W_i`` when ``H_i(y) > xi_i + eps`` with
+``xi_i = max_{y in W_i} H_i(y; w)``; then the working-set QP is solved. The QP is the SSVM dual
+restricted to the working sets, a product of simplices (one per example) in the dual weights
+``alpha_i(y)``:
+
+    min_alpha  f(alpha) = lam/2 ||w(alpha)||^2 - sum_i l_i(alpha),
+    w(alpha) = sum_i sum_y alpha_i(y) Phi_i c_i(y) / (lam n),   l_i = (1/n) sum_y alpha_i(y) L_i(y),
+
+with ``c_i(y)`` the problem's corner (``m(y_i) - m(y)``; loss-scaled under slack rescaling), i.e. the
+BCFW dual of `DualSolver` on a subset of corners, solved by block-coordinate descent with the coordinated
+mini-batch step of DESIGN.md (`_solve_qp`). The partial derivative is ``-H_i(y; w) / n``, so a gradient is
+one batched scoring of the cuts, and the restricted QP has a Frank-Wolfe gap that stops it.
+
+Why block moves (measured, see docs/benchmarks/slack.md): a full-gradient accelerated method (FISTA with
+restarts on the block-simplex projection kernel) was tried first; the parameters every example shares
+(bias, pairwise) make its global Lipschitz constant about n times the per-block one, and on Yeast it needed
+> 1,000 iterations per QP. Exact per-block minimization by FISTA on the projection kernel
+(``qp_step="projected"``) fixes the coupling but costs ~100 small iterations per block move; pairwise
+moves between cuts reach the same optimum 10-100x faster on the tests' problems and are the default.
+
+Cuts whose weight stayed 0 for ``inactive_after`` consecutive passes are removed (SVM-struct's rule).
+Separation is ``"exact"`` (the problem's oracle: exact loss-augmented decoding, or the exact slack oracle
+under ``rescaling="slack"``) or a callable ``separation(problem, theta, idx, xi) -> labels (B, width)``,
+e.g. a slack-rescaling search of `torchssvm.search` over lambda-oracles (seed 000's Table 1). The
+duality gap after a pass is exact when separation is exact (the oracle pass gives the primal at the
+iterate); `duality_gap` certifies any iterate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional, Union
+
+import torch
+
+from ..kernels import project_simplex
+from .box_qp import box_qp
+from .dual_solver import DualSolver
+
+QP_STEPS = ("pairwise", "projected")
+
+
+class NSlackCuttingPlane(DualSolver):
+    """``solver = NSlackCuttingPlane(model, dataset, lam=1e-2, eps=1e-3)``; ``solver.step()`` runs one
+    separation pass over all examples and one working-set QP solve; `fit` loops until no cut is added.
+
+    Args:
+        model, dataset, lam, writer, structure, backend, rescaling: see `DualSolver` (no box constraints).
+        separation: ``"exact"`` or a callable (see the module docstring).
+        eps: a cut is added when it is violated by more than ``eps`` (SVM-struct's epsilon).
+        inactive_after: passes with zero weight after which a cut is removed (0: never).
+        qp_step: the block moves of the working-set QP (`_solve_qp`): ``"pairwise"`` (default) or
+            ``"projected"``.
+        qp_max_iter, qp_tol, qp_batch, qp_inner: sweeps, Frank-Wolfe-gap tolerance (the QP stops at ``gap <=
+            qp_tol * eps``), blocks per coordinated step, and FISTA iterations per block (``"projected"``).
+        seed: seed of the QP's block order.
+        chunk: examples per batched separation call.
+
+    Reports (`step`): ``primal``, ``dual``, ``gap`` (``gap_exact`` when separation is exact), ``added``
+    cuts, mean ``working_set`` size, ``qp_iterations``, ``qp_gap``, ``passes``, ``oracle_calls``,
+    ``separation_seconds``, ``time``; ``converged`` when no cut was added (the pass's primal is then within
+    ``eps`` of the QP's value).
+    """
+
+    tag = "nslack"
+
+    def __init__(self, model, dataset=None, lam: float = 1e-2, *,
+                 separation: Union[str, Callable] = "exact", eps: float = 1e-3, inactive_after: int = 50,
+                 qp_max_iter: int = 200, qp_tol: float = 0.1, qp_step: str = "pairwise", qp_batch: int = 64,
+                 qp_inner: int = 100,
+                 chunk: int = 1024, seed: int = 0, writer=None, structure=None, backend: str = "auto",
+                 rescaling: str = "margin"):
+        if qp_step not in QP_STEPS:
+            raise ValueError(f"qp_step must be one of {QP_STEPS}, got {qp_step!r}")
+        if not (separation == "exact" or callable(separation)):
+            raise ValueError(f"separation must be 'exact' or a callable, got {separation!r}")
+        for name, value in (("eps", eps), ("qp_tol", qp_tol)):
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name, value, low in (("inactive_after", inactive_after, 0), ("qp_max_iter", qp_max_iter, 1),
+                                 ("qp_batch", qp_batch, 1), ("qp_inner", qp_inner, 1), ("chunk", chunk, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        super().__init__(model, dataset, lam, box=None, writer=writer, structure=structure, backend=backend,
+                         rescaling=rescaling)
+        self.separation, self.eps, self.backend = separation, float(eps), backend
+        self.inactive_after, self.qp_max_iter, self.qp_tol = inactive_after, qp_max_iter, qp_tol
+        self.qp_step, self.qp_batch, self.qp_inner, self.chunk = qp_step, qp_batch, qp_inner, chunk
+        self.generator = torch.Generator().manual_seed(int(seed))
+        p = self.problem
+        kw = {"device": p.device}
+        # working sets, padded: slot 0 is the truth
+        self.labels = p.truth.unsqueeze(1).clone()  # (n, C, width)
+        self.loss = torch.zeros(p.n, 1, dtype=torch.float64, **kw)
+        self.alpha = torch.ones(p.n, 1, dtype=torch.float64, **kw)
+        self.used = torch.ones(p.n, 1, dtype=torch.bool, **kw)
+        self.age = torch.zeros(p.n, 1, dtype=torch.long, **kw)
+        self.separation_seconds = 0.0
+        self.cuts_added = 0
+
+    # -- working sets ---------------------------------------------------------------------------
+    def _cut_scores(self, idx: torch.Tensor, theta) -> torch.Tensor:
+        """``H_i(y; w)`` of every slot of blocks ``idx`` (``-inf`` on unused slots)."""
+        p = self.problem
+        s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1))
+        H = self.loss[idx] - s_truth + p.labels_score(theta, idx, self.labels[idx])
+        return H.masked_fill(~self.used[idx], -math.inf)
+
+    def _add(self, rows: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
+        n, C = self.used.shape
+        free = ~self.used[rows]
+        need = int((~free.any(1)).sum()) > 0
+        if need:  # one more slot for everyone
+            self.labels = torch.cat([self.labels, self.labels[:, :1].clone().fill_(-1)], 1)
+            for name in ("loss", "alpha", "age"):
+                t = getattr(self, name)
+                setattr(self, name, torch.cat([t, t.new_zeros(n, 1)], 1))
+            self.used = torch.cat([self.used, self.used.new_zeros(n, 1)], 1)
+            free = ~self.used[rows]
+        slot = free.to(torch.int8).argmax(1)  # the first free slot
+        self.labels[rows, slot] = labels.to(self.labels.dtype)
+        self.loss[rows, slot] = loss.to(torch.float64)
+        self.alpha[rows, slot] = 0.0
+        self.age[rows, slot] = 0
+        self.used[rows, slot] = True
+
+    def _remove_inactive(self) -> int:
+        if self.inactive_after == 0:
+            return 0
+        inactive = self.used & (self.alpha == 0)
+        self.age = torch.where(inactive, self.age + 1, torch.zeros_like(self.age))
+        drop = inactive & (self.age >= self.inactive_after)
+        drop[:, 0] = False
+        count = int(drop.sum())
+        if count:
+            self.used &= ~drop
+            self.labels[drop] = -1
+            self.loss[drop] = 0.0
+            self.age[drop] = 0
+        return count
+
+    # -- the working-set QP ---------------------------------------------------------------------
+    def _slot_corners(self):
+        """Per slot c >= 1: the rows that use it and their corners ``(c, rows, Z (R, m), L (R,))``."""
+        p = self.problem
+        out = []
+        for c in range(1, self.used.shape[1]):
+            rows = self.used[:, c].nonzero().squeeze(1)
+            if rows.numel():
+                out.append((c, rows, p.corner(rows, self.labels[rows, c].long()), self.loss[rows, c]))
+        return out
+
+    def _primal_w(self, alpha: torch.Tensor, corners) -> torch.Tensor:
+        p = self.problem
+        v = torch.zeros(p.d, dtype=torch.float64, device=p.device)
+        scale = 1.0 / (self.lam * self.n)
+        for c, rows, Z, _ in corners:
+            p.accumulate(v, rows, Z, alpha[rows, c] * scale)
+        return v
+
+    def _block_corners(self, idx: torch.Tensor):
+        """Corners of every slot of blocks ``idx``: ``(B C, m)`` (unused slots: the truth, corner 0)."""
+        p = self.problem
+        B, C = idx.shape[0], self.used.shape[1]
+        labels = torch.where(self.used[idx].unsqueeze(2), self.labels[idx], p.truth[idx].unsqueeze(1))
+        return p.corner(idx.repeat_interleave(C), labels.reshape(B * C, -1).long())
+
+    def _qp_gap(self) -> float:
+        """Frank-Wolfe gap of the restricted QP, ``sum_i (max_{y in W_i} H_i(y) - sum_y alpha_i(y) H_i(y)) / n``
+        at the current ``w`` (one scoring of every cut, no oracle call)."""
+        p, total = self.problem, 0.0
+        for idx in p.chunks(self.chunk):
+            H = self._cut_scores(idx, p.potentials(self.w, idx))
+            total += float((H.amax(1) - (self.alpha[idx] * H.masked_fill(~self.used[idx], 0.0)).sum(1)).sum())
+        return total / self.n
+
+    def _solve_qp(self):
+        """Block-coordinate descent on the working-set QP, coordinated across a mini-batch of blocks.
+
+        Blocks are visited in random mini-batches of ``qp_batch``. Each block's move is either a pairwise
+        move (``qp_step="pairwise"``: all the weight of its least violated active cut to its most violated
+        cut, the BCPFW direction of note 001 restricted to the working set), or towards the minimizer of
+        its own QP with the others fixed (``"projected"``, `_block_minimize`: FISTA on the block-simplex
+        kernel with the block's ``C x C`` Hessian ``Q_i = G_i / (lam n^2)``, ``G_i`` the Gram matrix of its
+        cuts). The step lengths ``gamma in [0, 1]^B`` of the mini-batch minimize the quadratic
+        jointly (the coordinated box QP of BCFW's mini-batches, `box_qp`), so every step decreases ``f`` and
+        the coupling between blocks through shared parameters costs no step length. Sweeps stop at a
+        Frank-Wolfe gap ``<= qp_tol * eps``."""
+        p, n, lam = self.problem, self.n, self.lam
+        target = self.qp_tol * self.eps
+        gen = self.generator
+        sweeps, qp_gap = 0, self._qp_gap()
+        while qp_gap > target and sweeps < self.qp_max_iter:
+            sweeps += 1
+            order = torch.randperm(n, generator=gen).to(p.device)
+            for s in range(0, n, self.qp_batch):
+                idx = order[s : s + self.qp_batch]
+                used = self.used[idx]
+                B, C = used.shape
+                theta = p.potentials(self.w, idx)
+                H = self._cut_scores(idx, theta).masked_fill(~used, 0.0)
+                grad = -H / n
+                Z = self._block_corners(idx)
+                if self.qp_step == "pairwise":  # mass from the worst active cut to the best cut
+                    rows = torch.arange(B, device=p.device)
+                    best = H.masked_fill(~used, -math.inf).argmax(1)
+                    worst = H.masked_fill(~(used & (self.alpha[idx] > 0)), math.inf).argmin(1)
+                    d = torch.zeros_like(grad)
+                    move = self.alpha[idx][rows, worst]
+                    d[rows, best] += move
+                    d[rows, worst] -= move
+                else:
+                    rep = idx.repeat_interleave(C)
+                    rows = torch.arange(B, device=p.device)
+                    Q = p.gram(rep, Z).view(B, C, B, C)[rows, :, rows, :] / (lam * n * n)  # (B, C, C) blocks
+                    d = self._block_minimize(self.alpha[idx], grad, Q, used) - self.alpha[idx]
+                gain = -(grad * d).sum(1)  # first-order decrease of each block's move
+                if not bool((gain > 0).any()):
+                    continue
+                dz = (d.unsqueeze(2) * Z.view(B, C, -1)).sum(1)  # the moves in block coordinates, (B, m)
+                H2 = p.gram(idx, dz) / (lam * n * n)
+                gamma = box_qp(gain.clamp_min(0), H2, torch.ones_like(gain))
+                self.alpha[idx] = (self.alpha[idx] + gamma.unsqueeze(1) * d).clamp_min(0) * used
+                p.accumulate(self.v, idx, dz, gamma / (lam * n))
+                self._sync_w()
+            qp_gap = self._qp_gap()
+        self._sync_duals(self._slot_corners())
+        return sweeps, qp_gap
+
+    def _block_minimize(self, a0, grad, Q, used):
+        """Each block's QP with the other blocks fixed, ``min_{a in simplex} <grad, a - a0> + 1/2 (a - a0)^T Q
+        (a - a0)``, by FISTA (accelerated projected gradient with restart) on the block-simplex kernel,
+        batched over the blocks; step ``1 / lambda_max(Q_i)``."""
+        L = torch.linalg.eigvalsh(Q)[:, -1].clamp_min(1e-300).unsqueeze(1)
+        x, y, t = a0, a0, 1.0
+        for k in range(self.qp_inner):
+            g = grad + torch.bmm(Q, (y - a0).unsqueeze(2)).squeeze(2)
+            x_new = project_simplex(y - g / L, used, backend=self.backend)
+            if float((g * (x_new - x)).sum()) > 0:  # gradient restart (O'Donoghue & Candes)
+                t = 1.0
+            t_next = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
+            y = x_new + ((t - 1) / t_next) * (x_new - x)
+            x, t = x_new, t_next
+            if k % 10 == 9:  # the blocks' own Frank-Wolfe gaps: stop when every block QP is solved
+                gx = grad + torch.bmm(Q, (x - a0).unsqueeze(2)).squeeze(2)
+                fw = (gx * x).sum(1) - gx.masked_fill(~used, math.inf).min(1).values
+                if float(fw.max()) <= 1e-13:
+                    break
+        return x
+
+    def _sync_duals(self, corners) -> None:
+        p = self.problem
+        self.alpha = self.alpha / self.alpha.sum(1, keepdim=True)  # exact simplices after the line searches
+        self.z.zero_()
+        self.ell.zero_()
+        for c, rows, Z, L in corners:
+            a = self.alpha[rows, c]
+            self.z.index_add_(0, rows, Z * a.unsqueeze(1))
+            self.ell.index_add_(0, rows, a * L / self.n)
+        self.v = self._primal_w(self.alpha, corners)
+        self._sync_w()
+        p.write_model(self.w)
+
+    # -- one pass -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> dict:
+        t0 = time.perf_counter()
+        p, n = self.problem, self.n
+        exact = self.separation == "exact"
+        hinge = torch.zeros(n, dtype=torch.float64, device=p.device)
+        gaps = torch.zeros_like(hinge)
+        added = 0
+        t_sep = 0.0
+        pending = []
+        for idx in p.chunks(self.chunk):
+            theta = p.potentials(self.w, idx)
+            xi = self._cut_scores(idx, theta).amax(1).clamp_min(0)
+            ts = time.perf_counter()
+            if exact:
+                labels, loss, _ = p.oracle(theta, idx)
+            else:
+                labels = self.separation(p, theta, idx, xi)
+                loss = p.task_loss(idx, labels.unsqueeze(1)).squeeze(1)
+            t_sep += time.perf_counter() - ts
+            s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1)).squeeze(1)
+            H = loss - s_truth + p.labels_score(theta, idx, labels.unsqueeze(1)).squeeze(1)
+            hinge[idx] = H.clamp_min(0)
+            gaps[idx] = (p.inner(theta, self.z[idx]) + hinge[idx]) / n - self.ell[idx]
+            new = H > xi + self.eps
+            if bool(new.any()):
+                pending.append((idx[new], labels[new], loss[new]))
+                added += int(new.sum())
+        self.oracle_calls += n
+        primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / n
+        dual = self.dual_value()
+        self.block_gaps = gaps
+        for rows, labels, loss in pending:
+            self._add(rows, labels, loss)
+        self.cuts_added += added
+        qp_iter, qp_gap = self._solve_qp() if added else (0, 0.0)
+        removed = self._remove_inactive()
+        self.steps_done += 1
+        self.separation_seconds += t_sep
+        self.seconds += time.perf_counter() - t0
+        r = {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": exact, "added": added,
+             "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
+             "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
+             "separation_seconds": self.separation_seconds, "time": self.seconds, "converged": added == 0}
+        self._log(r)
+        return r
+
+    def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
+            time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
+        """`DualSolver.fit`, also stopping at the first pass that adds no cut (``converged``)."""
+        if max_passes is None and gap_tol is None and time_budget is None:
+            max_passes = math.inf
+        history = []
+        while True:
+            r = self.step()
+            history.append(r)
+            if callback is not None:
+                callback(r)
+            if r["converged"]:
+                break
+            if gap_tol is not None and r["gap"] <= gap_tol and (r["gap_exact"] or not exact):
+                break
+            if max_passes is not None and r["passes"] >= max_passes:
+                break
+            if time_budget is not None and self.seconds >= time_budget:
+                break
+        return history
+
+    _working_set = ("labels", "loss", "alpha", "used", "age")
+    _state_scalars = DualSolver._state_scalars + ("cuts_added", "separation_seconds")
+
+    def state_dict(self) -> dict:
+        s = super().state_dict()
+        s.update({k: getattr(self, k).clone() for k in self._working_set})
+        s["generator"] = self.generator.get_state()
+        return s
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [k for k in self._working_set if k not in state]
+        if missing:
+            raise ValueError(f"state_dict is missing {missing}")
+        n = self.n
+        for k in self._working_set:
+            t = state[k]
+            if not isinstance(t, torch.Tensor) or t.shape[0] != n or t.shape[1] != state["used"].shape[1]:
+                raise ValueError(f"state_dict[{k!r}] must be a tensor with {n} rows and one column per slot")
+        for k in self._working_set:
+            setattr(self, k, state[k].to(self.problem.device).clone())
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
+        super().load_state_dict(state)
