@@ -20,7 +20,7 @@ restarts on the block-simplex projection kernel) was tried first; the parameters
 (bias, pairwise) make its global Lipschitz constant about n times the per-block one, and on Yeast it needed
 > 1,000 iterations per QP. Exact per-block minimization by FISTA on the projection kernel
 (``qp_step="projected"``) fixes the coupling but costs ~100 small iterations per block move; pairwise
-moves between cuts reach the same optimum 10-100x faster on the tests' problems and are the default.
+moves between cuts reach the same optimum 10x or more faster on the tests' problems and are the default.
 
 Cuts whose weight stayed 0 for ``inactive_after`` consecutive passes are removed (SVM-struct's rule).
 Separation is ``"exact"`` (the problem's oracle: exact loss-augmented decoding, or the exact slack oracle
