@@ -6,20 +6,14 @@ import itertools
 
 import pytest
 import torch
+from test_optim_problems import _dense_problem
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, ChainProblem, FeatureTableProblem, FrankWolfe, SlackRescaledProblem, make_problem
 
 
 def _chain_data(seed=0, n=6, K=3, D=3, T=4):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    lengths[0] = T
-    x = torch.randn(n, T, D, generator=g)
-    y = torch.randint(0, K, (n, T), generator=g)
-    y[torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
-    ds = ts.data.SequenceDataset(x, y, lengths, num_labels=K, num_features=D)
-    return ts.LinearChainModel(D, K, bias="ocr", dtype=torch.float64), ds
+    return _dense_problem(seed=seed, n=n, K=K, D=D, T=T)
 
 
 def _enumerate(problem: ChainProblem):

@@ -316,24 +316,11 @@ class NSlackCuttingPlane(DualSolver):
 
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
             time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
-        """`DualSolver.fit`, also stopping at the first pass that adds no cut (``converged``)."""
+        """`DualSolver.fit`, which also stops at the first pass that adds no cut (``converged``); with no
+        limit given it runs until then."""
         if max_passes is None and gap_tol is None and time_budget is None:
             max_passes = math.inf
-        history = []
-        while True:
-            r = self.step()
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if r["converged"]:
-                break
-            if gap_tol is not None and r["gap"] <= gap_tol and (r["gap_exact"] or not exact):
-                break
-            if max_passes is not None and r["passes"] >= max_passes:
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
 
     _working_set = ("labels", "loss", "alpha", "used", "age")
     _state_scalars = DualSolver._state_scalars + ("cuts_added", "separation_seconds")

@@ -167,10 +167,11 @@ class DualSolver:
 
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
             time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
-        """Call `step` until ``passes >= max_passes``, the gap is ``<= gap_tol``, or ``time_budget``
-        seconds of solver time are spent. With ``exact=True`` (default) only an exact gap stops the
-        run (a certificate); ``exact=False`` also accepts the estimate (the heuristic path). Returns the
-        list of step reports; ``callback(report)`` is called after each."""
+        """Call `step` until ``passes >= max_passes``, the gap is ``<= gap_tol``, ``time_budget``
+        seconds of solver time are spent, or a report says ``converged`` (a solver's own stopping rule).
+        With ``exact=True`` (default) only an exact gap stops the run (a certificate); ``exact=False``
+        also accepts the estimate (the heuristic path). Returns the list of step reports;
+        ``callback(report)`` is called after each."""
         if max_passes is None and gap_tol is None and time_budget is None:
             raise ValueError("fit needs at least one of max_passes, gap_tol, time_budget")
         history = []
@@ -181,6 +182,8 @@ class DualSolver:
             history.append(r)
             if callback is not None:
                 callback(r)
+            if r.get("converged"):  # a solver's own stopping rule (cutting plane: no cut added)
+                break
             if gap_tol is not None and r["gap"] <= gap_tol and (r["gap_exact"] or not exact):
                 break
             if max_passes is not None and r["passes"] >= max_passes:
