@@ -312,3 +312,36 @@ def test_slack_loss_trains_a_multilabel_model():
     y_hat = ml.decode(ts.MultiLabelPotentials(lin(x.double()).detach(), pair.detach()))
     assert float(loss) < 0.1 * first
     assert float((y_hat != y).double().mean()) < 0.05
+
+
+@pytest.mark.parametrize("search", ["angular", "bisecting", "binary", "golden"])
+def test_searched_slack_loss_is_a_certified_lower_bound_with_its_own_subgradient(search):
+    """The searched loss is Phi of the labelling found (<= the exact loss; angular >= 0.999 of it), and the
+    backward is that labelling's subgradient ``Delta(y_hat) (m(y_hat) - m(y*))``."""
+    ml = ts.MultiLabel(5, edges="full")
+    g = torch.Generator().manual_seed(4)
+    pot = ts.MultiLabelPotentials(torch.randn(12, 5, generator=g, dtype=torch.float64, requires_grad=True),
+                                  torch.randn(10, generator=g, dtype=torch.float64))
+    y = torch.randint(0, 2, (12, 5), generator=g)
+    exact = ts.slack_rescaled_hinge_loss(ml, pot, y, reduction="none")
+    loss, y_hat = ts.slack_rescaled_hinge_loss(ml, pot, y, search=search, reduction="none", return_argmax=True)
+    torch.testing.assert_close(loss, _phi(ml, pot, y_hat, y).clamp_min(0).detach(), rtol=1e-12, atol=1e-12)
+    assert bool((loss <= exact + 1e-12).all())
+    if search == "angular":
+        assert bool((loss >= 0.999 * exact - 1e-12).all())
+    loss.sum().backward()
+    delta = ml.task_loss(y_hat, y)
+    m_hat, m_gold = ml.marginals(y_hat, dtype=torch.float64).unary, ml.marginals(y, dtype=torch.float64).unary
+    torch.testing.assert_close(pot.unary.grad, delta.unsqueeze(1) * (m_hat - m_gold), rtol=1e-12, atol=1e-12)
+
+
+def test_searched_slack_loss_on_a_chain_and_angular_needs_the_constrained_oracle():
+    chain = ts.Chain(3)
+    pot, lengths, y = _chain_batch(6, 4, 3, 11)
+    exact = ts.slack_rescaled_hinge_loss(chain, pot, y, lengths, reduction="none")
+    loss, y_hat = ts.slack_rescaled_hinge_loss(chain, pot, y, lengths, search="bisecting", reduction="none",
+                                               return_argmax=True)
+    torch.testing.assert_close(loss, _phi(chain, pot, y_hat, y, lengths).clamp_min(0), rtol=1e-10, atol=1e-10)
+    assert bool((loss <= exact + 1e-12).all()) and bool((loss > 0).any())
+    with pytest.raises(ValueError, match="constrained"):
+        ts.SlackRescaledHingeLoss(chain, search="angular")

@@ -140,9 +140,12 @@ class StructuredHingeLoss(nn.Module):
 
 class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, structure, target, lengths, backend, *tensors):
+    def forward(ctx, structure, target, lengths, backend, search, *tensors):
         pot = structure.from_tensors(tensors)
-        y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
+        if search == "exact":
+            y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
+        else:
+            y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
         ctx.structure = structure
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -154,17 +157,43 @@ class _SlackRescaledHinge(torch.autograd.Function):
         structure = ctx.structure
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
         weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
-        grads = _marginal_difference(structure, y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[4:])
-        return (None, None, None, None) + grads
+        grads = _marginal_difference(structure, y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:])
+        return (None, None, None, None, None) + grads
 
 
-SEARCHES = ("exact",)
+SEARCHES = ("exact", "angular", "bisecting", "binary", "golden")
 
 
-def _check_search(search: str) -> str:
+def _check_search(search: str, structure=None) -> str:
     if search not in SEARCHES:
         raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+    if search == "angular" and structure is not None:
+        from .structures.multiclass import Multiclass
+        from .structures.multilabel import MultiLabel
+
+        if not isinstance(structure, (Multiclass, MultiLabel)):
+            raise ValueError(f"search='angular' needs the constrained lambda-oracle, which exists for Multiclass and "
+                             f"MultiLabel (enumeration); {type(structure).__name__} has the lambda-oracle only: use "
+                             f"'bisecting', 'binary', 'golden' or 'exact'")
     return search
+
+
+def _searched_oracle(structure, pot, target, lengths, backend, search):
+    """``(y_hat, Phi(y_hat))`` found by a search of `torchssvm.search` over lambda-oracles (angular: the
+    table oracle with its constrained form; the others: loss-augmented decoding of the structure)."""
+    from .search import StructureOracle, TableOracle, angular_search, binary_search, bisecting_search, golden_search
+
+    if search == "angular":
+        result = angular_search(TableOracle.from_structure(structure, pot, target))
+    else:
+        oracle = StructureOracle(structure, pot, target, lengths, backend=backend)
+        if search == "bisecting":
+            result = bisecting_search(oracle)
+        elif search == "binary":
+            result = binary_search(oracle)
+        else:
+            result = golden_search(oracle, torch.zeros(target.shape[0], dtype=torch.float64, device=target.device))
+    return result.labels, result.phi
 
 
 def slack_rescaled_hinge_loss(
@@ -189,14 +218,18 @@ def slack_rescaled_hinge_loss(
         structure: ``Chain(K)`` (exact error-count DP, uniform Hamming cost), ``Multiclass(K)``,
             ``MultiLabel(K)`` or ``Hierarchy(parents)`` (exact by enumeration).
         potentials, target, lengths, reduction, backend, return_argmax: as `structured_hinge_loss`.
-        search: how the most violating labelling is found; ``"exact"`` (the structure's exact oracle).
+        search: how the most violating labelling is found: ``"exact"`` (the structure's exact oracle), or a
+            search over lambda-oracles (`torchssvm.search`): ``"angular"`` (Multiclass / MultiLabel; exact
+            up to its 0.999 stop), ``"bisecting"``, ``"binary"``, ``"golden"`` (any structure with a
+            loss-augmented decoder; they may miss the maximum, so the loss is then a lower bound and
+            its gradient the subgradient at the labelling found).
     """
     _check_structure(structure)
     _check_reduction(reduction)
-    _check_search(search)
+    _check_search(search, structure)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
-    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, *tensors)
+    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if return_argmax else loss
 
@@ -209,7 +242,7 @@ class SlackRescaledHingeLoss(nn.Module):
         _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
-        self.search = _check_search(search)
+        self.search = _check_search(search, structure)
         self.backend = backend
 
     def forward(self, potentials, target, lengths=None):
