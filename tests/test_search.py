@@ -75,6 +75,23 @@ def test_theorem1_instance_defeats_lambda_oracle_searches_but_not_angular():
     assert torch.equal(r.labels, torch.full((8,), 3))
 
 
+@pytest.mark.parametrize("queue", ["fifo", "priority"])
+def test_angular_label_cache_prunes_and_stays_exact(queue):
+    """Note 000 section 2.6: cached labellings start the incumbent. On the Thm 1 instance plain angular
+    needs 5 calls to reach C; with C cached the 0.999 stop holds after the root call."""
+    plain = angular_search(_theorem1(), queue=queue)
+    cache = torch.tensor([[-1, 3]]).repeat(8, 1)  # an empty slot and C
+    r = angular_search(_theorem1(), queue=queue, cache=cache)
+    torch.testing.assert_close(r.phi, plain.phi, rtol=0, atol=0)
+    assert r.labels.tolist() == [3] * 8 and plain.calls.tolist() == [5] * 8 and r.calls.tolist() == [1] * 8
+    assert bool((r.bound >= r.phi - 1e-12).all())
+    # a cache that holds only non-violating labellings changes nothing
+    same = angular_search(_theorem1(), queue=queue, cache=torch.zeros(8, 1, dtype=torch.long))
+    assert torch.equal(same.calls, plain.calls) and torch.equal(same.labels, plain.labels)
+    with pytest.raises(ValueError, match="columns"):
+        angular_search(_theorem1(), cache=torch.full((8, 1), 4))
+
+
 def test_lemma4_monotonicity_tables_and_chains():
     lams = torch.logspace(-3, 3, 40, dtype=torch.float64)
     oracle = _random_table(16, 30, 5)

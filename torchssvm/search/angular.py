@@ -69,7 +69,7 @@ class _Queue:
 
 
 def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = "fifo", tol: float = 0.999,
-                   max_calls: Optional[int] = None) -> SearchResult:
+                   max_calls: Optional[int] = None, cache: Optional[torch.Tensor] = None) -> SearchResult:
     """Args:
         oracle: a `TableOracle` (the constrained lambda-oracle is needed).
         lam0: ``(B,)`` first multipliers; default ``H_hat / G_hat`` (note 000 section 2.5: the largest
@@ -78,6 +78,10 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
         tol: stop once the incumbent is at least ``tol`` times every open wedge's bound (in (0, 1]).
         max_calls: oracle calls per example at most (None: until the queue is exhausted or ``tol`` holds;
             for a `TableOracle` of N labellings at most ``2 N + 1``, Thm 2's bound).
+        cache: the label cache of note 000 section 2.6, ``(B, C)`` long column indices of the oracle's
+            table (-1: empty slot), e.g. earlier most violating labellings (a cutting plane's working
+            set). The best of them under the current potentials starts as the incumbent (no oracle
+            call), so every wedge whose bound it reaches is discarded unvisited.
 
     ``bound`` of the result is the largest bound of the wedges still open (the incumbent when none is).
     """
@@ -88,6 +92,8 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device
+    if cache is not None:
+        best.offer(oracle.at(cache), torch.ones(B, dtype=torch.bool, device=dev))
     if lam0 is None:
         H, G = oracle.max_h().to(torch.float64), oracle.max_g().to(torch.float64)
         lam0 = torch.where((H > 0) & (G > 0), H / G.clamp_min(1e-300), torch.ones_like(H))
@@ -99,7 +105,7 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
         root = _Wedge(math.inf, (0.0, 1.0), True, (1.0, 0.0), False)  # every slope in (0, inf]
         root.lam = float(lam0[b])
         queues[b].push(root)
-    phi = [0.0] * B
+    phi = best.phi.cpu().tolist()
     calls = [0] * B
     while True:
         picked = {}

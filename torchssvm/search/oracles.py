@@ -121,6 +121,20 @@ class TableOracle:
         j = score.argmax(1)
         return self._answer(j, mask.any(1))
 
+    def at(self, columns: torch.Tensor) -> OracleAnswer:
+        """The best of the labellings ``columns (B, C)`` (column indices, -1: none) by ``Phi = h g`` per example,
+        without an oracle call (angular search's label cache); ``found`` False where none has ``Phi > 0``."""
+        if columns.dim() != 2 or columns.shape[0] != self.batch_size or columns.is_floating_point():
+            raise ValueError(f"columns must be a ({self.batch_size}, C) integer tensor of column indices")
+        if bool((columns >= self.size).any()) or bool((columns < -1).any()):
+            raise ValueError(f"columns must be in [-1, {self.size})")
+        c = columns.clamp_min(0)
+        h, g = self.h.gather(1, c), self.g.gather(1, c)
+        phi = torch.where((columns >= 0) & (h > 0) & (g > 0), h * g, torch.zeros_like(h))
+        k = phi.argmax(1)
+        rows = torch.arange(self.batch_size, device=c.device)
+        return OracleAnswer(c[rows, k], h[rows, k], g[rows, k], phi[rows, k] > 0)
+
     def _answer(self, j, found) -> OracleAnswer:
         rows = torch.arange(self.batch_size, device=j.device)
         return OracleAnswer(j, self.h[rows, j], self.g[rows, j], found)
