@@ -27,7 +27,13 @@ def cpu_description() -> str:
 def median_seconds(fn, repeats: int = 5, cuda: bool = False) -> float:
     """Median wall-clock seconds of ``repeats`` calls of ``fn`` after one warm-up call; ``cuda=True``
     synchronizes the device before each clock read."""
-    sync = (lambda: __import__("torch").cuda.synchronize()) if cuda else (lambda: None)
+    if cuda:
+        import torch
+
+        sync = torch.cuda.synchronize
+    else:
+        def sync():
+            return None
     fn()
     times = []
     for _ in range(repeats):

@@ -104,11 +104,17 @@ class NSlackCuttingPlane(DualSolver):
         self.cuts_added = 0
 
     # -- working sets ---------------------------------------------------------------------------
-    def _cut_scores(self, idx: torch.Tensor, theta) -> torch.Tensor:
+    def _truth_score(self, idx: torch.Tensor, theta) -> torch.Tensor:
+        return self.problem.labels_score(theta, idx, self.problem.truth[idx].unsqueeze(1))  # (B, 1)
+
+    def _violation(self, idx, theta, labels, loss, s_truth) -> torch.Tensor:
+        """``H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)>`` of labellings ``(B, C, width)`` with losses ``(B, C)``."""
+        return loss - s_truth + self.problem.labels_score(theta, idx, labels)
+
+    def _cut_scores(self, idx: torch.Tensor, theta, s_truth=None) -> torch.Tensor:
         """``H_i(y; w)`` of every slot of blocks ``idx`` (``-inf`` on unused slots)."""
-        p = self.problem
-        s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1))
-        H = self.loss[idx] - s_truth + p.labels_score(theta, idx, self.labels[idx])
+        s_truth = self._truth_score(idx, theta) if s_truth is None else s_truth
+        H = self._violation(idx, theta, self.labels[idx], self.loss[idx], s_truth)
         return H.masked_fill(~self.used[idx], -math.inf)
 
     def _add(self, rows: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
@@ -279,7 +285,8 @@ class NSlackCuttingPlane(DualSolver):
         pending = []
         for idx in p.chunks(self.chunk):
             theta = p.potentials(self.w, idx)
-            xi = self._cut_scores(idx, theta).amax(1).clamp_min(0)
+            s_truth = self._truth_score(idx, theta)
+            xi = self._cut_scores(idx, theta, s_truth).amax(1).clamp_min(0)
             ts = time.perf_counter()
             if exact:
                 labels, loss, _ = p.oracle(theta, idx)
@@ -287,8 +294,7 @@ class NSlackCuttingPlane(DualSolver):
                 labels = self.separation(p, theta, idx, xi)
                 loss = p.task_loss(idx, labels.unsqueeze(1)).squeeze(1)
             t_sep += time.perf_counter() - ts
-            s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1)).squeeze(1)
-            H = loss - s_truth + p.labels_score(theta, idx, labels.unsqueeze(1)).squeeze(1)
+            H = self._violation(idx, theta, labels.unsqueeze(1), loss.unsqueeze(1), s_truth).squeeze(1)
             hinge[idx] = H.clamp_min(0)
             gaps[idx] = (p.inner(theta, self.z[idx]) + hinge[idx]) / n - self.ell[idx]
             new = H > xi + self.eps
