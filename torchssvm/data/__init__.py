@@ -1,6 +1,8 @@
 """Datasets: real benchmarks (read from ``root=``, ``$TORCHSSVM_DATA`` or a cache dir) and seeded
 synthetic generators."""
 
+from .adult import a9a
+from .checkers import checkers
 from .conll2000 import conll2000
 from .multilabel_dataset import MultiLabelBatch, MultiLabelDataset
 from .ocr import ocr
@@ -11,3 +13,4 @@ from .yeast import yeast
 
 __all__ = ["ocr", "conll2000", "yeast", "synthetic_chain", "SequenceDataset", "ChainBatch", "MultiLabelDataset",
            "MultiLabelBatch", "data_root"]
+__all__ += ["a9a", "checkers"]

@@ -4,6 +4,9 @@
   constraints and exact mini-batches (``bcfw.py``).
 - `NSlackCuttingPlane`: SVM-struct's n-slack cutting plane, the working-set QP by accelerated projected
   gradient on the block-simplex projection kernel (``cutting_plane.py``).
+- `OneSlackCuttingPlane` (SVM-struct's 1-slack, ``one_slack.py``) and `BMRM` (qp-bmrm / ls-bmrm, ``bmrm.py``):
+  cutting-plane models of a risk oracle (``risks.py``: any SSVM, the binary hinge), the model QP by
+  ``simplex_qp.py``.
 - `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
   ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
 - `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
@@ -11,9 +14,11 @@
 """
 
 from .bcfw import BCFW
+from .bmrm import BMRM
 from .cutting_plane import NSlackCuttingPlane
 from .dual_solver import DualSolver
 from .frank_wolfe import FrankWolfe
+from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
 from .problems import (
                        ChainProblem,
@@ -24,8 +29,10 @@ from .problems import (
                        make_problem,
 )
 from .regularization_path import RegularizationPath, grid_search, regularization_path
+from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
-__all__ = ["BCFW", "NSlackCuttingPlane", "MultiLabelProblem",
+__all__ = ["BCFW", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
+           "MaxOfLinearRisk", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "make_problem", "RegularizationPath", "regularization_path", "grid_search"]

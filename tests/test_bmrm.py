@@ -1,0 +1,247 @@
+"""Bundle methods and the 1-slack cutting plane (issue 8, item 2): the simplex QP against its optimality
+conditions and SLSQP, qp-bmrm / ls-bmrm / 1-slack reaching the BCFW optimum with certified gaps, the
+corrected Hadamard lower bound of seed 003 (eps_t = 1/(2 lam t)) and the printed instance's collapse,
+inactive-cut removal, state and errors."""
+
+import math
+
+import pytest
+import torch
+
+from torchssvm.optim import BCFW, BMRM, FeatureTableProblem, OneSlackCuttingPlane
+from torchssvm.optim.risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
+from torchssvm.optim.simplex_qp import frank_wolfe_gap, qp_value, simplex_qp
+
+
+def random_table(n=20, K=5, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    F = torch.randn(n, K, d, generator=g, dtype=torch.float64)
+    y = torch.randint(K, (n,), generator=g)
+    L = torch.rand(n, K, generator=g, dtype=torch.float64) + 0.1
+    L[torch.arange(n), y] = 0
+    return F, L, y
+
+
+def hadamard(d):
+    H = torch.ones(1, 1, dtype=torch.float64)
+    while H.shape[0] < d:
+        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
+    return H
+
+
+# -- the simplex QP ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t,rank,radius,inequality", [(6, 6, 1.0, False), (12, 3, 2.5, False), (8, 8, 1.0, True),
+                                                       (30, 5, 0.7, True), (1, 1, 1.0, False)])
+def test_simplex_qp_is_optimal(t, rank, radius, inequality):
+    scipy_opt = pytest.importorskip("scipy.optimize")
+    g = torch.Generator().manual_seed(t * 7 + rank)
+    A = torch.randn(t, rank, generator=g, dtype=torch.float64)
+    Q = A @ A.T
+    c = torch.randn(t, generator=g, dtype=torch.float64) + 0.5
+    x, info = simplex_qp(Q, c, radius, inequality=inequality, tol=1e-12)
+    assert (x >= 0).all()
+    if inequality:
+        assert float(x.sum()) <= radius + 1e-12
+    else:
+        assert float(x.sum()) == pytest.approx(radius, abs=1e-12)
+    # KKT: every coordinate's gradient >= the multiplier, with equality on the support
+    grad = Q @ x - c
+    nu = float(grad.min()) if not inequality else min(float(grad.min()), 0.0)
+    assert (grad >= nu - 1e-9).all()
+    assert (grad[x > 1e-9] - nu).abs().max() <= 1e-7
+    assert info["fw_gap"] <= 1e-12 or info["iterations"] < 5000
+    # an independent solver does no better
+    cons = [{"type": "ineq" if inequality else "eq", "fun": lambda z: radius - z.sum()}]
+    start = torch.full((t,), radius / (t + 1)).numpy()
+    ref = scipy_opt.minimize(lambda z: 0.5 * z @ Q.numpy() @ z - c.numpy() @ z, start,
+                             jac=lambda z: Q.numpy() @ z - c.numpy(), bounds=[(0, None)] * t, constraints=cons,
+                             method="SLSQP", options={"ftol": 1e-14, "maxiter": 1000})
+    assert info["value"] <= ref.fun + 1e-9
+    assert qp_value(Q, c, x) == pytest.approx(info["value"], abs=1e-12)
+
+
+def test_simplex_qp_warm_start_and_linear_objective():
+    c = torch.tensor([0.1, 0.7, 0.3], dtype=torch.float64)
+    x, _ = simplex_qp(torch.zeros(3, 3, dtype=torch.float64), c, 2.0)
+    assert x.tolist() == [0.0, 2.0, 0.0]
+    Q = torch.eye(3, dtype=torch.float64)
+    x, info = simplex_qp(Q, c, 1.0, x0=torch.tensor([5.0, -1.0, 0.0], dtype=torch.float64))
+    assert frank_wolfe_gap(Q, c, x, 1.0) <= 1e-10
+    with pytest.raises(ValueError, match="radius"):
+        simplex_qp(Q, c, 0.0)
+    with pytest.raises(ValueError, match="Q must be"):
+        simplex_qp(Q, c[:2])
+
+
+# -- bundle methods and 1-slack on SSVMs ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def table_optimum():
+    F, L, y = random_table()
+    lam = 0.1
+    ref = BCFW(FeatureTableProblem(F, L, y), lam=lam, step="pairwise", seed=0, batch_size=4)
+    ref.fit(max_passes=100, gap_tol=1e-9)
+    cert = ref.duality_gap()
+    assert cert["gap"] <= 1e-3
+    return (F, L, y), lam, cert
+
+
+@pytest.mark.parametrize("make", [
+    lambda p, lam: BMRM(p, lam=lam, variant="qp", eps=1e-7),
+    lambda p, lam: BMRM(p, lam=lam, variant="ls", eps=1e-3),
+    lambda p, lam: OneSlackCuttingPlane(p, lam=lam, eps=1e-7, inactive_after=5),
+], ids=["qp-bmrm", "ls-bmrm", "1-slack"])
+def test_cut_solvers_reach_the_bcfw_optimum(table_optimum, make):
+    (F, L, y), lam, best = table_optimum
+    solver = make(FeatureTableProblem(F, L, y), lam)
+    history = solver.fit(max_passes=3000)
+    assert history[-1]["converged"]
+    for r in history:  # every report certifies its iterate: dual <= optimum <= primal
+        assert r["dual"] <= best["primal"] + 1e-9
+        assert r["primal"] >= best["dual"] - 1e-9
+    # the certified optimum lies inside BCFW's certificate
+    assert best["dual"] - 1e-9 <= history[-1]["best_primal"] <= best["primal"] + 1e-9
+    # the written model is w(alpha): its SSVM objective through an independent exact pass
+    p = FeatureTableProblem(F, L, y)
+    H = (L + F @ solver.w).max(1).values - (F @ solver.w).gather(1, y.unsqueeze(1)).squeeze(1)
+    primal = 0.5 * lam * float(solver.w @ solver.w) + float(H.mean())
+    assert primal >= best["dual"] - 1e-9
+    assert p.n == 20
+
+
+def test_bmrm_gaps_are_monotone_and_qp_needs_fewer_iterations(table_optimum):
+    """Both forms keep the model's value non-decreasing (qp: a superset of cuts; ls: the segment contains
+    the old aggregate), so eps_t never grows; the full QP converges in fewer iterations."""
+    (F, L, y), lam, _ = table_optimum
+    runs = {}
+    for variant in ("qp", "ls"):
+        solver = BMRM(FeatureTableProblem(F, L, y), lam=lam, variant=variant, eps=1e-3)
+        history = solver.fit(max_passes=3000)
+        eps = [r["eps"] for r in history]
+        assert all(b <= a + 1e-10 for a, b in zip(eps, eps[1:]))
+        runs[variant] = len(history)
+    assert runs["qp"] < runs["ls"]
+
+
+def test_one_slack_cuts_are_the_averaged_structured_cuts():
+    """The cut of `StructuredRisk` is tight at w and a global under-estimator of R (checked by
+    enumeration on random points); the 1-slack exit test matches the violation identity."""
+    F, L, y = random_table(n=8, K=4, d=3, seed=3)
+    risk = StructuredRisk(FeatureTableProblem(F, L, y))
+    g = torch.Generator().manual_seed(0)
+
+    def R(w):
+        s = F @ w
+        return float(((L + s).max(1).values - s.gather(1, y.unsqueeze(1)).squeeze(1)).mean())
+
+    for _ in range(5):
+        w = torch.randn(3, generator=g, dtype=torch.float64)
+        value, c, cut = risk.cut(w)
+        assert value == pytest.approx(R(w), abs=1e-12)
+        assert c - float(w @ cut) == pytest.approx(value, abs=1e-12)
+        for _ in range(10):
+            v = torch.randn(3, generator=g, dtype=torch.float64) * 3
+            assert c - float(v @ cut) <= R(v) + 1e-12
+
+
+def test_one_slack_removes_inactive_cuts_and_resumes():
+    F, L, y = random_table(n=30, K=6, d=5, seed=1)
+    cp = OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.01, eps=1e-6, inactive_after=2)
+    history = cp.fit(max_passes=200)
+    assert sum(r["removed"] for r in history) > 0
+    assert history[-1]["converged"] and history[-1]["gap"] <= 1e-6 + 1e-9
+    assert (cp.alpha >= 0).all() and float(cp.alpha.sum()) <= 1 + 1e-12
+    # resume: a fresh solver loaded from a mid-run state follows the same trajectory
+    a = OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.01, eps=1e-6, inactive_after=2)
+    for _ in range(4):
+        a.step()
+    b = OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.01, eps=1e-6, inactive_after=2)
+    b.load_state_dict(a.state_dict())
+    ra, rb = a.step(), b.step()
+    assert ra["primal"] == rb["primal"] and ra["dual"] == rb["dual"]
+    torch.testing.assert_close(a.w, b.w, rtol=0, atol=0)
+
+
+def test_one_slack_and_bmrm_on_a_chain_match_bcfw():
+    from test_optim_problems import _dense_problem
+
+    lam = 0.5
+    model, ds = _dense_problem(n=8)
+    ref = BCFW(model, ds, lam=lam, step="pairwise", seed=0)
+    ref.fit(max_passes=60)
+    best = ref.duality_gap()
+    assert best["gap"] <= 2e-2
+    for solver in (OneSlackCuttingPlane(_dense_problem(n=8)[0], ds, lam=lam, eps=1e-9),
+                   BMRM(_dense_problem(n=8)[0], ds, lam=lam, variant="qp", eps=1e-9)):
+        history = solver.fit(max_passes=500)
+        assert history[-1]["converged"]
+        # the certified optimum lies inside BCFW's certificate, and every dual value below BCFW's primal
+        assert best["dual"] - 1e-9 <= history[-1]["best_primal"] <= best["primal"] + 1e-9
+        assert history[-1]["best_primal"] - history[-1]["dual"] <= 1e-8
+        assert all(r["dual"] <= best["primal"] + 1e-9 for r in history)
+
+
+# -- the lower bound of seed 003 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.1])
+def test_hadamard_instance_needs_one_over_two_lam_t_iterations(lam):
+    """Corrected instance A = H_d / sqrt(d) (note 003, section 1.3): exact BMRM's gap is exactly
+    1 / (2 lam t) after t < d iterations, i.e. 1 / (2 lam eps) iterations to reach eps."""
+    d = 16
+    A = hadamard(d) / math.sqrt(d)
+    solver = BMRM(MaxOfLinearRisk(A), lam=lam, variant="qp", eps=1e-12, qp_tol=1e-6)
+    for t in range(1, d):
+        r = solver.step()
+        assert r["eps"] == pytest.approx(1 / (2 * lam * t), rel=1e-8)
+        assert r["best_primal"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_printed_hadamard_instance_collapses_in_two_steps():
+    """As printed, A = (1/sqrt d) [[H, -H], [-H, H]] has column i + d/2 = -column i: BMRM's second cut is
+    the negation of the first and the gap is 0 after two iterations (the paper's theorem fails)."""
+    d = 16
+    H = hadamard(d // 2)
+    A = torch.cat([torch.cat([H, -H], 1), torch.cat([-H, H], 1)], 0) / math.sqrt(d)
+    solver = BMRM(MaxOfLinearRisk(A.T), lam=1.0, variant="qp", eps=1e-12)
+    solver.step()
+    r = solver.step()
+    assert r["eps"] == pytest.approx(0.0, abs=1e-10)
+
+
+def test_hinge_risk_bmrm_matches_bcfw_on_a_binary_svm():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 5, generator=g, dtype=torch.float64)
+    y = torch.where(x[:, 0] + 0.5 * torch.randn(60, generator=g, dtype=torch.float64) > 0, 1, -1)
+    lam = 0.05
+    # the binary SVM as a 2-output feature table: phi(x, +-1) = +-x / 2, 0/1 loss
+    F = torch.stack([-x / 2, x / 2], 1)
+    truth = (y > 0).long()
+    Lt = torch.ones(60, 2, dtype=torch.float64)
+    Lt[torch.arange(60), truth] = 0
+    ref = BCFW(FeatureTableProblem(F, Lt, truth), lam=lam, step="pairwise", seed=0)
+    ref.fit(max_passes=2000, gap_tol=1e-10)
+    best = ref.duality_gap()
+    solver = BMRM(HingeRisk(x, y), lam=lam, variant="qp", eps=1e-9)
+    history = solver.fit(max_passes=500)
+    assert history[-1]["best_primal"] == pytest.approx(best["primal"], abs=1e-7)
+
+
+def test_errors():
+    F, L, y = random_table(n=4)
+    with pytest.raises(ValueError, match="variant"):
+        BMRM(FeatureTableProblem(F, L, y), lam=0.1, variant="cg")
+    with pytest.raises(ValueError, match="eps"):
+        BMRM(FeatureTableProblem(F, L, y), lam=0.1, eps=0)
+    with pytest.raises(ValueError, match="lam"):
+        OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=-1)
+    with pytest.raises(ValueError, match="inactive_after"):
+        OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.1, inactive_after=-1)
+    with pytest.raises(ValueError, match="y must hold"):
+        HingeRisk(torch.randn(3, 2), torch.tensor([1, 0, -1]))
+    solver = BMRM(FeatureTableProblem(F, L, y), lam=0.1)
+    with pytest.raises(ValueError, match="state_dict"):
+        solver.load_state_dict({"w": torch.zeros(2)})
