@@ -7,6 +7,8 @@
 - `OneSlackCuttingPlane` (SVM-struct's 1-slack, ``one_slack.py``) and `BMRM` (qp-bmrm / ls-bmrm, ``bmrm.py``):
   cutting-plane models of a risk oracle (``risks.py``: any SSVM, the binary hinge), the model QP by
   ``simplex_qp.py``.
+- `KernelCuttingPlane`: the kernel SSVM (binary, multiclass) by 1-slack cuts, exact or sampled (seed 004's
+  linear- and constant-time algorithms), Mercer kernels in ``mercer.py``.
 - `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
   ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
 - `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
@@ -18,6 +20,7 @@ from .bmrm import BMRM
 from .cutting_plane import NSlackCuttingPlane
 from .dual_solver import DualSolver
 from .frank_wolfe import FrankWolfe
+from .kernel_cutting_plane import KernelCuttingPlane
 from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
 from .problems import (
@@ -33,6 +36,6 @@ from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
 __all__ = ["BCFW", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
-           "MaxOfLinearRisk", "MultiLabelProblem",
+           "MaxOfLinearRisk", "KernelCuttingPlane", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "make_problem", "RegularizationPath", "regularization_path", "grid_search"]

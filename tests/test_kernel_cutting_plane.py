@@ -1,0 +1,179 @@
+"""Kernel SSVM with exact and sampled cuts (issue 8, item 4; seed 004): the exact kernel 1-slack optimum
+against an independent solve of the SVM dual (RBF) and against linear BMRM / 1-slack (linear kernel,
+binary and multiclass); sampled cuts near the optimum; the paper's stopping rules and kernel-evaluation
+counts; state and errors."""
+
+import pytest
+import torch
+
+from torchssvm.optim import BMRM, FeatureTableProblem, HingeRisk, OneSlackCuttingPlane
+from torchssvm.optim.box_qp import box_qp
+from torchssvm.optim.kernel_cutting_plane import KernelCuttingPlane
+from torchssvm.optim.mercer import MercerKernel
+
+
+def binary_data(n=80, d=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.where(x[:, 0] * x[:, 1] + 0.3 * torch.randn(n, generator=g, dtype=torch.float64) > 0, 1, -1)
+    return x, y
+
+
+def multiclass_data(n=60, d=3, K=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    W = torch.randn(d, K, generator=g, dtype=torch.float64)
+    y = (x @ W + 0.7 * torch.randn(n, K, generator=g, dtype=torch.float64)).argmax(1)
+    return x, y
+
+
+def svm_dual_optimum(x, y, C, gamma):
+    """The SVM without bias, ``min 1/2 ||u||^2 + (C/N) sum hinge``, by its box-constrained dual solved with
+    projected Newton: ``(optimum, beta)``."""
+    N = x.shape[0]
+    K = MercerKernel("rbf", gamma)(x, x)
+    yf = y.double()
+    Q = yf.unsqueeze(1) * K * yf.unsqueeze(0)
+    beta = box_qp(torch.ones(N, dtype=torch.float64), Q, torch.full((N,), C / N, dtype=torch.float64),
+                  max_iter=200, tol=1e-14)
+    return float(beta.sum() - 0.5 * beta @ Q @ beta), beta
+
+
+def test_exact_rbf_matches_the_svm_dual():
+    x, y = binary_data()
+    C, gamma = 80.0, 0.5  # C = N: the SVM's C_svm = 1
+    opt, beta = svm_dual_optimum(x, y, C, gamma)
+    solver = KernelCuttingPlane(x, y, C, kernel="rbf", gamma=gamma, sampling="exact", eps=1e-6)
+    history = solver.fit(max_iter=2000)
+    assert history[-1]["converged"]
+    obj = solver.objective()
+    # certified: the QP value is below the optimum, the primal above, and they meet within C eps
+    assert solver.dual_value() <= opt + 1e-9 <= obj["primal"] + 2e-9
+    assert obj["primal"] - opt <= C * 1e-6 + 1e-9
+    assert all(r["gap"] >= -1e-9 for r in history)
+    # the decision function is the SVM's (unique optimum w)
+    f_svm = MercerKernel("rbf", gamma)(x, x) @ (beta * y.double())
+    torch.testing.assert_close(solver.decision_function(x), f_svm, rtol=0, atol=5e-3)
+
+
+def test_exact_linear_kernel_matches_linear_bmrm():
+    x, y = binary_data(seed=1)
+    C = 10.0
+    ref = BMRM(HingeRisk(x, y), lam=1 / C, variant="qp", eps=1e-10)
+    ref.fit(max_passes=500)
+    solver = KernelCuttingPlane(x, y, C, kernel="linear", sampling="exact", eps=1e-8)
+    solver.fit(max_iter=2000)
+    # (1/2 ||w||^2 + C R) = C (lam/2 ||w||^2 + R) with lam = 1 / C
+    assert solver.objective()["primal"] == pytest.approx(C * ref.best_primal, abs=C * 1e-7)
+
+
+def test_exact_linear_kernel_multiclass_matches_one_slack():
+    x, y = multiclass_data()
+    N, K = x.shape[0], 4
+    C = 5.0
+    F = torch.zeros(N, K, x.shape[1] * K, dtype=torch.float64)
+    for k in range(K):
+        F[:, k, k * x.shape[1] : (k + 1) * x.shape[1]] = x
+    L = torch.ones(N, K, dtype=torch.float64)
+    L[torch.arange(N), y] = 0
+    ref = OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=1 / C, eps=1e-10)
+    ref.fit(max_passes=1000)
+    solver = KernelCuttingPlane(x, y, C, kernel="linear", sampling="exact", eps=1e-8)
+    history = solver.fit(max_iter=2000)
+    assert history[-1]["converged"]
+    assert solver.objective()["primal"] == pytest.approx(C * ref.best_primal, abs=C * 1e-7)
+    assert solver.predict(x).shape == (N,)
+
+
+@pytest.mark.parametrize("sampling,r,tol", [("linear", 200, 0.06), ("constant", 200, 0.1)])
+def test_sampled_cuts_reach_near_the_optimum(sampling, r, tol):
+    x, y = binary_data(n=150, seed=2)
+    C, gamma = 150.0, 0.5
+    opt, _ = svm_dual_optimum(x, y, C, gamma)
+    solver = KernelCuttingPlane(x, y, C, kernel="rbf", gamma=gamma, sampling=sampling, r=r, eps=1e-3, seed=0)
+    history = solver.fit(max_iter=3000)
+    assert history[-1]["converged"] and sum(r["added"] for r in history) >= 10
+    primal = solver.objective()["primal"]
+    assert opt - 1e-9 <= primal <= opt * (1 + tol)
+
+
+def test_linear_time_costs_and_exit_rule():
+    x, y = binary_data(n=120, seed=3)
+    solver = KernelCuttingPlane(x, y, 10.0, gamma=0.5, sampling="linear", r=30, eps=1e-3, inactive_after=0)
+    history = solver.fit(max_iter=500)
+    # each added cut costs N r kernel evaluations (the A cache makes scoring and Gram rows free)
+    added = sum(r["added"] for r in history)
+    assert history[-1]["kernel_evaluations"] == added * 120 * 30
+    # the exit test is the exact violation: at the end the full-pass risk is within eps of xi
+    last = history[-1]
+    assert last["converged"] and last["violation"] <= 1e-3
+    obj = solver.objective()
+    assert obj["risk"] - solver._xi() <= 1e-3 + 1e-12
+    # the linear-time offsets are exact: each cut's c is the mean 0/1 loss of its pass
+    assert (solver.offsets >= 0).all() and (solver.offsets <= 1).all()
+
+
+def test_linear_time_sampled_cut_is_unbiased():
+    """E[<w, g>] of Alg. 3's sampled cut equals <w, g'> of the exact cut (note 004, section 2.3)."""
+    x, y = binary_data(n=100, seed=6)
+    solver = KernelCuttingPlane(x, y, 100.0, gamma=0.5, sampling="linear", r=10, eps=1e-3, seed=1)
+    for _ in range(4):
+        solver.step()
+    fS = solver.training_scores()
+    yhat, delta, _ = solver._oracle(fS, torch.arange(100))
+    E = solver.F[solver.truth] - solver.F[yhat]
+    I = (delta > 0).nonzero().squeeze(1)
+    assert 0 < I.numel() < 100
+    exact = float((fS * E).sum()) / 100
+    values = []
+    for _ in range(4000):
+        draw, a = solver._linear_time_draw(I)
+        values.append(a * float((fS[draw] * E[draw]).sum()))
+    values = torch.tensor(values, dtype=torch.float64)
+    assert abs(float(values.mean()) - exact) <= 4 * float(values.std()) / 4000 ** 0.5
+
+
+def test_constant_time_cost_is_independent_of_n_and_stops_after_patience():
+    for n in (100, 1000):
+        x, y = binary_data(n=n, seed=4)
+        solver = KernelCuttingPlane(x, y, 5.0, gamma=0.5, sampling="constant", r=20, eps=1e-3, patience=4,
+                                    inactive_after=0)
+        history = solver.fit(max_iter=300)
+        assert history[-1]["converged"]
+        assert [r["added"] for r in history[-4:]] == [0, 0, 0, 0]
+        # r draws scored against every basis so far, plus r^2 for a new cut's own Gram entry: no term in n
+        bound = sum(20 * 20 * (i + 1) for i in range(len(history)))
+        assert history[-1]["kernel_evaluations"] <= bound
+
+
+def test_state_dict_resumes_the_same_trajectory():
+    x, y = binary_data(n=60, seed=5)
+    a = KernelCuttingPlane(x, y, 5.0, gamma=0.5, sampling="linear", r=20, eps=1e-4, seed=3)
+    for _ in range(5):
+        a.step()
+    b = KernelCuttingPlane(x, y, 5.0, gamma=0.5, sampling="linear", r=20, eps=1e-4, seed=3)
+    b.load_state_dict(a.state_dict())
+    for _ in range(3):
+        ra, rb = a.step(), b.step()
+        assert ra["dual"] == rb["dual"] and ra["violation"] == rb["violation"]
+    torch.testing.assert_close(a.decision_function(x), b.decision_function(x), rtol=0, atol=0)
+
+
+def test_errors():
+    x, y = binary_data(n=10)
+    with pytest.raises(ValueError, match="sampling"):
+        KernelCuttingPlane(x, y, sampling="rand")
+    with pytest.raises(ValueError, match="C must be"):
+        KernelCuttingPlane(x, y, C=0.0)
+    with pytest.raises(ValueError, match="kernel must be"):
+        KernelCuttingPlane(x, y, kernel="poly")
+    with pytest.raises(ValueError, match="gamma"):
+        KernelCuttingPlane(x, y, gamma=-1.0)
+    with pytest.raises(ValueError, match="r must be"):
+        KernelCuttingPlane(x, y, r=0)
+    with pytest.raises(ValueError, match="y must be"):
+        KernelCuttingPlane(x, y[:5])
+    with pytest.raises(ValueError, match="multiclass y"):
+        KernelCuttingPlane(x, torch.full((10,), 3), num_classes=3)
+    with pytest.raises(ValueError, match="NaN"):
+        KernelCuttingPlane(x.clone().fill_(float("nan")), y)

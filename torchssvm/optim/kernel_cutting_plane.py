@@ -1,0 +1,401 @@
+"""Kernel SSVM by 1-slack cutting planes with exact or sampled cuts (seed 004: Yu & Joachims 2008).
+
+The primal is seed 004's OP1 with margin rescaling and the 0/1 task loss, C on the *average* slack:
+
+    min_w  1/2 ||w||^2 + C (1/N) sum_i max_y [Delta(y_i, y) - <w, Psi(x_i, y_i) - Psi(x_i, y)>],
+
+with the joint kernel ``K((x, y), (x', y')) = k(x, x') <F_y, F_y'>``: multiclass ``F = I_K``
+(``Psi = phi(x) (x) e_y``), binary ``F_{+-1} = +-1/2`` (``Psi = y phi(x) / 2``, SVM-struct's convention: the
+hinge is ``max(0, 1 - y f(x))`` with ``f = <w, phi>``, the SVM without bias at ``C_svm = C / N``; DESIGN.md's
+``lam`` is ``1 / C``).
+
+A cut is a kernel expansion (note 004, section 2.2): basis examples ``l`` with label-difference rows
+``E_l = F_{y_l} - F_{y^_l}`` and one coefficient ``a``, ``g = a sum_l phi(x_l) (x) E_l``, and an offset ``c``;
+``w = sum_k alpha_k g_k`` solves the working-set QP (OP2) ``max sum alpha c - 1/2 alpha^T G alpha`` over
+``alpha >= 0, sum alpha <= C`` (`simplex_qp`, warm-started). Three ways to make the cut:
+
+- ``sampling="exact"`` (Alg. 1): all N examples, basis = the violators I, ``a = 1/N``. Stops when the exact
+  cut is violated by at most ``eps``; the QP value is then a certified lower bound (``gap``).
+- ``"linear"`` (Alg. 3): all N examples are scored (exact offset ``c = (1/N) sum Delta``, exact exit test),
+  the basis is ``r`` draws with replacement from I, ``a = |I| / (N r)``; re-drawn until the sampled cut is
+  violated by more than ``eps`` (at most ``max_resample`` times).
+- ``"constant"`` (Alg. 2): ``r`` uniform draws from all N, offset and ``g`` both sampled, ``a = 1/r``; stops
+  after ``patience`` (p = 4) consecutive non-violated samples. Cost independent of N.
+
+Exact and linear keep the paper's cache (section 4.2.1): ``A[k] (N, S)`` = ``g_k . Psi(x_i, .)`` in label
+feature space, so scoring all examples and the new Gram row cost no kernel evaluation; a new cut costs
+``N m`` evaluations (``m`` its basis size). Constant-time scores its ``r`` draws against every cut's basis
+(``O(t r^2)``). Cuts with zero weight for ``inactive_after`` iterations are dropped (seed 004: 20).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch
+
+from .mercer import MercerKernel
+from .simplex_qp import simplex_qp
+
+SAMPLINGS = ("exact", "linear", "constant")
+
+
+class KernelCuttingPlane:
+    """``solver = KernelCuttingPlane(x, y, C=..., kernel="rbf", gamma=..., sampling="linear", r=400)``;
+    ``solver.step()`` makes one cut and re-solves the QP; `fit` runs to the paper's stopping rule.
+
+    Args:
+        x: ``(N, D)`` float features on any device (kernel blocks are computed there in x's dtype).
+        y: ``(N,)``: ``-1/+1`` (binary) or ``0..K-1`` (multiclass, ``num_classes`` or ``max + 1`` classes).
+        C: the average-slack C of OP1 (> 0).
+        kernel, gamma: `MercerKernel` (``"rbf"`` with ``exp(-gamma ||x - x'||^2)``, or ``"linear"``).
+        sampling: ``"exact"``, ``"linear"`` or ``"constant"``.
+        r: draws per sampled cut.
+        eps: violation tolerance (seed 004: 0.001).
+        inactive_after: QP iterations with zero weight before a cut is dropped (0: never).
+        patience: consecutive non-violated samples that stop constant-time (seed 004: 4).
+        max_resample: draws per linear-time iteration before the most violated draw is taken anyway.
+        qp_tol: QP Frank-Wolfe gap, relative to ``eps C``.
+        seed: sampling seed. chunk: rows per kernel block. writer: TensorBoard ``SummaryWriter`` or None.
+
+    Reports (`step`): ``violation`` (exact for exact / linear, sampled for constant), ``xi``, ``added``,
+    ``cuts``, ``dual`` (the QP value), ``primal`` (exact / linear: OP1 at the iterate, from the pass),
+    ``gap`` (certified only for ``"exact"``: ``gap_exact``), ``train_error``, ``kernel_evaluations``,
+    ``time``, ``converged``.
+    """
+
+    tag = "kernel_cp"
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, C: float = 1.0, *, kernel: str = "rbf",
+                 gamma: Optional[float] = None, num_classes: Optional[int] = None, sampling: str = "linear",
+                 r: int = 400, eps: float = 1e-3, inactive_after: int = 20, patience: int = 4,
+                 max_resample: int = 100, qp_tol: float = 1e-3, seed: int = 0, chunk: int = 4096, writer=None):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] == 0 or not x.is_floating_point():
+            raise ValueError("x must be a non-empty (N, D) float tensor")
+        if not torch.isfinite(x).all():
+            raise ValueError("x holds NaN or Inf")
+        N = x.shape[0]
+        if not isinstance(y, torch.Tensor) or y.shape != (N,) or y.is_floating_point():
+            raise ValueError(f"y must be a ({N},) integer tensor")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        for name, value in (("C", C), ("eps", eps), ("qp_tol", qp_tol)):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                    and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name, value, low in (("r", r, 1), ("inactive_after", inactive_after, 0), ("patience", patience, 1),
+                                 ("max_resample", max_resample, 1), ("chunk", chunk, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        values = set(y.unique().tolist())
+        self.binary = num_classes is None and values <= {-1, 1} and -1 in values
+        kw = {"dtype": torch.float64, "device": x.device}
+        if self.binary:
+            self.F = torch.tensor([[-0.5], [0.5]], **kw)  # state 0: y = -1, state 1: y = +1
+            self.truth = (y > 0).long()
+        else:
+            K = int(num_classes) if num_classes is not None else int(y.max()) + 1
+            if int(y.min()) < 0 or int(y.max()) >= K or K < 2:
+                raise ValueError(f"multiclass y must hold labels in [0, {K}) with at least 2 classes")
+            self.F = torch.eye(K, **kw)
+            self.truth = y.long()
+        self.x, self.N, self.S = x, N, self.F.shape[0]
+        self.kernel = MercerKernel(kernel, gamma)
+        self.kernel.fit_scale(x)
+        self.C, self.sampling, self.r, self.eps = float(C), sampling, r, float(eps)
+        self.inactive_after, self.patience, self.max_resample = inactive_after, patience, max_resample
+        self.qp_tol, self.chunk, self.writer = float(qp_tol), chunk, writer
+        self.generator = torch.Generator().manual_seed(int(seed))
+        # the cuts: basis example indices, label-difference rows (m, S') and coefficient per cut
+        self.basis: list = []
+        self.diffs: list = []
+        self.coef = torch.zeros(0, **kw)
+        self.offsets = torch.zeros(0, **kw)
+        self.alpha = torch.zeros(0, **kw)
+        self.age = torch.zeros(0, dtype=torch.long, device=x.device)
+        self.G = torch.zeros(0, 0, **kw)
+        self.cache = torch.zeros(0, N, self.F.shape[1], **kw)  # A[k]: g_k . (phi(x_i) (x) e), exact / linear only
+        self.quiet = 0
+        self.steps_done, self.seconds, self.qp_seconds = 0, 0.0, 0.0
+
+    # -- scores ---------------------------------------------------------------------------------
+    def _basis_expansion(self):
+        """All cuts' bases concatenated: ``(indices (M,), weighted rows (M, S'))`` with weight ``alpha_k a_k``."""
+        if not self.basis:
+            return None, None
+        idx = torch.cat(self.basis)
+        rows = torch.cat([(a * c) * E for a, c, E in zip(self.alpha.tolist(), self.coef.tolist(), self.diffs)])
+        return idx, rows
+
+    def _expansion_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``w . (phi(x) (x) e)`` in label-feature space, ``(q, S')``, from the kernel expansion."""
+        out = torch.zeros(x.shape[0], self.F.shape[1], dtype=torch.float64, device=x.device)
+        idx, rows = self._basis_expansion()
+        if idx is None:
+            return out
+        keep = rows.abs().sum(1) > 0
+        idx, rows = idx[keep], rows[keep]
+        xb = self.x[idx]
+        for s in range(0, x.shape[0], self.chunk):
+            out[s : s + self.chunk] = self.kernel(x[s : s + self.chunk], xb).to(torch.float64) @ rows
+        return out
+
+    def decision_function(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores of new inputs ``x (q, D)``: ``f(x) = <w, phi(x)>`` ``(q,)`` (binary) or ``(q, K)``."""
+        count = self.kernel.evaluations
+        f = self._expansion_scores(x.to(self.x.dtype))
+        self.kernel.evaluations = count  # prediction is not training cost
+        return f[:, 0] if self.binary else f
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.decision_function(x)
+        if self.binary:
+            return torch.where(f >= 0, 1, -1)
+        return f.argmax(1)
+
+    def _oracle(self, fS: torch.Tensor, idx: torch.Tensor):
+        """Loss-augmented argmax for examples ``idx`` with label-feature scores ``fS (q, S')``: ``(y^, Delta,
+        H)``; ties go to the truth (no violation)."""
+        scores = fS @ self.F.T  # (q, S)
+        truth = self.truth[idx]
+        delta = torch.ones_like(scores)
+        delta.scatter_(1, truth.unsqueeze(1), 0.0)
+        value = delta + scores
+        s_truth = scores.gather(1, truth.unsqueeze(1)).squeeze(1)
+        best, yhat = value.max(1)
+        yhat = torch.where(best > s_truth, yhat, truth)
+        H = (torch.maximum(best, s_truth) - s_truth)
+        return yhat, delta.gather(1, yhat.unsqueeze(1)).squeeze(1), H
+
+    def _w_dot_cut(self, fS_basis: torch.Tensor, E: torch.Tensor, a: float) -> float:
+        """``<w, g>`` of a cut ``a sum_l phi(x_l) (x) E_l`` from the label-feature scores of its basis."""
+        return a * float((fS_basis * E).sum())
+
+    def _linear_time_draw(self, I: torch.Tensor):
+        """Alg. 3's sample: ``r`` indices drawn with replacement from the violators ``I`` and the coefficient
+        ``a = |I| / (N r)`` that makes ``g`` unbiased for the exact cut (examples outside I contribute 0)."""
+        draw = I[torch.randint(I.numel(), (self.r,), generator=self.generator).to(I.device)]
+        return draw, I.numel() / (self.N * self.r)
+
+    def training_scores(self) -> torch.Tensor:
+        """``w . (phi(x_i) (x) e)`` of the training examples, ``(N, S')`` (from the cache when there is one)."""
+        if self.sampling != "constant" and self.basis:
+            return (self.cache * self.alpha.view(-1, 1, 1)).sum(0)
+        count = self.kernel.evaluations
+        fS = self._expansion_scores(self.x)
+        self.kernel.evaluations = count
+        return fS
+
+    # -- adding and removing cuts ---------------------------------------------------------------
+    def _add(self, idx: torch.Tensor, E: torch.Tensor, a: float, c: float, Kblock=None) -> None:
+        """Append a cut; its Gram row from the cache (exact / linear) or from ``Kblock`` (constant-time:
+        ``k(x_idx, all bases)``, computed for scoring) plus ``k(x_idx, x_idx)``."""
+        t = self.offsets.shape[0]
+        row = torch.zeros(t + 1, dtype=torch.float64, device=self.x.device)
+        if self.sampling == "constant":
+            pos = 0
+            for k in range(t):
+                m = self.basis[k].shape[0]
+                row[k] = a * float(self.coef[k]) * float((Kblock[:, pos : pos + m] * (E @ self.diffs[k].T)).sum())
+                pos += m
+            Kself = self.kernel(self.x[idx], self.x[idx]).to(torch.float64)
+            row[t] = a * a * float((Kself * (E @ E.T)).sum())
+        else:
+            A_new = torch.empty(self.N, E.shape[1], dtype=torch.float64, device=self.x.device)
+            xb = self.x[idx]
+            for s in range(0, self.N, self.chunk):
+                A_new[s : s + self.chunk] = a * (self.kernel(self.x[s : s + self.chunk], xb).to(torch.float64) @ E)
+            cache = torch.cat([self.cache, A_new.unsqueeze(0)])
+            # <g_k, g_new> = a sum_l <A_k[idx_l], E_l>
+            row = a * (cache[:, idx, :] * E.unsqueeze(0)).sum((1, 2))
+            self.cache = cache
+        G = torch.zeros(t + 1, t + 1, dtype=torch.float64, device=self.x.device)
+        G[:t, :t] = self.G
+        G[t, :] = row
+        G[:, t] = row
+        self.G = G
+        self.basis.append(idx)
+        self.diffs.append(E)
+        self.coef = torch.cat([self.coef, self.coef.new_tensor([a])])
+        self.offsets = torch.cat([self.offsets, self.offsets.new_tensor([c])])
+        self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(1)])
+        self.age = torch.cat([self.age, self.age.new_zeros(1)])
+
+    def _remove_inactive(self) -> int:
+        if self.inactive_after == 0 or self.offsets.numel() == 0:
+            return 0
+        self.age = torch.where(self.alpha > 0, torch.zeros_like(self.age), self.age + 1)
+        keep = self.age < self.inactive_after
+        removed = int((~keep).sum())
+        if removed:
+            kept = keep.nonzero().squeeze(1)
+            self.basis = [self.basis[k] for k in kept.tolist()]
+            self.diffs = [self.diffs[k] for k in kept.tolist()]
+            for name in ("coef", "offsets", "alpha", "age"):
+                setattr(self, name, getattr(self, name)[keep])
+            self.G = self.G[keep][:, keep]
+            if self.sampling != "constant":
+                self.cache = self.cache[keep]
+        return removed
+
+    def _solve_qp(self) -> int:
+        x0 = self.alpha
+        self.alpha, info = simplex_qp(self.G, self.offsets, self.C, x0, inequality=True,
+                                      tol=self.qp_tol * self.eps * self.C)
+        return info["iterations"]
+
+    def _xi(self) -> float:
+        if self.offsets.numel() == 0:
+            return 0.0
+        return max(0.0, float((self.offsets - self.G @ self.alpha).max()))
+
+    def dual_value(self) -> float:
+        """The QP's value ``sum alpha c - 1/2 alpha^T G alpha`` (a lower bound of OP1 with exact cuts)."""
+        return float(self.alpha @ self.offsets) - 0.5 * float(self.alpha @ (self.G @ self.alpha))
+
+    def objective(self) -> dict:
+        """OP1 at the current ``w`` by a full pass (kernel expansion; not counted as training cost):
+        ``{"primal", "risk", "train_error"}``."""
+        return self._objective_from(self.training_scores())
+
+    def _objective_from(self, fS):
+        all_idx = torch.arange(self.N, device=self.x.device)
+        yhat, _, H = self._oracle(fS, all_idx)
+        scores = fS @ self.F.T
+        err = float((scores.argmax(1) != self.truth).double().mean())
+        risk = float(H.mean())
+        half_norm = 0.5 * float(self.alpha @ (self.G @ self.alpha))
+        return {"primal": half_norm + self.C * risk, "risk": risk, "train_error": err}
+
+    # -- one iteration --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> dict:
+        t0 = time.perf_counter()
+        dev = self.x.device
+        xi = self._xi()
+        dual = self.dual_value()
+        report = {}
+        added = False
+        resamples = 0
+        if self.sampling == "constant":
+            draw = torch.randint(self.N, (self.r,), generator=self.generator).to(dev)
+            idx_all, rows = self._basis_expansion()
+            if idx_all is None:
+                Kblock = torch.zeros(self.r, 0, dtype=torch.float64, device=dev)
+                fS = torch.zeros(self.r, self.F.shape[1], dtype=torch.float64, device=dev)
+            else:
+                Kblock = self.kernel(self.x[draw], self.x[idx_all]).to(torch.float64)
+                fS = Kblock @ rows
+            yhat, delta, H = self._oracle(fS, draw)
+            c = float(delta.mean())
+            E = self.F[self.truth[draw]] - self.F[yhat]
+            a = 1.0 / self.r
+            violation = c - self._w_dot_cut(fS, E, a) - xi  # the sampled cut's value is mean H over the draws
+            if violation > self.eps:
+                keep = delta > 0
+                self._add(draw[keep], E[keep], a, c, Kblock[keep])
+                added, self.quiet = True, 0
+            else:
+                self.quiet += 1
+            converged = self.quiet >= self.patience
+            report["train_error_sampled"] = float((delta > 0).double().mean())
+        else:
+            all_idx = torch.arange(self.N, device=dev)
+            if self.basis:
+                fS = (self.cache * self.alpha.view(-1, 1, 1)).sum(0)
+            else:
+                fS = torch.zeros(self.N, self.F.shape[1], dtype=torch.float64, device=dev)
+            yhat, delta, H = self._oracle(fS, all_idx)
+            violation = float(H.mean()) - xi  # exact cut's violation c' - <w, g'> - xi
+            obj = self._objective_from(fS)
+            report.update({"primal": obj["primal"], "train_error": obj["train_error"]})
+            converged = violation <= self.eps
+            if not converged:
+                I = (delta > 0).nonzero().squeeze(1)
+                c = float(delta.mean())
+                E_all = self.F[self.truth] - self.F[yhat]
+                if self.sampling == "exact":
+                    self._add(I, E_all[I], 1.0 / self.N, c)
+                else:
+                    best = None
+                    for resamples in range(1, self.max_resample + 1):  # noqa: B007 (reported)
+                        draw, a = self._linear_time_draw(I)
+                        v = c - self._w_dot_cut(fS[draw], E_all[draw], a)
+                        if best is None or v > best[0]:
+                            best = (v, draw)
+                        if v > xi + self.eps:
+                            break
+                    self._add(best[1], E_all[best[1]], a, c)
+                added = True
+        qp_iter, removed = 0, 0
+        if added:
+            tq = time.perf_counter()
+            qp_iter = self._solve_qp()
+            self.qp_seconds += time.perf_counter() - tq
+            removed = self._remove_inactive()
+        self.steps_done += 1
+        self.seconds += time.perf_counter() - t0
+        r = {"violation": violation, "xi": xi, "added": int(added), "removed": removed,
+             "cuts": int(self.offsets.numel()), "dual": dual, "qp_iterations": qp_iter, "resamples": resamples,
+             "kernel_evaluations": self.kernel.evaluations, "time": self.seconds, "qp_seconds": self.qp_seconds,
+             "iteration": self.steps_done, "converged": bool(converged), **report}
+        if "primal" in r:
+            r["gap"] = r["primal"] - dual
+            r["gap_exact"] = self.sampling == "exact"
+        self._log(r)
+        return r
+
+    def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None) -> list:
+        """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations or
+        ``time_budget`` seconds. Returns the reports."""
+        history = []
+        while True:
+            r = self.step()
+            history.append(r)
+            if callback is not None:
+                callback(r)
+            if r["converged"] or (max_iter is not None and self.steps_done >= max_iter):
+                break
+            if time_budget is not None and self.seconds >= time_budget:
+                break
+        return history
+
+    def _log(self, r: dict) -> None:
+        if self.writer is None:
+            return
+        for key in ("primal", "dual", "gap", "violation", "cuts", "train_error", "kernel_evaluations", "time"):
+            value = r.get(key)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(f"{self.tag}/{key}", value, self.steps_done)
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        sizes = torch.tensor([b.numel() for b in self.basis], dtype=torch.long)
+        cat = (lambda xs, shape: torch.cat(xs) if xs else torch.zeros(shape))  # noqa: E731
+        return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
+                "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
+                "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
+                "cache": self.cache.clone(), "quiet": self.quiet, "steps_done": self.steps_done,
+                "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        need = ("basis", "diffs", "sizes", "coef", "offsets", "alpha", "age", "G", "cache", "quiet", "steps_done",
+                "seconds", "kernel_evaluations", "generator")
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise ValueError(f"state_dict is missing {missing}")
+        t = state["offsets"].numel()
+        if state["G"].shape != (t, t) or state["sizes"].numel() != t:
+            raise ValueError("state_dict holds inconsistent cut counts")
+        dev = self.x.device
+        sizes = state["sizes"].tolist()
+        self.basis = list(state["basis"].to(dev).split(sizes)) if t else []
+        self.diffs = list(state["diffs"].to(dev).split(sizes)) if t else []
+        for k in ("coef", "offsets", "alpha", "age", "G", "cache"):
+            setattr(self, k, state[k].to(dev).clone())
+        self.quiet, self.steps_done = int(state["quiet"]), int(state["steps_done"])
+        self.seconds, self.kernel.evaluations = float(state["seconds"]), int(state["kernel_evaluations"])
+        self.generator.set_state(state["generator"])
