@@ -23,6 +23,7 @@ from .frank_wolfe import FrankWolfe
 from .kernel_cutting_plane import KernelCuttingPlane
 from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
+from .pragam import Pragam
 from .problems import (
                        ChainProblem,
                        DualProblem,
@@ -36,6 +37,6 @@ from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
 __all__ = ["BCFW", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
-           "MaxOfLinearRisk", "KernelCuttingPlane", "MultiLabelProblem",
+           "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "make_problem", "RegularizationPath", "regularization_path", "grid_search"]

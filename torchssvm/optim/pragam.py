@@ -1,0 +1,366 @@
+"""Pragam and Pragam-b (seed 003, note 003 sections 2.1-2.3): Nesterov's excessive-gap technique on the binary
+hinge-loss SVM, with an exact duality gap that falls as ``O(1/k^2)``.
+
+Objective (eq. 20-22, the library's convention):
+
+    J(w) = lam/2 ||w||^2 + min_b (1/n) sum_i [1 - y_i (<x_i, w> + b)]_+
+
+with the bias ``b`` only for Pragam-b (``bias=True``; Pragam fixes ``b = 0``). In our ``X (n, d)`` layout
+``A = -Y X`` and ``g(alpha) = -sum_i alpha_i`` on
+
+    Q2 = [0, 1/n]^n                              (Pragam)
+    Q2 = {alpha in [0, 1/n]^n : y^T alpha = 0}   (Pragam-b: the bias is the multiplier of y^T alpha = 0)
+
+and the adjoint (18) is the standard SVM dual ``D(alpha) = sum_i alpha_i - 1/(2 lam) ||X^T Y alpha||^2``. The three
+maps (23)-(25), derived for this layout:
+
+    alpha_mu(w) = argmax_{Q2} sum_i alpha_i (1 - y_i <x_i, w>) - mu/2 ||alpha||^2 = Proj_Q2((1 - Y X w) / mu)
+    w(alpha)    = argmin_w -w^T X^T Y alpha + lam/2 ||w||^2                    = X^T Y alpha / lam
+    v(alpha)    = Proj_Q2(alpha + grad D(alpha) / L),   grad D(alpha) = 1 - Y X w(alpha)
+
+``Proj_Q2`` is ``clip(., 0, 1/n)`` without the bias and the box-plus-one-equality projection of App. B
+(`torchssvm.kernels.project_box_equality_torch` with ``sigma = y``, ``z = 0``, unit weights) with it.
+
+Algorithm 1: ``alpha_{-1}`` random in Q2 (seeded), ``w_0 = w(alpha_{-1})``, ``alpha_0 = v(alpha_{-1})``; then with
+``tau_k = 2/(k+3)``: ``beta_k = (1-tau_k) alpha_k + tau_k alpha_{mu_k}(w_k)``, ``w_{k+1} = (1-tau_k) w_k +
+tau_k w(beta_k)``, ``alpha_{k+1} = v(beta_k)``, ``mu_{k+1} = (1-tau_k) mu_k`` from ``mu_0 = 2L``, i.e.
+``mu_k = 4L/((k+1)(k+2))`` (used in closed form). Rate (26): ``J(w_k) - D(alpha_k) <= mu_k D2 =
+4 L D2/((k+1)(k+2))`` with ``D2 = max_{Q2} ||alpha||^2/2 = 1/(2n)`` and ``L = sigma_max(X)^2 / lam`` the
+Lipschitz constant of grad D.
+
+Bookkeeping (note section 2.3): we keep ``w_hat = w(alpha_k)`` (so ``D(alpha_k) = sum alpha_k - lam/2
+||w_hat||^2``), ``X w_k`` (so ``J(w_k)`` is free) and use ``w(beta_k) = (1-tau_k) w_hat + tau_k w(alpha_mu)``:
+four passes over X per iteration, ``X^T (y alpha_mu)``, ``X w(beta_k)``, ``X^T (y alpha_{k+1})`` and
+``X w_{k+1}``, each computed afresh (no recursively updated products), so the reported gap is exactly
+``J(w_k) - D(alpha_k)`` in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch
+
+from .dual_solver import _check_lam
+
+# Safety factor on the Lanczos estimate of sigma_max(X)^2: the Ritz value is a lower bound that 50 steps bring
+# to ~1e-8 relative on the data we tried (Gaussian 2000 x 1000 included); 1% on top makes L an upper bound.
+L_SAFETY = 1.01
+
+
+def best_bias(scores: torch.Tensor, y: torch.Tensor):
+    """``(b, value)``: a minimizer of ``F(b) = (1/n) sum_i [1 - y_i (s_i + b)]_+`` and ``F(b)``, exactly.
+
+    ``F`` is convex piecewise linear with breakpoints ``c_i = y_i (1 - y_i s_i)`` (where term i vanishes): for
+    ``y_i = +1`` the term is ``[c_i - b]_+``, for ``y_i = -1`` it is ``[b - c_i]_+``. Sorting the breakpoints and
+    suffix / prefix sums give F at all of them in ``O(n log n)``; a breakpoint minimizes F (with one class only, the
+    extreme breakpoint makes every term 0). Ties go to the smallest minimizing breakpoint; the value is recomputed
+    directly at it.
+
+    Args: ``scores (n,)`` (``<x_i, w>``), ``y (n,)`` in {-1, +1}, float64.
+    """
+    r = 1.0 - y * scores
+    c, order = torch.sort(y * r)
+    pos = y[order] > 0
+    zero = torch.zeros_like(c)
+    cp = torch.where(pos, c, zero)
+    npos = pos.to(c.dtype)
+    # sum_{i >= j, y=+1} (c_i - c_j) + sum_{i <= j, y=-1} (c_j - c_i)
+    suf_sum = torch.flip(torch.cumsum(torch.flip(cp, [0]), 0), [0])
+    suf_cnt = torch.flip(torch.cumsum(torch.flip(npos, [0]), 0), [0])
+    pre_sum = torch.cumsum(torch.where(pos, zero, c), 0)
+    pre_cnt = torch.cumsum(1.0 - npos, 0)
+    F = (suf_sum - c * suf_cnt) + (c * pre_cnt - pre_sum)
+    b = c[torch.argmin(F)]
+    return float(b), float((r - y * b).clamp_min(0).mean())
+
+
+class Pragam:
+    """``solver = Pragam(X, y, lam)``; ``solver.step()`` runs one iteration of Algorithm 1 and returns its report.
+
+    Args:
+        X: ``(n, d)`` float features, dense, or a sparse COO / CSR tensor (used through ``torch.mv``); any
+            device, the solver computes in float64 on it.
+        y: ``(n,)`` labels in {-1, +1} (any numeric dtype), on X's device.
+        lam: the regularization ``lam > 0`` of ``lam/2 ||w||^2 + (1/n) sum_i hinge_i``.
+        bias: False: Pragam (no bias, Q2 a box); True: Pragam-b (unregularized bias, ``y^T alpha = 0``).
+        L: the Lipschitz constant of grad D, or None: ``L_SAFETY * theta / lam`` with ``theta`` the largest Ritz
+            value of ``power_iters`` Lanczos steps on ``X^T X`` from a seeded random start (the power iteration's
+            Krylov space; a lower bound of ``sigma_max(X)^2``), ``1 / lam`` when X is 0. Pass
+            ``torch.linalg.matrix_norm(X, 2) ** 2 / lam`` for a guaranteed bound.
+        power_iters: Lanczos steps for L (2 passes over X each).
+        seed: seeds the start of the L estimate and ``alpha_{-1}``.
+        writer: a TensorBoard ``SummaryWriter``: scalars under ``pragam/`` (``pragam_b/`` with the bias) per
+            iteration.
+        backend: backend of the Pragam-b projection (`torchssvm.kernels.resolve_backend`).
+
+    Attributes: ``w (d,)``, ``b`` (float, the minimizing bias at ``w``; 0 without bias), ``alpha (n,)`` (in Q2),
+    ``w_hat = w(alpha)``, ``L``, ``mu``, ``iteration`` (k), ``passes`` (matrix-vector products with X or X^T so
+    far, the L estimate and the initialization included), ``seconds`` (solver time so far).
+    """
+
+    def __init__(self, X, y, lam, *, bias: bool = False, L: Optional[float] = None, power_iters: int = 50,
+                 seed: int = 0, writer=None, backend: str = "auto"):
+        t0 = time.perf_counter()
+        self.X, self.Xt = self._check_X(X)
+        self.n, self.d = self.X.shape
+        self.device = self.X.device
+        self.y = self._check_y(y)
+        self.lam = _check_lam(lam)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        self.bias = bias
+        if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
+            raise ValueError(f"power_iters must be an int >= 1, got {power_iters!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        if writer is not None and not callable(getattr(writer, "add_scalar", None)):
+            raise TypeError("writer must have an add_scalar method (a SummaryWriter), or be None")
+        self.writer = writer
+        from ..kernels import resolve_backend
+
+        self.backend = resolve_backend(backend, self.device)
+        self.tag = "pragam_b" if bias else "pragam"
+        self.D2 = 1.0 / (2 * self.n)
+        self.passes = 0
+        gen = torch.Generator().manual_seed(seed)
+        if L is None:
+            self.L = self._estimate_L(power_iters, gen)
+        else:
+            if isinstance(L, bool) or not isinstance(L, (int, float)) or not (L > 0 and math.isfinite(L)):
+                raise ValueError(f"L must be a positive finite number or None, got {L!r}")
+            self.L = float(L)
+
+        # Algorithm 1, line 1
+        alpha = self._project(torch.rand(self.n, generator=gen, dtype=torch.float64).to(self.device) / self.n)
+        self.w = self._XTv(self.y * alpha) / self.lam  # w_0 = w(alpha_{-1})
+        self.Xw = self._Xv(self.w)  # X w_0 = X w(alpha_{-1}): also grad D(alpha_{-1})
+        self.alpha = self._project(alpha + (1.0 - self.y * self.Xw) / self.L)  # alpha_0 = v(alpha_{-1})
+        self.w_hat = self._XTv(self.y * self.alpha) / self.lam
+        self.iteration = 0
+        self.b = 0.0
+        self.seconds = 0.0
+        r = self._report()
+        self.seconds = time.perf_counter() - t0
+        self.last_report = {**r, "time": self.seconds}
+        self._log(self.last_report)
+
+    # -- validation -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_X(X):
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(f"X must be a torch.Tensor of shape (n, d), got {type(X).__name__}")
+        if X.dim() != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+            raise ValueError(f"X must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
+        if not X.dtype.is_floating_point:
+            raise TypeError(f"X must be a floating-point tensor, got dtype {X.dtype}")
+        if X.layout == torch.strided:
+            X = X.to(torch.float64)
+            if not bool(torch.isfinite(X).all()):
+                raise ValueError("X contains NaN or Inf")
+            return X, X.t()
+        if X.layout not in (torch.sparse_coo, torch.sparse_csr):
+            raise ValueError(f"X must be dense, sparse COO or sparse CSR, got layout {X.layout}")
+        X = (X.to_sparse_coo() if X.layout == torch.sparse_csr else X).coalesce().to(torch.float64)
+        if not bool(torch.isfinite(X.values()).all()):
+            raise ValueError("X contains NaN or Inf")
+        return X, X.t().coalesce()
+
+    def _check_y(self, y) -> torch.Tensor:
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y must be a torch.Tensor of shape ({self.n},), got {type(y).__name__}")
+        if tuple(y.shape) != (self.n,):
+            raise ValueError(f"y must have shape ({self.n},) (one label per row of X), got {tuple(y.shape)}")
+        if y.device != self.device:
+            raise ValueError(f"y is on {y.device} but X is on {self.device}")
+        if y.dtype == torch.bool or y.is_complex():
+            raise TypeError(f"y must hold the numbers -1 and +1, got dtype {y.dtype}")
+        y = y.to(torch.float64)
+        if not bool(((y == 1) | (y == -1)).all()):
+            raise ValueError("y must hold only the labels -1 and +1")
+        return y
+
+    # -- linear algebra -------------------------------------------------------------------------
+    def _Xv(self, v: torch.Tensor) -> torch.Tensor:
+        self.passes += 1
+        return torch.mv(self.X, v)
+
+    def _XTv(self, u: torch.Tensor) -> torch.Tensor:
+        self.passes += 1
+        return torch.mv(self.Xt, u)
+
+    def _estimate_L(self, steps: int, gen: torch.Generator) -> float:
+        """``L_SAFETY * theta / lam``: theta the top Ritz value of ``steps`` Lanczos steps on ``X^T X``."""
+        q = torch.randn(self.d, generator=gen, dtype=torch.float64).to(self.device)
+        q = q / q.norm()
+        q_prev = torch.zeros_like(q)
+        beta = 0.0
+        diag, off = [], []
+        for _ in range(min(steps, self.d)):
+            u = self._XTv(self._Xv(q))
+            a = float(q @ u)
+            diag.append(a)
+            u = u - a * q - beta * q_prev
+            beta = float(u.norm())
+            if beta <= 1e-12 * max(abs(x) for x in diag):  # invariant subspace: theta is exact
+                break
+            off.append(beta)
+            q_prev, q = q, u / beta
+        off = off[: len(diag) - 1]
+        T = torch.diag(torch.tensor(diag, dtype=torch.float64))
+        if off:
+            e = torch.tensor(off, dtype=torch.float64)
+            T = T + torch.diag(e, 1) + torch.diag(e, -1)
+        theta = float(torch.linalg.eigvalsh(T)[-1])
+        return L_SAFETY * theta / self.lam if theta > 0 else 1.0 / self.lam
+
+    def _project(self, m: torch.Tensor) -> torch.Tensor:
+        """``Proj_Q2(m)`` for ``m (n,)``."""
+        if not self.bias:
+            return m.clamp(0.0, 1.0 / self.n)
+        from ..kernels import project_box_equality_torch
+
+        if self.backend == "triton":
+            from ..kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
+
+            if self.n <= MAX_BLOCK:
+                return project_box_equality_triton(m.unsqueeze(0), 0.0, 1.0 / self.n, self.y, 0.0)[0]
+        return project_box_equality_torch(m.unsqueeze(0), 0.0, 1.0 / self.n, self.y, 0.0)[0]
+
+    # -- values (monitoring: not counted in passes) ----------------------------------------------
+    @property
+    def mu(self) -> float:
+        """``mu_k = 4L/((k+1)(k+2))``, the closed form of ``mu_0 = 2L``, ``mu_{k+1} = (1 - tau_k) mu_k``."""
+        k = self.iteration
+        return 4.0 * self.L / ((k + 1) * (k + 2))
+
+    def w_of_alpha(self, alpha: torch.Tensor) -> torch.Tensor:
+        """``w(alpha) = X^T Y alpha / lam`` ``(d,)`` (eq. 24)."""
+        return torch.mv(self.Xt, self.y * alpha.to(self.device, torch.float64)) / self.lam
+
+    def dual_value(self, alpha: torch.Tensor) -> float:
+        """``D(alpha) = sum_i alpha_i - 1/(2 lam) ||X^T Y alpha||^2`` (eq. 18 and 22) for ``alpha (n,)`` in Q2."""
+        w = self.w_of_alpha(alpha)
+        return float(alpha.to(torch.float64).sum()) - 0.5 * self.lam * float(w @ w)
+
+    def _primal_from_scores(self, w: torch.Tensor, scores: torch.Tensor):
+        if self.bias:
+            b, risk = best_bias(scores, self.y)
+        else:
+            b, risk = 0.0, float((1.0 - self.y * scores).clamp_min(0).mean())
+        return 0.5 * self.lam * float(w @ w) + risk, b
+
+    def primal_value(self, w: torch.Tensor) -> float:
+        """``J(w)`` for ``w (d,)``, the bias minimized exactly (`best_bias`) for Pragam-b."""
+        w = w.to(self.device, torch.float64)
+        return self._primal_from_scores(w, torch.mv(self.X, w))[0]
+
+    def _report(self) -> dict:
+        primal, self.b = self._primal_from_scores(self.w, self.Xw)
+        dual = float(self.alpha.sum()) - 0.5 * self.lam * float(self.w_hat @ self.w_hat)
+        k = self.iteration
+        return {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": True,
+                "bound": 4.0 * self.L * self.D2 / ((k + 1) * (k + 2)), "iteration": k, "passes": self.passes,
+                "time": self.seconds, "mu": self.mu, "b": self.b}
+
+    # -- loop -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> dict:
+        """One iteration of Algorithm 1 (lines 3-4) from ``(w_k, alpha_k)`` to ``(w_{k+1}, alpha_{k+1})``; returns
+        the report of iterate k+1: ``primal = J(w_{k+1})``, ``dual = D(alpha_{k+1})``, ``gap`` (their exact
+        difference), ``gap_exact``, ``bound = 4 L D2/((k+2)(k+3))``, ``iteration``, ``passes``, ``time``, ``mu``
+        and ``b``."""
+        t0 = time.perf_counter()
+        k, y, lam = self.iteration, self.y, self.lam
+        tau = 2.0 / (k + 3)
+        a_mu = self._project((1.0 - y * self.Xw) / self.mu)  # alpha_{mu_k}(w_k), eq. 23
+        w_beta = (1 - tau) * self.w_hat + tau * (self._XTv(y * a_mu) / lam)  # w(beta_k) by linearity
+        beta = (1 - tau) * self.alpha + tau * a_mu
+        self.alpha = self._project(beta + (1.0 - y * self._Xv(w_beta)) / self.L)  # v(beta_k), eq. 25
+        self.w = (1 - tau) * self.w + tau * w_beta
+        self.w_hat = self._XTv(y * self.alpha) / lam
+        self.Xw = self._Xv(self.w)
+        self.iteration = k + 1
+        r = self._report()
+        self.seconds += time.perf_counter() - t0
+        self.last_report = r = {**r, "time": self.seconds}
+        self._log(r)
+        return r
+
+    def report(self) -> dict:
+        """The report of the current iterate (as the last `step` returned it; after construction, iterate 0)."""
+        return dict(self.last_report)
+
+    def fit(self, max_iter: Optional[int] = None, gap_tol: Optional[float] = None,
+            time_budget: Optional[float] = None, callback=None) -> list:
+        """Call `step` until ``iteration >= max_iter``, ``gap <= gap_tol`` (exact, a certificate) or ``time_budget``
+        seconds of solver time are spent. Returns the list of step reports; ``callback(report)`` after each."""
+        if max_iter is None and gap_tol is None and time_budget is None:
+            raise ValueError("fit needs at least one of max_iter, gap_tol, time_budget")
+        history = []
+        while True:
+            if max_iter is not None and self.iteration >= max_iter:
+                break
+            r = self.step()
+            history.append(r)
+            if callback is not None:
+                callback(r)
+            if gap_tol is not None and r["gap"] <= gap_tol:
+                break
+            if time_budget is not None and self.seconds >= time_budget:
+                break
+        return history
+
+    def _log(self, r: dict) -> None:
+        if self.writer is None:
+            return
+        for key in ("primal", "dual", "gap", "bound", "mu", "passes", "time"):
+            value = r.get(key)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(f"{self.tag}/{key}", value, r["iteration"])
+        self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], r["iteration"])
+
+    # -- prediction -----------------------------------------------------------------------------
+    def decision_function(self, X) -> torch.Tensor:
+        """``X w + b`` ``(m,)`` float64 for ``X (m, d)`` (dense or sparse, on the solver's device)."""
+        if not isinstance(X, torch.Tensor) or X.dim() != 2 or X.shape[1] != self.d:
+            raise ValueError(f"X must be a tensor of shape (m, {self.d}), got "
+                             f"{tuple(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
+        if X.device != self.device:
+            raise ValueError(f"X is on {X.device} but the solver is on {self.device}")
+        return torch.mv(X.to(torch.float64), self.w) + self.b
+
+    def predict(self, X) -> torch.Tensor:
+        """Labels in {-1, +1} ``(m,)`` (int64; a score of exactly 0 gives +1)."""
+        f = self.decision_function(X)
+        return torch.where(f >= 0, 1, -1).to(torch.int64)
+
+    # -- state ----------------------------------------------------------------------------------
+    _state_tensors = ("alpha", "w", "w_hat", "Xw")
+    _state_scalars = ("iteration", "passes", "seconds", "L", "b")
+
+    def state_dict(self) -> dict:
+        s = {k: getattr(self, k).clone() for k in self._state_tensors}
+        s.update({k: getattr(self, k) for k in self._state_scalars})
+        s.update(lam=self.lam, bias=self.bias, n=self.n, d=self.d, last_report=dict(self.last_report))
+        return s
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from `state_dict` (same X, y, lam and bias): the run continues the same trajectory."""
+        missing = [k for k in (*self._state_tensors, *self._state_scalars, "lam", "bias") if k not in state]
+        if missing:
+            raise ValueError(f"state_dict is missing {missing}")
+        if state["bias"] != self.bias or state["lam"] != self.lam:
+            raise ValueError(f"state_dict is for lam={state['lam']}, bias={state['bias']}; this solver has "
+                             f"lam={self.lam}, bias={self.bias}")
+        for k in self._state_tensors:
+            cur, new = getattr(self, k), state[k]
+            if not isinstance(new, torch.Tensor) or new.shape != cur.shape:
+                raise ValueError(f"state_dict[{k!r}] must be a tensor of shape {tuple(cur.shape)}")
+        for k in self._state_tensors:
+            setattr(self, k, state[k].to(self.device, torch.float64).clone())
+        self.iteration, self.passes = int(state["iteration"]), int(state["passes"])
+        self.seconds, self.L, self.b = float(state["seconds"]), float(state["L"]), float(state["b"])
+        self.last_report = dict(state["last_report"]) if state.get("last_report") else self._report()
