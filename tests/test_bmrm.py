@@ -7,19 +7,11 @@ import math
 
 import pytest
 import torch
+from test_cutting_plane import random_table
 
 from torchssvm.optim import BCFW, BMRM, FeatureTableProblem, OneSlackCuttingPlane
 from torchssvm.optim.risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from torchssvm.optim.simplex_qp import frank_wolfe_gap, qp_value, simplex_qp
-
-
-def random_table(n=20, K=5, d=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    F = torch.randn(n, K, d, generator=g, dtype=torch.float64)
-    y = torch.randint(K, (n,), generator=g)
-    L = torch.rand(n, K, generator=g, dtype=torch.float64) + 0.1
-    L[torch.arange(n), y] = 0
-    return F, L, y
 
 
 def hadamard(d):

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from .dual_solver import _check_lam
+from .loop import log_scalars, run_steps
 from .risks import StructuredRisk
 from .simplex_qp import simplex_qp
 
@@ -158,27 +159,16 @@ class BMRM:
         """Call `step` until a report is ``converged`` (``eps_t <= eps``), the certified gap of the
         evaluated iterate is ``<= gap_tol``, ``max_passes`` risk evaluations or ``time_budget`` seconds are
         spent. Returns the reports; ``callback(report)`` after each."""
-        history = []
-        while True:
-            r = self.step()
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol):
-                break
-            if max_passes is not None and r["passes"] >= max_passes:
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        def stop(r):
+            return (r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol)
+                    or (max_passes is not None and r["passes"] >= max_passes)
+                    or (time_budget is not None and self.seconds >= time_budget))
+
+        return run_steps(self.step, stop, callback)
 
     def _log(self, r: dict) -> None:
-        if self.writer is None:
-            return
-        for key in ("primal", "dual", "gap", "eps", "passes", "cuts", "time"):
-            value = r.get(key)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(f"{self.tag}/{key}", value, self.steps_done)
+        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "eps", "passes", "cuts", "time"),
+                    self.steps_done)
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("w", "w_best", "cuts", "offsets", "alpha", "age")

@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from .loop import log_scalars, run_steps
 from .mercer import MercerKernel
 from .simplex_qp import simplex_qp
 
@@ -350,25 +351,15 @@ class KernelCuttingPlane:
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None) -> list:
         """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations or
         ``time_budget`` seconds. Returns the reports."""
-        history = []
-        while True:
-            r = self.step()
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if r["converged"] or (max_iter is not None and self.steps_done >= max_iter):
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        def stop(r):
+            return (r["converged"] or (max_iter is not None and self.steps_done >= max_iter)
+                    or (time_budget is not None and self.seconds >= time_budget))
+
+        return run_steps(self.step, stop, callback)
 
     def _log(self, r: dict) -> None:
-        if self.writer is None:
-            return
-        for key in ("primal", "dual", "gap", "violation", "cuts", "train_error", "kernel_evaluations", "time"):
-            value = r.get(key)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(f"{self.tag}/{key}", value, self.steps_done)
+        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "violation", "cuts", "train_error",
+                                               "kernel_evaluations", "time"), self.steps_done)
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:

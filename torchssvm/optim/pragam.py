@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 
 from .dual_solver import _check_lam
+from .loop import log_scalars, run_steps
 
 # Safety factor on the Lanczos estimate of sigma_max(X)^2: the Ritz value is a lower bound that 50 steps bring
 # to ~1e-8 relative on the data we tried (Gaussian 2000 x 1000 included); 1% on top makes L an upper bound.
@@ -299,27 +300,21 @@ class Pragam:
         seconds of solver time are spent. Returns the list of step reports; ``callback(report)`` after each."""
         if max_iter is None and gap_tol is None and time_budget is None:
             raise ValueError("fit needs at least one of max_iter, gap_tol, time_budget")
-        history = []
-        while True:
-            if max_iter is not None and self.iteration >= max_iter:
-                break
-            r = self.step()
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if gap_tol is not None and r["gap"] <= gap_tol:
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        if max_iter is not None and self.iteration >= max_iter:
+            return []
+
+        def stop(r):
+            return ((max_iter is not None and self.iteration >= max_iter)
+                    or (gap_tol is not None and r["gap"] <= gap_tol)
+                    or (time_budget is not None and self.seconds >= time_budget))
+
+        return run_steps(self.step, stop, callback)
 
     def _log(self, r: dict) -> None:
         if self.writer is None:
             return
-        for key in ("primal", "dual", "gap", "bound", "mu", "passes", "time"):
-            value = r.get(key)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(f"{self.tag}/{key}", value, r["iteration"])
+        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "bound", "mu", "passes", "time"),
+                    r["iteration"])
         self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], r["iteration"])
 
     # -- prediction -----------------------------------------------------------------------------

@@ -58,7 +58,20 @@ class StructuredRisk:
         return hinge_sum / n, c, g
 
 
-class HingeRisk:
+class _ParameterVectorRisk:
+    """A risk over a plain parameter vector ``w (d,)`` with no model to write: starts at 0."""
+
+    d: int
+    device: torch.device
+
+    def initial_w(self) -> torch.Tensor:
+        return torch.zeros(self.d, dtype=torch.float64, device=self.device)
+
+    def write_model(self, w: torch.Tensor) -> None:
+        pass
+
+
+class HingeRisk(_ParameterVectorRisk):
     """``R(w) = (1/n) sum_i max(0, 1 - y_i <x_i, w>)`` (binary SVM without bias), ``x (n, d)``, ``y (n,)`` in
     ``{-1, +1}``. Its cut: ``c = |A| / n``, ``g = (1/n) sum_{i in A} y_i x_i`` with ``A`` the margin
     violators (``y_i <x_i, w> < 1``)."""
@@ -75,12 +88,6 @@ class HingeRisk:
         self.n, self.d = x.shape
         self.device, self.calls = x.device, 0
 
-    def initial_w(self) -> torch.Tensor:
-        return torch.zeros(self.d, dtype=torch.float64, device=self.device)
-
-    def write_model(self, w: torch.Tensor) -> None:
-        pass
-
     @torch.no_grad()
     def cut(self, w: torch.Tensor):
         margin = self.y * (self.x @ w)
@@ -90,7 +97,7 @@ class HingeRisk:
         return float((1 - margin).clamp_min(0).sum()) / self.n, float(active.sum()) / self.n, g
 
 
-class MaxOfLinearRisk:
+class MaxOfLinearRisk(_ParameterVectorRisk):
     """``R(w) = max_i <a_i, w> + b_i`` for ``a (k, d)`` and ``b (k,)`` (ties: the first index). With
     ``a = H_d / sqrt(d)`` and ``b = 0`` it is the corrected lower-bound instance of seed 003 (note 003,
     section 1.3), where exact BMRM needs ``1 / (2 lam eps)`` iterations."""
@@ -104,12 +111,6 @@ class MaxOfLinearRisk:
             raise ValueError(f"b must have shape ({a.shape[0]},)")
         self.n, self.d = 1, a.shape[1]
         self.device, self.calls = a.device, 0
-
-    def initial_w(self) -> torch.Tensor:
-        return torch.zeros(self.d, dtype=torch.float64, device=self.device)
-
-    def write_model(self, w: torch.Tensor) -> None:
-        pass
 
     @torch.no_grad()
     def cut(self, w: torch.Tensor):
