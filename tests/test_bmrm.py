@@ -24,15 +24,16 @@ def hadamard(d):
 # -- the simplex QP ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("method", ["active_set", "fista"])
 @pytest.mark.parametrize("t,rank,radius,inequality", [(6, 6, 1.0, False), (12, 3, 2.5, False), (8, 8, 1.0, True),
                                                        (30, 5, 0.7, True), (1, 1, 1.0, False)])
-def test_simplex_qp_is_optimal(t, rank, radius, inequality):
+def test_simplex_qp_is_optimal(t, rank, radius, inequality, method):
     scipy_opt = pytest.importorskip("scipy.optimize")
     g = torch.Generator().manual_seed(t * 7 + rank)
     A = torch.randn(t, rank, generator=g, dtype=torch.float64)
     Q = A @ A.T
     c = torch.randn(t, generator=g, dtype=torch.float64) + 0.5
-    x, info = simplex_qp(Q, c, radius, inequality=inequality, tol=1e-12)
+    x, info = simplex_qp(Q, c, radius, inequality=inequality, tol=1e-12, method=method)
     assert (x >= 0).all()
     if inequality:
         assert float(x.sum()) <= radius + 1e-12
@@ -52,6 +53,37 @@ def test_simplex_qp_is_optimal(t, rank, radius, inequality):
                              method="SLSQP", options={"ftol": 1e-14, "maxiter": 1000})
     assert info["value"] <= ref.fun + 1e-9
     assert qp_value(Q, c, x) == pytest.approx(info["value"], abs=1e-12)
+
+
+def test_simplex_qp_active_set_on_an_ill_conditioned_rank_deficient_bundle():
+    """The regime of qp-bmrm at small lam: Q = A A^T / lam with t = 120 cuts in d = 20 dimensions, nearly
+    parallel cuts, lam = 2^-18. The active-set solution is certified (Frank-Wolfe gap <= tol) and no worse
+    than FISTA's, and a warm start from the optimum plus one new cut takes about one
+    iteration per support change."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(20, generator=g, dtype=torch.float64)
+    A = base + 0.05 * torch.randn(120, 20, generator=g, dtype=torch.float64)
+    Q = A @ A.T * 2.0 ** 18
+    c = torch.rand(120, generator=g, dtype=torch.float64)
+    x, info = simplex_qp(Q, c, 1.0, inequality=True, tol=1e-9)
+    assert info["iterations"] < 10 * 121 + 50  # did not fall back to FISTA
+    assert info["fw_gap"] <= 1e-9  # f(x) - f* <= 1e-9 (certified), in units where Q is ~1e6
+    assert frank_wolfe_gap(torch.nn.functional.pad(Q, (0, 1, 0, 1)), torch.nn.functional.pad(c, (0, 1)),
+                           torch.cat([x, x.new_tensor([1.0 - float(x.sum())])]), 1.0) <= 1e-9
+    _, fista = simplex_qp(Q, c, 1.0, inequality=True, tol=1e-9, method="fista", max_iter=300)
+    assert info["value"] <= fista["value"] + 1e-9
+    Q2 = torch.nn.functional.pad(Q, (0, 1, 0, 1))
+    a_new = base + 0.05 * torch.randn(20, generator=g, dtype=torch.float64)
+    Q2[-1, :-1] = Q2[:-1, -1] = (A @ a_new) * 2.0 ** 18
+    Q2[-1, -1] = float(a_new @ a_new) * 2.0 ** 18
+    c2 = torch.cat([c, c.new_tensor([1.5])])
+    x2, info2 = simplex_qp(Q2, c2, 1.0, torch.cat([x, x.new_zeros(1)]), inequality=True, tol=1e-9)
+    # each iteration adds or drops one coordinate or ends: bounded by the supports' symmetric difference
+    changed = int(((torch.cat([x, x.new_zeros(1)]) > 0) != (x2 > 0)).sum())
+    assert info2["iterations"] <= 2 * changed + 5
+    assert info2["value"] <= info["value"]
+    with pytest.raises(ValueError, match="method"):
+        simplex_qp(Q, c, 1.0, method="newton")
 
 
 def test_simplex_qp_warm_start_and_linear_objective():

@@ -119,16 +119,32 @@ class KernelCuttingPlane:
         self.G = torch.zeros(0, 0, **kw)
         self.cache = torch.zeros(0, N, self.F.shape[1], **kw)  # A[k]: g_k . (phi(x_i) (x) e), exact / linear only
         self.quiet = 0
+        self._cat = None
         self.steps_done, self.seconds, self.qp_seconds = 0, 0.0, 0.0
 
     # -- scores ---------------------------------------------------------------------------------
+    def _concat(self):
+        """All cuts' bases concatenated, cached until the cut set changes: ``(indices (M,), label-difference
+        rows (M, S'), cut of each row (M,), unique indices (U,), position in the unique indices (M,))``.
+        Sampled bases repeat examples (draws with replacement, violators recur across cuts), so kernel
+        blocks are evaluated against the U unique points only."""
+        if self._cat is None:
+            idx = torch.cat(self.basis)
+            sizes = torch.tensor([b.numel() for b in self.basis], device=idx.device)
+            cut = torch.repeat_interleave(torch.arange(len(self.basis), device=idx.device), sizes)
+            uniq, inv = torch.unique(idx, return_inverse=True)
+            self._cat = (idx, torch.cat(self.diffs), cut, uniq, inv)
+        return self._cat
+
     def _basis_expansion(self):
-        """All cuts' bases concatenated: ``(indices (M,), weighted rows (M, S'))`` with weight ``alpha_k a_k``."""
+        """The expansion of ``w`` over the unique basis points: ``(indices (U,), weighted rows (U, S'))``,
+        row weight ``alpha_k a_k`` summed over the cuts (and repeats) holding the point."""
         if not self.basis:
             return None, None
-        idx = torch.cat(self.basis)
-        rows = torch.cat([(a * c) * E for a, c, E in zip(self.alpha.tolist(), self.coef.tolist(), self.diffs)])
-        return idx, rows
+        idx, diffs, cut, uniq, inv = self._concat()
+        weighted = diffs * (self.alpha * self.coef)[cut].unsqueeze(1)
+        rows = torch.zeros(uniq.numel(), diffs.shape[1], dtype=diffs.dtype, device=diffs.device)
+        return uniq, rows.index_add_(0, inv, weighted)
 
     def _expansion_scores(self, x: torch.Tensor) -> torch.Tensor:
         """``w . (phi(x) (x) e)`` in label-feature space, ``(q, S')``, from the kernel expansion."""
@@ -196,11 +212,10 @@ class KernelCuttingPlane:
         t = self.offsets.shape[0]
         row = torch.zeros(t + 1, dtype=torch.float64, device=self.x.device)
         if self.sampling == "constant":
-            pos = 0
-            for k in range(t):
-                m = self.basis[k].shape[0]
-                row[k] = a * float(self.coef[k]) * float((Kblock[:, pos : pos + m] * (E @ self.diffs[k].T)).sum())
-                pos += m
+            if t:  # <g_k, g_new> = a a_k sum_{l in new, j in cut k} k(x_l, x_j) <E_l, E_j>
+                _, diffs, cut, _, inv = self._concat()
+                per_row = (Kblock[:, inv] * (E @ diffs.T)).sum(0)  # (M,)
+                row[:t] = a * self.coef * torch.zeros(t, dtype=row.dtype, device=row.device).index_add_(0, cut, per_row)
             Kself = self.kernel(self.x[idx], self.x[idx]).to(torch.float64)
             row[t] = a * a * float((Kself * (E @ E.T)).sum())
         else:
@@ -217,6 +232,7 @@ class KernelCuttingPlane:
         G[t, :] = row
         G[:, t] = row
         self.G = G
+        self._cat = None
         self.basis.append(idx)
         self.diffs.append(E)
         self.coef = torch.cat([self.coef, self.coef.new_tensor([a])])
@@ -237,6 +253,7 @@ class KernelCuttingPlane:
             for name in ("coef", "offsets", "alpha", "age"):
                 setattr(self, name, getattr(self, name)[keep])
             self.G = self.G[keep][:, keep]
+            self._cat = None
             if self.sampling != "constant":
                 self.cache = self.cache[keep]
         return removed
@@ -282,12 +299,12 @@ class KernelCuttingPlane:
         resamples = 0
         if self.sampling == "constant":
             draw = torch.randint(self.N, (self.r,), generator=self.generator).to(dev)
-            idx_all, rows = self._basis_expansion()
-            if idx_all is None:
+            uniq, rows = self._basis_expansion()
+            if uniq is None:
                 Kblock = torch.zeros(self.r, 0, dtype=torch.float64, device=dev)
                 fS = torch.zeros(self.r, self.F.shape[1], dtype=torch.float64, device=dev)
             else:
-                Kblock = self.kernel(self.x[draw], self.x[idx_all]).to(torch.float64)
+                Kblock = self.kernel(self.x[draw], self.x[uniq]).to(torch.float64)  # (r, U)
                 fS = Kblock @ rows
             yhat, delta, H = self._oracle(fS, draw)
             c = float(delta.mean())
@@ -383,6 +400,7 @@ class KernelCuttingPlane:
             raise ValueError("state_dict holds inconsistent cut counts")
         dev = self.x.device
         sizes = state["sizes"].tolist()
+        self._cat = None
         self.basis = list(state["basis"].to(dev).split(sizes)) if t else []
         self.diffs = list(state["diffs"].to(dev).split(sizes)) if t else []
         for k in ("coef", "offsets", "alpha", "age", "G", "cache"):
