@@ -27,6 +27,19 @@ def multiclass_data(n=60, d=3, K=4, seed=0):
     return x, y
 
 
+def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_at_minus_80():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(7, 3, generator=g, dtype=torch.float64) * 3
+    b = torch.randn(5, 3, generator=g, dtype=torch.float64) * 3
+    kernel = MercerKernel("rbf", 2.0)
+    K = kernel(a, b)
+    arg = 2.0 * ((a.unsqueeze(1) - b.unsqueeze(0)) ** 2).sum(-1)
+    assert bool((arg > 80).any()) and bool((arg < 80).any())
+    torch.testing.assert_close(K, torch.exp(-arg.clamp_max(80.0)), rtol=1e-12, atol=0)
+    assert kernel.evaluations == 35
+    torch.testing.assert_close(MercerKernel("linear")(a, b), a @ b.T)
+
+
 def svm_dual_optimum(x, y, C, gamma):
     """The SVM without bias, ``min 1/2 ||u||^2 + (C/N) sum hinge``, by its box-constrained dual solved with
     projected Newton: ``(optimum, beta)``."""

@@ -214,7 +214,8 @@ class KernelCuttingPlane:
         if self.sampling == "constant":
             if t:  # <g_k, g_new> = a a_k sum_{l in new, j in cut k} k(x_l, x_j) <E_l, E_j>
                 _, diffs, cut, _, inv = self._concat()
-                per_row = (Kblock[:, inv] * (E @ diffs.T)).sum(0)  # (M,)
+                Z = Kblock.T @ E  # (U, S'): sum_l k(x_l, x_u) E_l per unique basis point u
+                per_row = (Z[inv] * diffs).sum(1)  # (M,)
                 row[:t] = a * self.coef * torch.zeros(t, dtype=row.dtype, device=row.device).index_add_(0, cut, per_row)
             Kself = self.kernel(self.x[idx], self.x[idx]).to(torch.float64)
             row[t] = a * a * float((Kself * (E @ E.T)).sum())

@@ -3,7 +3,10 @@
 ``k(a, b)`` for ``a (p, D)`` and ``b (q, D)`` is a ``(p, q)`` matrix:
 
 - ``"rbf"``: ``exp(-gamma ||a - b||^2)`` through ``||a||^2 + ||b||^2 - 2 a b^T`` (clamped at 0 against
-  cancellation), i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is ``gamma = 1 / sigma^2``.
+  cancellation), i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is ``gamma = 1 / sigma^2``. The
+  exponent is floored at ``-80``: entries below ``exp(-80) ~ 1.8e-35`` come back as that value, because
+  exp with results in the subnormal range is 10-20x slower on x86 CPUs (measured: 36 ms against 1.8 ms for
+  a 4096 x 400 float32 block), and narrow kernels (Checkers, gamma = 20) are mostly such entries.
 - ``"linear"``: ``a b^T``.
 """
 
@@ -43,4 +46,4 @@ class MercerKernel:
         if self.name == "linear":
             return dot
         sq = (a * a).sum(1).unsqueeze(1) + (b * b).sum(1).unsqueeze(0) - 2 * dot
-        return torch.exp(-self.gamma * sq.clamp_min(0))
+        return torch.exp((-self.gamma * sq.clamp_min(0)).clamp_min(-80.0))
