@@ -13,8 +13,10 @@ import torch
 
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
+from .distance_transform_torch import distance_transform_1d_torch
 from .simplex_torch import project_simplex_torch
 from .slack_chain_torch import slack_viterbi_torch
+from .tree_torch import TreeSchedule, spatial_tree_max_sum_torch, tree_max_sum_torch, tree_schedule
 from .viterbi_torch import viterbi_torch
 
 BACKENDS = ("auto", "torch", "triton")
@@ -180,7 +182,69 @@ def project_box_equality(m, lower, upper, sigma, z, d2=None, backend: str = "aut
     return project_box_equality_torch(m, lower, upper, sigma, z, d2)
 
 
+def check_quadratic_weights(name: str, t: torch.Tensor) -> None:
+    """Generalized distance transforms need convex costs: a ValueError naming ``name`` if ``t`` has an entry
+    < 0 (or NaN)."""
+    if t.numel() and not bool((t >= 0).all()):
+        raise ValueError(f"{name} must be >= 0 (the quadratic deformation weights of a distance transform)")
+
+
+@torch.no_grad()
+def tree_max_sum(unary, pairwise, parents, backend: str = "auto"):
+    """Dispatch to `tree_max_sum_torch` or `tree_max_sum_triton` (explicit pairwise tables); see
+    `tree_max_sum_torch` for the contract. Only ``parents`` is checked here (the structures validate)."""
+    sched = tree_schedule(parents)
+    if resolve_backend(backend, unary.device) == "triton":
+        from .tree_triton import tree_max_sum_triton
+
+        return tree_max_sum_triton(unary, pairwise, sched.parents)
+    return tree_max_sum_torch(unary, pairwise, sched.parents)
+
+
+@torch.no_grad()
+def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int, backend: str = "auto"):
+    """Max-sum on a pictorial-structure tree by distance transforms; see `spatial_tree_max_sum_torch`.
+    Raises a ValueError naming ``weights`` if a quadratic weight (``weights[..., 1]``, ``weights[..., 3]``)
+    is negative."""
+    sched = tree_schedule(parents)
+    check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
+    if resolve_backend(backend, unary.device) == "triton":
+        from .tree_triton import spatial_tree_max_sum_triton
+
+        return spatial_tree_max_sum_triton(unary, weights, rest, sched.parents, height, width)
+    return spatial_tree_max_sum_torch(unary, weights, rest, sched.parents, height, width)
+
+
+@torch.no_grad()
+def distance_transform_1d(f, a, b, r, backend: str = "auto"):
+    """``out[p] = max_q f[q] - a d^2 - b d``, ``d = p - q - r``, per row of ``f (R, n)``, with its argmax; see
+    `distance_transform_torch`. ``a, b, r``: ``(R,)`` of f's dtype; ``a >= 0`` (a ValueError naming ``a``)."""
+    check_quadratic_weights("a", a)
+    if resolve_backend(backend, f.device) == "triton":
+        from .distance_transform_triton import distance_transform_1d_triton
+
+        return distance_transform_1d_triton(f, a, b, r)
+    return distance_transform_1d_torch(f, a, b, r)
+
+
+@torch.no_grad()
+def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
+    """The separable 2-D transform of ``f (R, H, W)`` (row pass along x, then column pass along y) with its
+    flat argmax; see `distance_transform_torch.distance_transform_2d`. ``ax, ay >= 0`` (a ValueError naming
+    them)."""
+    from .distance_transform_torch import distance_transform_2d as _dt2d
+
+    check_quadratic_weights("ax", ax)
+    check_quadratic_weights("ay", ay)
+    gdt_1d = distance_transform_1d_torch
+    if resolve_backend(backend, f.device) == "triton":
+        from .distance_transform_triton import distance_transform_1d_triton as gdt_1d
+    return _dt2d(f, ax, bx, rx, ay, by, ry, gdt_1d=gdt_1d)
+
+
 __all__ = ["project_simplex", "project_simplex_torch", "project_box_equality", "project_box_equality_torch",
            "box_equality_median",
            "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
-           "BACKENDS"]
+           "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
+           "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",
+           "distance_transform_2d", "check_quadratic_weights"]

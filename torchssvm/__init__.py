@@ -14,7 +14,19 @@ from .losses import (
     structured_hinge_loss,
 )
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
-from .structures import Chain, ChainPotentials, Hierarchy, Multiclass, MultiLabel, MultiLabelPotentials, Structure
+from .structures import (
+    Chain,
+    ChainPotentials,
+    Hierarchy,
+    Multiclass,
+    MultiLabel,
+    MultiLabelPotentials,
+    SpatialTree,
+    SpatialTreePotentials,
+    Structure,
+    Tree,
+    TreePotentials,
+)
 
 __version__ = "0.1.0"
 
@@ -26,6 +38,10 @@ __all__ = [
     "MultiLabel",
     "MultiLabelPotentials",
     "Structure",
+    "Tree",
+    "TreePotentials",
+    "SpatialTree",
+    "SpatialTreePotentials",
     "StructuredHingeLoss",
     "structured_hinge_loss",
     "SlackRescaledHingeLoss",

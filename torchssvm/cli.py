@@ -1,5 +1,6 @@
 """The ``torchssvm`` command: ``demo`` (BCFW on synthetic data, under a minute on 2 CPU cores) and ``train``
-(``--solver bcfw|fw|ssg`` on fixed features, or ``--solver torch``: the hinge loss with a torch optimizer)."""
+(``--solver bcfw|fw|ssg`` on fixed features, or ``--solver torch``: the hinge loss with a torch optimizer;
+``--data pose``: pictorial structures on `data.synthetic_pose`, w_xx, w_yy >= 0 by the box or a projection)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from .losses import StructuredHingeLoss
 from .models import LinearChainModel
 from .structures.chain import Chain
 
-DATASETS = ("synthetic", "ocr-large", "ocr-small", "conll2000-chunk")
+DATASETS = ("synthetic", "ocr-large", "ocr-small", "conll2000-chunk", "pose")
 
 
-def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_count: int = 1):
-    """(train, test) `SequenceDataset`s for a ``--data`` name."""
+def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_count: int = 1, *,
+                  num_train: Optional[int] = None, num_test: Optional[int] = None, grid: int = 12):
+    """(train, test) `SequenceDataset`s for a ``--data`` name (`PoseDataset`s for ``"pose"``: ``num_train``,
+    ``num_test`` examples on a ``grid x grid`` board)."""
     from . import data
 
     if name == "synthetic":
@@ -29,6 +32,10 @@ def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_coun
     if name.startswith("ocr-"):
         variant = name.split("-", 1)[1]
         return data.ocr("train", variant, root=root), data.ocr("test", variant, root=root)
+    if name == "pose":
+        kw = {"height": grid, "width": grid, "seed": seed}
+        return (data.synthetic_pose("train", 16 if num_train is None else num_train, **kw),
+                data.synthetic_pose("test", 16 if num_test is None else num_test, **kw))
     if name == "conll2000-chunk":
         return (data.conll2000("train", "chunk", root=root, min_count=min_count),
                 data.conll2000("test", "chunk", root=root, min_count=min_count))
@@ -174,6 +181,128 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
     return metrics
 
 
+def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
+               gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
+               step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
+               positivity: bool = True, backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs",
+               run_name: str = "train-pose", seed: int = 0, out=None) -> dict:
+    """Train pictorial structures (`optim.SpatialTreeProblem` on `PoseDataset`s) with a dual solver and the
+    positivity box on the quadratic deformation weights (note 001 section 2.7; ``positivity=False`` drops it,
+    and the oracle then raises as soon as a quadratic weight turns negative).
+
+    Prints one line per pass: effective passes, the exact duality gap of the current iterate (a monitoring
+    pass, not counted), primal, dual, train / test LSP loss and PCK (nodes within s/2 of the truth), and
+    the smallest quadratic weight; logs the same to TensorBoard. Returns the last pass's metrics."""
+    import dataclasses
+
+    from . import optim
+
+    dev = _check_device(device)
+    train = dataclasses.replace(train, features=train.features.to(dev), positions=train.positions.to(dev),
+                                scale=train.scale.to(dev), rest=train.rest.to(dev))
+    problem = optim.SpatialTreeProblem(train, backend=backend)
+    writer = make_writer(logdir, run_name) if logdir else None
+    box = problem.positivity_box() if positivity else None
+    common = {"box": box, "writer": writer}
+    if solver == "bcfw":
+        s = optim.BCFW(problem, lam=lam, sampling=sampling, step=step, cache_size=cache_size, batch_size=batch_size,
+                       gap_check_every=gap_check_every, seed=seed, **common)
+    elif solver == "fw":
+        s = optim.FrankWolfe(problem, lam=lam, **common)
+    elif solver == "ssg":
+        s = optim.SSG(problem, lam=lam, seed=seed, **common)
+    else:
+        raise ValueError(f"solver must be one of {SOLVERS[:3]} here (train_pose_hinge: 'torch'), got {solver!r}")
+    metrics, printer = {}, (lambda line: print(line, file=out or sys.stdout, flush=True))
+    for k in range(1, passes + 1):
+        r = s.step()
+        w = problem.weight.clone()  # the solver's output (SSG: its average)
+        if solver == "ssg":
+            gap_txt, cert = f"primal {r['primal']:.5f}", {"primal": r["primal"]}
+        else:
+            cert = s.duality_gap()
+            gap_txt = f"gap {cert['gap']:.3e}  primal {cert['primal']:.5f}  dual {cert['dual']:.5f}"
+        tr, te = problem.evaluate(w), problem.evaluate(w, test)
+        min_quad = float(problem.weights(w)[1][:, 1::2].min())
+        metrics = {"pass": k, "passes": r["passes"], "seconds": r["time"], "train_lsp_loss": tr["lsp_loss"],
+                   "test_lsp_loss": te["lsp_loss"], "train_pck": tr["pck"], "test_pck": te["pck"],
+                   "min_quadratic_weight": min_quad,
+                   **{key: cert[key] for key in ("primal", "dual", "gap") if key in cert}}
+        log_scalars(writer, {"lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, k, "train")
+        log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, k, "test")
+        log_scalars(writer, {"min_quadratic_weight": min_quad}, k, "box")
+        if "gap" in cert:
+            log_scalars(writer, {"duality_gap": cert["gap"]}, k, "certificate")
+        printer(f"pass {k:3d} ({r['passes']:5.1f} effective)  {gap_txt}  train LSP loss {tr['lsp_loss']:.4f}  "
+                f"test LSP loss {te['lsp_loss']:.4f}  test PCK {te['pck']:.3f}  min w_quad {min_quad:.2e}  "
+                f"({r['time']:.1f}s)")
+        if gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol:
+            break
+        if time_budget is not None and r["time"] >= time_budget:
+            break
+    if writer is not None:
+        metrics["logdir"] = writer.log_dir
+        writer.close()
+    return metrics
+
+
+def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",
+                     backend: str = "auto", logdir: Optional[str] = "runs", run_name: str = "train-pose-torch",
+                     seed: int = 0, out=None) -> dict:
+    """Minimize ``lam/2 ||w||^2 + mean_i hinge_i(w)`` of the pictorial-structure model of
+    `optim.SpatialTreeProblem` (same parameters ``w = [w_U | w_P]``, LSP loss) with a torch optimizer and the
+    structured hinge loss, projecting ``w_xx, w_yy`` onto ``>= 0`` after every step (projected (sub)gradient:
+    the distance-transform oracle needs them). Prints one line per epoch and logs to TensorBoard."""
+    from . import optim
+    from .structures.tree import SpatialTreePotentials
+
+    torch.manual_seed(seed)
+    problem = optim.SpatialTreeProblem(train, backend=backend)
+    w = torch.zeros(problem.d, dtype=torch.float64, requires_grad=True)
+    if optimizer == "adam":
+        opt = torch.optim.Adam([w], lr=lr)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD([w], lr=lr, momentum=0.9)
+    else:
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    criterion = StructuredHingeLoss(problem.structure, backend=backend)
+    writer = make_writer(logdir, run_name) if logdir else None
+    gen = torch.Generator().manual_seed(seed)
+    t0, metrics, step = time.perf_counter(), {}, 0
+    for epoch in range(1, epochs + 1):
+        total = 0.0
+        for idx in torch.randperm(problem.n, generator=gen).split(batch_size):
+            wu, wp = problem.weights(w)
+            pot = SpatialTreePotentials(torch.einsum("bvfl,vf->bvl", problem.features[idx], wu),
+                                        wp * problem.per_pixel, problem.rest)
+            loss = criterion(pot, problem.truth[idx], problem.scale[idx]) + 0.5 * lam * (w * w).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():  # projection onto the box: the quadratic deformation weights stay >= 0
+                problem.weights(w)[1][:, 1::2].clamp_(min=0.0)
+            total += float(loss.detach()) * idx.shape[0]
+            step += 1
+            if writer is not None:
+                writer.add_scalar("train/batch_loss", float(loss.detach()), step)
+        wd = w.detach()
+        tr, te = problem.evaluate(wd), problem.evaluate(wd, test)
+        metrics = {"epoch": epoch, "objective": total / problem.n, "seconds": time.perf_counter() - t0,
+                   "train_lsp_loss": tr["lsp_loss"], "test_lsp_loss": te["lsp_loss"], "test_pck": te["pck"],
+                   "min_quadratic_weight": float(problem.weights(wd)[1][:, 1::2].min())}
+        log_scalars(writer, {"loss": metrics["objective"], "lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, epoch,
+                    "train")
+        log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, epoch, "test")
+        print(f"epoch {epoch:3d}  objective {metrics['objective']:.4f}  train LSP loss {tr['lsp_loss']:.4f}  "
+              f"test LSP loss {te['lsp_loss']:.4f}  test PCK {te['pck']:.3f}  min w_quad "
+              f"{metrics['min_quadratic_weight']:.2e}  ({metrics['seconds']:.1f}s)", file=out or sys.stdout, flush=True)
+    problem.write_model(w.detach())
+    if writer is not None:
+        metrics["logdir"] = writer.log_dir
+        writer.close()
+    return metrics
+
+
 def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
     p.add_argument("--solver", choices=SOLVERS, default=solver,
                    help="dual solver (bcfw, fw: batch Frank-Wolfe, ssg: stochastic subgradient) or 'torch' "
@@ -213,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", choices=DATASETS, default="synthetic")
     train.add_argument("--root", default=None, help="data folder (default: $TORCHSSVM_DATA or the cache)")
     train.add_argument("--min-count", type=int, default=1, help="CoNLL: keep attributes seen this often")
+    train.add_argument("--num-train", type=int, default=None, help="pose: training examples (default 16)")
+    train.add_argument("--num-test", type=int, default=None, help="pose: test examples (default 16)")
+    train.add_argument("--grid", type=int, default=12, help="pose: the board is grid x grid positions")
+    train.add_argument("--no-positivity", action="store_true",
+                       help="pose: drop the box w_xx, w_yy >= 0 (the distance-transform oracle then fails)")
     _add_train_args(train, epochs=10, lr=0.01, lam=1e-2, batch_size=32)
     _add_solver_args(train, solver="bcfw", passes=10)
     return parser
@@ -224,8 +358,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name, root, min_count = "synthetic", None, 1
     else:
         name, root, min_count = args.data, args.root, args.min_count
-    train, test = load_datasets(name, root, seed=args.seed, min_count=min_count)
+    pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid} if name == "pose" else {}
+    train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, **pose)
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
+    if name == "pose":
+        if args.solver == "torch":
+            if args.device != "cpu":
+                raise ValueError("--data pose --solver torch runs on the CPU only (device must be 'cpu')")
+            metrics = train_pose_hinge(train, test, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                       lam=args.lam, optimizer=args.optimizer, backend=args.backend,
+                                       logdir=args.logdir or None, seed=args.seed)
+            if "logdir" in metrics:
+                print(f"TensorBoard logs: {metrics['logdir']}  (tensorboard --logdir {args.logdir})")
+            return 0
+        print(f"solver {args.solver}, lam {args.lam}, box {'none' if args.no_positivity else 'w_xx, w_yy >= 0'}")
+        metrics = train_pose(train, test, solver=args.solver, lam=args.lam, passes=args.passes, gap_tol=args.gap_tol,
+                             time_budget=args.time_budget, sampling=args.sampling, step=args.step,
+                             cache_size=args.cache_size, batch_size=args.block_batch,
+                             gap_check_every=args.gap_check_every, positivity=not args.no_positivity,
+                             backend=args.backend, device=args.device, logdir=args.logdir or None,
+                             run_name=f"train-pose-{args.solver}", seed=args.seed)
+        if "logdir" in metrics:
+            print(f"TensorBoard logs: {metrics['logdir']}  (tensorboard --logdir {args.logdir})")
+        return 0
     if args.solver != "torch":
         print(f"solver {args.solver}, lam {args.lam}" + (f", sampling {args.sampling}, step {args.step}, cache "
                                                         f"{args.cache_size}" if args.solver == "bcfw" else ""))

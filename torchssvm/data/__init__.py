@@ -7,10 +7,11 @@ from .conll2000 import conll2000
 from .multilabel_dataset import MultiLabelBatch, MultiLabelDataset
 from .ocr import ocr
 from .paths import data_root
+from .pose import PoseDataset, synthetic_pose
 from .sequence_dataset import ChainBatch, SequenceDataset
 from .synthetic import synthetic_chain
 from .yeast import yeast
 
 __all__ = ["ocr", "conll2000", "yeast", "synthetic_chain", "SequenceDataset", "ChainBatch", "MultiLabelDataset",
            "MultiLabelBatch", "data_root"]
-__all__ += ["a9a", "checkers"]
+__all__ += ["a9a", "checkers", "synthetic_pose", "PoseDataset"]

@@ -30,6 +30,7 @@ from .problems import (
                        FeatureTableProblem,
                        MultiLabelProblem,
                        SlackRescaledProblem,
+                       SpatialTreeProblem,
                        make_problem,
 )
 from .regularization_path import RegularizationPath, grid_search, regularization_path
@@ -39,4 +40,5 @@ from .ssg import SSG
 __all__ = ["BCFW", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
            "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
-           "SlackRescaledProblem", "make_problem", "RegularizationPath", "regularization_path", "grid_search"]
+           "SlackRescaledProblem", "SpatialTreeProblem", "make_problem", "RegularizationPath",
+           "regularization_path", "grid_search"]

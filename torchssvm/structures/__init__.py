@@ -5,5 +5,7 @@ from .chain import Chain, ChainPotentials
 from .hierarchy import Hierarchy
 from .multiclass import Multiclass
 from .multilabel import MultiLabel, MultiLabelPotentials
+from .tree import SpatialTree, SpatialTreePotentials, Tree, TreePotentials
 
-__all__ = ["Structure", "Chain", "ChainPotentials", "Hierarchy", "Multiclass", "MultiLabel", "MultiLabelPotentials"]
+__all__ = ["Structure", "Chain", "ChainPotentials", "Hierarchy", "Multiclass", "MultiLabel", "MultiLabelPotentials",
+           "Tree", "TreePotentials", "SpatialTree", "SpatialTreePotentials"]

@@ -11,6 +11,7 @@ from .chain import ChainProblem
 from .multilabel import MultiLabelProblem
 from .slack import SlackRescaledProblem
 from .table import FeatureTableProblem
+from .tree import SpatialTreeProblem, SpatialTreeTheta
 
 RESCALINGS = ("margin", "slack")
 
@@ -43,4 +44,4 @@ def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
 
 
 __all__ = ["DualProblem", "ChainProblem", "FeatureTableProblem", "MultiLabelProblem",
-           "SlackRescaledProblem", "make_problem", "RESCALINGS"]
+           "SlackRescaledProblem", "SpatialTreeProblem", "SpatialTreeTheta", "make_problem", "RESCALINGS"]

@@ -1,0 +1,214 @@
+"""Batched max-sum (max-product in log space) on a tree in plain torch: the reference twin of `tree_triton`.
+
+The tree is ``parents (V,)``: ``parents[v]`` is the parent of node v, -1 for the single root. Edges are
+numbered by their child: edge e joins ``parents[c_e]`` and ``c_e``, where ``c_0 < c_1 < ...`` are the
+non-root nodes in increasing order (so ``E = V - 1``). A pairwise table entry ``[k_parent, k_child]``
+scores the parent's label and the child's label.
+
+`tree_schedule` groups the edges by the depth of their child; messages flow leaves to root one level at
+a time (every edge of a level in one batched op), then labels are backtracked root to leaves.
+Tie-breaking (identical in the Triton kernel): every argmax takes the smallest label index, so among all
+maximizing labellings the result is the lexicographically smallest with the nodes ordered parents before
+children (for instance by depth). A node's belief is its unary plus its children's messages added in
+increasing edge order, the same sum on every backend.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Sequence, Tuple
+
+import torch
+
+from .distance_transform_torch import distance_transform_1d_torch, distance_transform_2d
+
+# Above this many elements per level ((B, n, K, K) scores) the level is processed in chunks of examples.
+_MAX_LEVEL_ELEMENTS = 1 << 25
+
+
+class TreeSchedule(NamedTuple):
+    """Message-passing order of a tree (plain Python tuples; cached per ``parents``).
+
+    - ``root``: the root node; ``edge_child[e]`` / ``edge_parent[e]``: the nodes of edge e.
+    - ``levels``: edge indices grouped by the depth of their child, deepest first (leaves to root).
+    - ``child_edges[v]``: the edges whose parent is v, increasing.
+    - ``depth[v]``: the number of edges from v to the root.
+    """
+
+    parents: Tuple[int, ...]
+    root: int
+    edge_child: Tuple[int, ...]
+    edge_parent: Tuple[int, ...]
+    levels: Tuple[Tuple[int, ...], ...]
+    child_edges: Tuple[Tuple[int, ...], ...]
+    depth: Tuple[int, ...]
+
+
+def check_parents(parents, name: str = "parents") -> Tuple[int, ...]:
+    """``parents`` as a tuple of ints, or a ValueError naming ``name``: one root (-1), every other entry a
+    node in ``[0, V)`` other than itself, and no cycle."""
+    if isinstance(parents, torch.Tensor):
+        if parents.dim() != 1 or parents.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer sequence, got a tensor of shape {tuple(parents.shape)}")
+        parents = parents.tolist()
+    try:
+        par = tuple(int(p) for p in parents)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of ints") from None
+    V = len(par)
+    if V == 0:
+        raise ValueError(f"{name} must hold at least one node")
+    for v, p in enumerate(par):
+        if not (p == -1 or 0 <= p < V) or p == v:
+            raise ValueError(f"{name}[{v}] = {p}: must be -1 (the root) or another node in [0, {V})")
+    roots = [v for v in range(V) if par[v] == -1]
+    if len(roots) != 1:
+        raise ValueError(f"{name} must have exactly one root (-1), got {len(roots)}: {roots}")
+    for v in range(V):
+        m, steps = v, 0
+        while par[m] != -1:
+            m, steps = par[m], steps + 1
+            if steps > V:
+                raise ValueError(f"{name} has a cycle through node {v}")
+    return par
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule(par: Tuple[int, ...]) -> TreeSchedule:
+    V = len(par)
+    depth = [0] * V
+    for v in range(V):
+        m = v
+        while par[m] != -1:
+            m, depth[v] = par[m], depth[v] + 1
+    edge_child = tuple(v for v in range(V) if par[v] != -1)
+    edge_parent = tuple(par[c] for c in edge_child)
+    child_edges = [[] for _ in range(V)]
+    for e, p in enumerate(edge_parent):
+        child_edges[p].append(e)
+    max_depth = max(depth)
+    levels = tuple(
+        tuple(e for e, c in enumerate(edge_child) if depth[c] == d) for d in range(max_depth, 0, -1)
+    )
+    return TreeSchedule(par, par.index(-1), edge_child, edge_parent, levels,
+                        tuple(tuple(c) for c in child_edges), tuple(depth))
+
+
+def tree_schedule(parents: Sequence[int]) -> TreeSchedule:
+    """The (cached) `TreeSchedule` of ``parents``; raises a ValueError naming ``parents`` if it is not a tree."""
+    return _schedule(check_parents(parents))
+
+
+# A level op maps the beliefs of a level's child nodes ``(B, n, K)`` and the level's edge indices ``(n,)``
+# to the messages to their parents ``(B, n, K)`` (indexed by the parent's label) and the maximizing child
+# label for each parent label ``(B, n, K)`` long.
+LevelOp = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+
+
+def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: LevelOp):
+    """Max-sum on the tree of ``sched`` with node scores ``unary (B, V, K)`` and edge messages from
+    ``level_op``; returns ``(labels (B, V) long, value (B,))``. Shared by every form and backend."""
+    B, V, K = unary.shape
+    E = V - 1
+    dev = unary.device
+    msgs = unary.new_zeros(B, E + 1, K)  # row E: a zero message for padded child slots
+    args = torch.zeros(B, max(E, 1), K, dtype=torch.long, device=dev)
+
+    def beliefs(nodes: Sequence[int]) -> torch.Tensor:
+        width = max(len(sched.child_edges[v]) for v in nodes)
+        bel = unary[:, list(nodes)]
+        if width:
+            slots = [list(sched.child_edges[v]) + [E] * (width - len(sched.child_edges[v])) for v in nodes]
+            idx = torch.tensor(slots, dtype=torch.long, device=dev)  # (n, width)
+            for j in range(width):  # fixed order: unary + m_0 + m_1 + ...
+                bel = bel + msgs[:, idx[:, j]]
+        return bel
+
+    for level in sched.levels:
+        nodes = [sched.edge_child[e] for e in level]
+        eidx = torch.tensor(level, dtype=torch.long, device=dev)
+        m, a = level_op(beliefs(nodes), eidx)
+        msgs[:, eidx] = m
+        args[:, eidx] = a
+    value, root_label = beliefs([sched.root])[:, 0].max(dim=1)
+    labels = torch.empty(B, V, dtype=torch.long, device=dev)
+    labels[:, sched.root] = root_label
+    for level in reversed(sched.levels):
+        eidx = torch.tensor(level, dtype=torch.long, device=dev)
+        child = torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=dev)
+        parent = torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=dev)
+        labels[:, child] = args[:, eidx].gather(2, labels[:, parent].unsqueeze(2)).squeeze(2)
+    return labels, value
+
+
+def explicit_level_op_torch(pairwise: torch.Tensor) -> LevelOp:
+    """The level op of explicit tables ``pairwise (B, E, K, K)`` or shared ``(E, K, K)``:
+    ``m[k_p] = max_{k_c} pairwise[e, k_p, k_c] + belief[k_c]`` (first maximal ``k_c``)."""
+
+    def op(belief, eidx):
+        B, n, K = belief.shape
+        tables = pairwise[:, eidx] if pairwise.dim() == 4 else pairwise[eidx].unsqueeze(0)
+        step = max(1, _MAX_LEVEL_ELEMENTS // max(1, n * K * K))
+        if B <= step:
+            return (tables + belief.unsqueeze(2)).max(dim=3)
+        parts = [
+            (tables[s : s + step] if tables.shape[0] > 1 else tables) + belief[s : s + step].unsqueeze(2)
+            for s in range(0, B, step)
+        ]
+        outs = [p.max(dim=3) for p in parts]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    return op
+
+
+def tree_max_sum_torch(unary: torch.Tensor, pairwise: torch.Tensor, parents: Sequence[int]):
+    """MAP labelling of a batch of trees with explicit pairwise tables.
+
+    Args:
+        unary: ``(B, V, K)`` scores of label k at node v.
+        pairwise: ``(B, E, K, K)`` per example or ``(E, K, K)`` shared, ``E = V - 1``; entry
+            ``[.., e, i, j]`` scores label i at ``parents[c_e]`` and label j at the child ``c_e`` (module doc).
+        parents: ``(V,)`` parent of each node, -1 for the root.
+
+    Returns:
+        labels ``(B, V)`` long and the best scores ``(B,)``.
+    """
+    return tree_max_sum_generic(unary, tree_schedule(parents), explicit_level_op_torch(pairwise))
+
+
+def spatial_level_op(weights: torch.Tensor, rest: torch.Tensor, height: int, width: int, gdt_1d) -> LevelOp:
+    """The level op of spatial nodes (module `distance_transform_torch`, "Spatial trees"), with ``gdt_1d``
+    the 1-D distance transform of the backend."""
+
+    def op(belief, eidx):
+        B, n, _ = belief.shape
+        w = weights[:, eidx] if weights.dim() == 3 else weights[eidx].unsqueeze(0)
+        w = w.expand(B, n, 4).reshape(B * n, 4)
+        r = rest[eidx].unsqueeze(0).expand(B, n, 2).reshape(B * n, 2)
+        # cost w . (dx, dx^2, dy, dy^2) with d = l_c - l_p - r is a GDT with p = parent, q = child,
+        # d_gdt = p - q - r_gdt = -d: a = w_quadratic, b = -w_linear, r_gdt = -r.
+        out, arg = distance_transform_2d(
+            belief.reshape(B * n, height, width),
+            w[:, 1], -w[:, 0], -r[:, 0], w[:, 3], -w[:, 2], -r[:, 1], gdt_1d=gdt_1d,
+        )
+        return out.reshape(B, n, height * width), arg.reshape(B, n, height * width)
+
+    return op
+
+
+def spatial_tree_max_sum_torch(unary, weights, rest, parents, height: int, width: int, gdt_1d=None):
+    """MAP positions of a batch of pictorial-structure trees by generalized distance transforms.
+
+    Args:
+        unary: ``(B, V, H*W)`` score of node v at position ``l = y * W + x`` (row y, column x).
+        weights: ``(B, E, 4)`` or ``(E, 4)`` deformation weights ``w = (w_x, w_xx, w_y, w_yy)`` of each
+            edge, with ``w_xx, w_yy >= 0`` (not checked here).
+        rest: ``(E, 2)`` rest offsets ``r = (r_x, r_y)`` of each child relative to its parent.
+        parents: ``(V,)`` parent of each node, -1 for the root.
+
+    The score is ``sum_v unary[v, l_v] - sum_e w_e . Delta(l_c - l_p - r_e)`` with
+    ``Delta(dx, dy) = (dx, dx^2, dy, dy^2)``, ``c``/``p`` the child/parent of edge e. O(V H W) work per
+    example. Returns labels ``(B, V)`` long (flat positions) and the best scores ``(B,)``.
+    """
+    op = spatial_level_op(weights, rest, height, width, gdt_1d or distance_transform_1d_torch)
+    return tree_max_sum_generic(unary, tree_schedule(parents), op)

@@ -1,0 +1,229 @@
+"""Seeded pose-like data for pictorial structures (the LSP model of note 001 section 3.1, at toy scale).
+
+A 26-node kinematic tree (the 14 LSP joints plus 12 limb / torso midpoints, as Chen & Yuille extend LSP),
+positions on an ``H x W`` grid, and per-part score maps from simulated noisy detectors as unary features,
+so that `SpatialTree` decoding and `optim.problems.SpatialTreeProblem` (BCFW with positivity on the
+quadratic deformation weights) run end to end without the real data.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+
+from .._validation import check_positive_int
+
+# Node names and parents (-1: the root). Every parent has a smaller index than its children, so one sweep
+# in index order samples a pose root to leaves. Edge e's child is node e + 1 (the root is node 0).
+POSE_NODES: Tuple[str, ...] = (
+    "neck", "head_mid", "head_top",
+    "r_shoulder", "r_upper_arm", "r_elbow", "r_lower_arm", "r_wrist",
+    "l_shoulder", "l_upper_arm", "l_elbow", "l_lower_arm", "l_wrist",
+    "r_torso", "r_hip", "r_thigh", "r_knee", "r_shin", "r_ankle",
+    "l_torso", "l_hip", "l_thigh", "l_knee", "l_shin", "l_ankle",
+    "pelvis",
+)
+POSE_PARENTS: Tuple[int, ...] = (
+    -1, 0, 1,
+    0, 3, 4, 5, 6,
+    0, 8, 9, 10, 11,
+    3, 13, 14, 15, 16, 17,
+    8, 19, 20, 21, 22, 23,
+    0,
+)
+# The 14 LSP joints, and the two nodes whose distance is the loss scale s (LSP: a shoulder and the
+# opposite hip).
+LSP_JOINTS: Tuple[str, ...] = ("r_ankle", "r_knee", "r_hip", "l_hip", "l_knee", "l_ankle", "r_wrist", "r_elbow",
+                               "r_shoulder", "l_shoulder", "l_elbow", "l_wrist", "neck", "head_top")
+SCALE_NODES: Tuple[str, str] = ("l_shoulder", "r_hip")
+
+# Canonical upright pose in body units (x to the image right, y down, body height about 1): the joints;
+# the midpoints are the means of their two joints.
+_JOINTS = {
+    "head_top": (0.0, 0.0), "neck": (0.0, 0.16),
+    "r_shoulder": (-0.15, 0.2), "r_elbow": (-0.22, 0.38), "r_wrist": (-0.25, 0.55),
+    "l_shoulder": (0.15, 0.2), "l_elbow": (0.22, 0.38), "l_wrist": (0.25, 0.55),
+    "r_hip": (-0.1, 0.55), "r_knee": (-0.12, 0.76), "r_ankle": (-0.13, 0.96),
+    "l_hip": (0.1, 0.55), "l_knee": (0.12, 0.76), "l_ankle": (0.13, 0.96),
+}
+_MIDPOINTS = {
+    "head_mid": ("neck", "head_top"), "r_upper_arm": ("r_shoulder", "r_elbow"),
+    "r_lower_arm": ("r_elbow", "r_wrist"), "l_upper_arm": ("l_shoulder", "l_elbow"),
+    "l_lower_arm": ("l_elbow", "l_wrist"), "r_torso": ("r_shoulder", "r_hip"), "r_thigh": ("r_hip", "r_knee"),
+    "r_shin": ("r_knee", "r_ankle"), "l_torso": ("l_shoulder", "l_hip"), "l_thigh": ("l_hip", "l_knee"),
+    "l_shin": ("l_knee", "l_ankle"), "pelvis": ("r_hip", "l_hip"),
+}
+_SPLIT_OFFSET = {"train": 1, "test": 2}
+
+
+def _canonical() -> torch.Tensor:
+    """``(V, 2)`` float64 canonical positions (body units)."""
+    pts = dict(_JOINTS)
+    for name, (a, b) in _MIDPOINTS.items():
+        pts[name] = tuple((pa + pb) / 2 for pa, pb in zip(pts[a], pts[b]))
+    return torch.tensor([pts[name] for name in POSE_NODES], dtype=torch.float64)
+
+
+def _mirror() -> Tuple[int, ...]:
+    """The left/right counterpart of every node (itself on the midline): a detector's typical confusion."""
+    idx = {name: i for i, name in enumerate(POSE_NODES)}
+    out = []
+    for name in POSE_NODES:
+        if name[:2] in ("r_", "l_"):
+            out.append(idx[("l_" if name[0] == "r" else "r_") + name[2:]])
+        else:
+            out.append(idx[name])
+    return tuple(out)
+
+
+@dataclass
+class PoseDataset:
+    """Pose-like examples on an ``height x width`` grid (`synthetic_pose`); a position is the flat index
+    ``y * width + x`` (x the column, y the row), as in `SpatialTree`.
+
+    - ``parents``: ``(V,)`` tuple, the kinematic tree (-1 for the root); ``names``: the node names.
+    - ``features``: ``(n, V, F, H*W)`` float, per-part detector score maps.
+    - ``positions``: ``(n, V)`` long, the true flat positions.
+    - ``rest``: ``(E, 2)`` float64, the mean displacement ``(dx, dy)`` of each edge's child from its parent
+      over this split (the paper's ``r_pq``, from training data; edge e's child is node e + 1).
+    - ``scale``: ``(n,)`` float64, the LSP loss scale s (distance between ``SCALE_NODES`` in the truth).
+    """
+
+    parents: Tuple[int, ...]
+    names: Tuple[str, ...]
+    features: torch.Tensor
+    positions: torch.Tensor
+    rest: torch.Tensor
+    scale: torch.Tensor
+    height: int
+    width: int
+    name: str = ""
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[2])
+
+    def xy(self) -> torch.Tensor:
+        """``(n, V, 2)`` long ``(x, y)`` of the true positions."""
+        return torch.stack([self.positions % self.width, self.positions // self.width], dim=2)
+
+    def __repr__(self) -> str:
+        return (f"PoseDataset({self.name!r}, n={len(self)}, nodes={self.num_nodes}, grid={self.height}x{self.width}, "
+                f"features={self.num_features})")
+
+
+def _check_real(name: str, value, *, minimum: float = 0.0, maximum: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and minimum <= value <= maximum):
+        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value}")
+    return value
+
+
+def _blob(centers: torch.Tensor, sigma: float, height: int, width: int) -> torch.Tensor:
+    """``exp(-||l - c||^2 / (2 sigma^2))`` on the grid for centers ``(..., 2)`` (x, y): ``(..., H*W)``."""
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64),
+                            indexing="ij")
+    dx = xs.reshape(-1) - centers[..., 0:1]
+    dy = ys.reshape(-1) - centers[..., 1:2]
+    return torch.exp(-(dx * dx + dy * dy) / (2 * sigma * sigma))
+
+
+def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, width: int = 32, num_features: int = 2,
+                   jitter: float = 0.04, size_range: Tuple[float, float] = (0.55, 0.85), clutter: int = 3,
+                   miss_rate: float = 0.15, swap_rate: float = 0.3, noise: float = 0.15, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> PoseDataset:
+    """Seeded pose-like examples: a 26-node tree (`POSE_PARENTS`), true positions and detector score maps.
+
+    Pose: a body size ``S`` (pixels) uniform in ``size_range`` times ``min(height, width)``; the root (neck)
+    placed so the canonical pose fits; then, root to leaves, ``child = parent + S (canonical offset) +
+    N(0, (jitter S)^2 I)`` in continuous coordinates, finally rounded and clipped to the grid.
+
+    Features, per part (``num_features`` F = 1 or 2): F=0 a sharp detector, a Gaussian peak (sigma 1 px) at
+    the true position whose height is uniform in [0.5, 1] (in [0, 0.3], a missed detection, with probability
+    ``miss_rate``), ``clutter`` false peaks of height uniform in [0.3, 0.9] at uniform random positions,
+    with probability ``swap_rate`` a peak at the left/right counterpart's true position, plus Gaussian pixel
+    noise of standard deviation ``noise``; F=1 (if F = 2) a coarse detector, the same truth and confusion
+    peaks with sigma 2.5 px, half the clutter and noise. So the unaries alone are ambiguous and the
+    deformation model carries signal.
+
+    ``rest`` is the mean true displacement of each edge over the split (what the paper derives from its
+    training data); train with the training split's ``rest``. Train and test draw from different seeds
+    (``seed * 1000 + 1`` and ``+ 2``) with the same distribution. Everything is drawn in float64 and then
+    cast to ``dtype`` (features only).
+    """
+    if split not in _SPLIT_OFFSET:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    n = check_positive_int("n", n)
+    H = check_positive_int("height", height, minimum=8)
+    W = check_positive_int("width", width, minimum=8)
+    F = check_positive_int("num_features", num_features)
+    if F > 2:
+        raise ValueError(f"num_features must be 1 or 2, got {F}")
+    jitter = _check_real("jitter", jitter, maximum=1.0)
+    if not (isinstance(size_range, (tuple, list)) and len(size_range) == 2):
+        raise ValueError(f"size_range must be a pair (low, high), got {size_range!r}")
+    lo = _check_real("size_range[0]", size_range[0], minimum=0.1, maximum=1.0)
+    hi = _check_real("size_range[1]", size_range[1], minimum=lo, maximum=1.0)
+    clutter = check_positive_int("clutter", clutter, minimum=0)
+    miss_rate = _check_real("miss_rate", miss_rate, maximum=1.0)
+    swap_rate = _check_real("swap_rate", swap_rate, maximum=1.0)
+    noise = _check_real("noise", noise)
+    seed = check_positive_int("seed", seed, minimum=0)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+
+    V = len(POSE_PARENTS)
+    canon = _canonical()
+    g = torch.Generator().manual_seed(seed * 1000 + _SPLIT_OFFSET[split])
+    kw = {"dtype": torch.float64, "generator": g}
+    size = (lo + (hi - lo) * torch.rand(n, **kw)) * min(H, W)  # (n,) body height in pixels
+    # Root: the canonical bounding box [-0.25, 0.25] x [0, 0.96] body units fits inside the grid.
+    left = 0.25 * size
+    span_x = (W - 1 - 2 * left).clamp_min(0)
+    span_y = (H - 1 - 0.96 * size).clamp_min(0)
+    pos = torch.empty(n, V, 2, dtype=torch.float64)
+    pos[:, 0, 0] = left + span_x * torch.rand(n, **kw)
+    pos[:, 0, 1] = canon[0, 1] * size + span_y * torch.rand(n, **kw)
+    step = torch.randn(n, V, 2, **kw) * (jitter * size).view(n, 1, 1)
+    for v in range(1, V):
+        p = POSE_PARENTS[v]
+        pos[:, v] = pos[:, p] + size.view(n, 1) * (canon[v] - canon[p]) + step[:, v]
+    xy = pos.round()
+    xy[..., 0].clamp_(0, W - 1)
+    xy[..., 1].clamp_(0, H - 1)
+    positions = (xy[..., 1] * W + xy[..., 0]).long()
+
+    par = torch.tensor(POSE_PARENTS[1:])
+    rest = (xy[:, 1:] - xy[:, par]).mean(0)  # (E, 2)
+    a, b = (POSE_NODES.index(name) for name in SCALE_NODES)
+    scale = (xy[:, a] - xy[:, b]).norm(dim=1).clamp_min(1.0)
+
+    mirror = torch.tensor(_mirror())
+    truth_h = torch.where(torch.rand(n, V, **kw) < miss_rate, 0.3 * torch.rand(n, V, **kw),
+                          0.5 + 0.5 * torch.rand(n, V, **kw))
+    swap_h = (torch.rand(n, V, **kw) < swap_rate).double() * (mirror != torch.arange(V)).double() * \
+        (0.5 + 0.5 * torch.rand(n, V, **kw))
+    clutter_xy = torch.rand(n, V, max(clutter, 1), 2, **kw) * torch.tensor([W - 1.0, H - 1.0], dtype=torch.float64)
+    clutter_h = 0.3 + 0.6 * torch.rand(n, V, max(clutter, 1), **kw)
+    maps = []
+    for f, (sigma, keep) in enumerate(((1.0, clutter), (2.5, clutter // 2))[:F]):
+        m = truth_h.unsqueeze(2) * _blob(xy, sigma, H, W) + swap_h.unsqueeze(2) * _blob(xy[:, mirror], sigma, H, W)
+        if keep:
+            m = m + (clutter_h[..., :keep, None] * _blob(clutter_xy[:, :, :keep], sigma, H, W)).sum(2)
+        m = m + (noise if f == 0 else noise / 2) * torch.randn(n, V, H * W, **kw)
+        maps.append(m)
+    features = torch.stack(maps, dim=2).to(dtype)
+    return PoseDataset(POSE_PARENTS, POSE_NODES, features, positions, rest, scale, H, W, name=f"pose-{split}")
