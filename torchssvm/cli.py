@@ -117,6 +117,20 @@ def _check_device(device) -> torch.device:
     return dev
 
 
+def _stop(cert: dict, report: dict, gap_tol: Optional[float], time_budget: Optional[float]) -> bool:
+    """A pass loop's exit: the certified gap reached ``gap_tol`` or the solver time ``time_budget``."""
+    return ((gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol)
+            or (time_budget is not None and report["time"] >= time_budget))
+
+
+def _close(writer, metrics: dict) -> dict:
+    """Close the TensorBoard writer (if any) and record its folder in ``metrics``."""
+    if writer is not None:
+        metrics["logdir"] = writer.log_dir
+        writer.close()
+    return metrics
+
+
 def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
                gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
                step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10, box=None,
@@ -171,14 +185,9 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
         f1 = f"  test chunk F1 {te['chunk_f1']:.2f}" if "chunk_f1" in te else ""
         printer(f"pass {k:3d} ({r['passes']:5.1f} effective)  {gap_txt}  train error {tr['token_error']:.4f}  "
                 f"test error {te['token_error']:.4f}{f1}  ({r['time']:.1f}s)")
-        if gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol:
+        if _stop(cert, r, gap_tol, time_budget):
             break
-        if time_budget is not None and r["time"] >= time_budget:
-            break
-    if writer is not None:
-        metrics["logdir"] = writer.log_dir
-        writer.close()
-    return metrics
+    return _close(writer, metrics)
 
 
 def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -236,14 +245,9 @@ def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
         printer(f"pass {k:3d} ({r['passes']:5.1f} effective)  {gap_txt}  train LSP loss {tr['lsp_loss']:.4f}  "
                 f"test LSP loss {te['lsp_loss']:.4f}  test PCK {te['pck']:.3f}  min w_quad {min_quad:.2e}  "
                 f"({r['time']:.1f}s)")
-        if gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol:
+        if _stop(cert, r, gap_tol, time_budget):
             break
-        if time_budget is not None and r["time"] >= time_budget:
-            break
-    if writer is not None:
-        metrics["logdir"] = writer.log_dir
-        writer.close()
-    return metrics
+    return _close(writer, metrics)
 
 
 def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",

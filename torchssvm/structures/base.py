@@ -11,7 +11,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .._validation import check_positive_int, check_tensor
+from .._validation import check_loss_weight, check_positive_int, check_tensor
+from ..kernels import resolve_backend
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -75,7 +76,18 @@ class Structure:
 
     def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
         """``(y_hat, value)`` with ``value = max_y loss_weight * Delta(target, y) + s(y)`` per example
-        (``Delta`` omitted when ``target`` is None)."""
+        (``Delta`` omitted when ``target`` is None). Validates (`validate`, ``backend``, ``loss_weight``),
+        then calls the structure's unchecked ``_max_oracle(potentials, lengths, target, loss_weight (B,) or
+        None, backend)``."""
+        pot, lengths, target = self.validate(potentials, lengths, target)
+        first = self.tensors(pot)[0]
+        resolve_backend(backend, first.device)
+        lw = None
+        if target is not None:
+            lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
+        return self._max_oracle(pot, lengths, target, lw, backend)
+
+    def _max_oracle(self, potentials, lengths, target, loss_weight, backend):
         raise NotImplementedError
 
     def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto"):

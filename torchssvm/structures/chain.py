@@ -10,7 +10,6 @@ from .._validation import (
     check_finite,
     check_labels,
     check_lengths,
-    check_loss_weight,
     check_shape,
     check_tensor,
 )
@@ -99,13 +98,6 @@ class Chain(Structure):
         return torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
 
     # -- the protocol -------------------------------------------------------------------------
-    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        pot, lengths, target = self.validate(potentials, lengths, target)
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, pot.unary.shape[0], pot.unary.device, torch.float64)
-        return self._max_oracle(pot, lengths, target, lw, backend)
-
     def _max_oracle(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
         """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None."""
         dt = compute_dtype(pot)

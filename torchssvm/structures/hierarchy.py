@@ -19,8 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_loss_weight, check_shape, check_tensor
-from ..kernels import resolve_backend
+from .._validation import check_finite, check_labels, check_shape, check_tensor
 from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 MAX_ENUMERATION_LEAVES = 16
@@ -91,14 +90,6 @@ class Hierarchy(Structure):
         return y
 
     # -- oracles --------------------------------------------------------------------------------
-    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        scores, _, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, scores.device)
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, scores.shape[0], scores.device, torch.float64)
-        return self._max_oracle(scores, None, target, lw, backend)
-
     def _node_costs(self, dtype, device) -> torch.Tensor:
         c = torch.ones(self.num_labels, dtype=dtype, device=device)
         if self.class_weights is not None:

@@ -6,8 +6,7 @@ from typing import Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_loss_weight, check_tensor
-from ..kernels import resolve_backend
+from .._validation import check_finite, check_labels, check_tensor
 from .base import Structure, compute_dtype, truth_unless_violated
 
 
@@ -42,14 +41,6 @@ class Multiclass(Structure):
         if target is not None:
             target = check_labels(target_name, target, (B,), K, potentials.device)
         return potentials, None, target
-
-    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        scores, _, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, scores.device)  # one oracle for every backend; the name is still checked
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, scores.shape[0], scores.device, torch.float64)
-        return self._max_oracle(scores, None, target, lw, backend)
 
     def _max_oracle(self, scores, lengths, target, loss_weight, backend):
         s = scores.detach().to(compute_dtype([scores]))

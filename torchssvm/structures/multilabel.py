@@ -16,8 +16,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_loss_weight, check_shape, check_tensor
-from ..kernels import resolve_backend
+from .._validation import check_finite, check_labels, check_shape, check_tensor
 from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
@@ -166,14 +165,6 @@ class MultiLabel(Structure):
         return torch.cat(labels), torch.cat(values)
 
     # -- the protocol -------------------------------------------------------------------------
-    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        pot, _, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, pot.unary.device)
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, pot.unary.shape[0], pot.unary.device, torch.float64)
-        return self._max_oracle(pot, None, target, lw, backend)
-
     def _max_oracle(self, pot, lengths, target, loss_weight, backend):
         if target is None:
             return self._enumerate(pot, None, lambda s, loss, rows: s)

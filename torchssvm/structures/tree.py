@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_loss_weight, check_positive_int, check_shape, check_tensor
+from .._validation import check_finite, check_labels, check_positive_int, check_shape, check_tensor
 from ..kernels import check_quadratic_weights, spatial_tree_max_sum, tree_max_sum, tree_schedule
 from .base import Structure, compute_dtype
 
@@ -133,13 +133,6 @@ class Tree(Structure):
         return y, y_hat
 
     # -- the protocol -------------------------------------------------------------------------
-    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        pot, lengths, target = self.validate(potentials, lengths, target)
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, pot.unary.shape[0], pot.unary.device, torch.float64)
-        return self._max_oracle(pot, lengths, target, lw, backend)
-
     def _max_oracle(self, pot, lengths, target, loss_weight, backend):
         """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None."""
         dt = compute_dtype(pot)
@@ -333,12 +326,9 @@ class SpatialTree(Tree):
 
     # -- the protocol -------------------------------------------------------------------------
     def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
-        pot, lengths, target = self.validate(potentials, lengths, target)
-        lw = None
         if target is not None:
             self._need_scale(lengths)
-            lw = check_loss_weight(loss_weight, pot.unary.shape[0], pot.unary.device, torch.float64)
-        return self._max_oracle(pot, lengths, target, lw, backend)
+        return super().max_oracle(potentials, target, lengths, loss_weight=loss_weight, backend=backend)
 
     def _max_oracle(self, pot, lengths, target, loss_weight, backend):
         dt = compute_dtype(pot)
