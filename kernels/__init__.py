@@ -14,6 +14,7 @@ import torch
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
 from .distance_transform_torch import distance_transform_1d_torch
+from .distance_transform_torch import distance_transform_2d as distance_transform_2d_torch
 from .simplex_torch import project_simplex_torch
 from .slack_chain_torch import slack_viterbi_torch
 from .tree_torch import TreeSchedule, spatial_tree_max_sum_torch, tree_max_sum_torch, tree_schedule
@@ -232,14 +233,12 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
     """The separable 2-D transform of ``f (R, H, W)`` (row pass along x, then column pass along y) with its
     flat argmax; see `distance_transform_torch.distance_transform_2d`. ``ax, ay >= 0`` (a ValueError naming
     them)."""
-    from .distance_transform_torch import distance_transform_2d as _dt2d
-
     check_quadratic_weights("ax", ax)
     check_quadratic_weights("ay", ay)
     gdt_1d = distance_transform_1d_torch
     if resolve_backend(backend, f.device) == "triton":
         from .distance_transform_triton import distance_transform_1d_triton as gdt_1d
-    return _dt2d(f, ax, bx, rx, ay, by, ry, gdt_1d=gdt_1d)
+    return distance_transform_2d_torch(f, ax, bx, rx, ay, by, ry, gdt_1d=gdt_1d)
 
 
 __all__ = ["project_simplex", "project_simplex_torch", "project_box_equality", "project_box_equality_torch",

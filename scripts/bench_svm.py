@@ -132,8 +132,22 @@ def run_linear(args):
         sub = [p - j_star for p in r["primal"]]
         r["time_to"] = {str(t): next((tt for tt, s in zip(r["time"], sub) if s <= t), None)
                         for t in (1e-2, 1e-3, 1e-4, 1e-5)}
+    for r in runs.values():  # the curves are kept at a few hundred points (the table used every point)
+        thin_run(r)
     return {"lam": lam, "n_train": n, "n_test": xt.shape[0], "J_star": j_star, "best_dual": d_star,
             "budget": args.budget, "runs": runs}
+
+
+def thin_run(run, keep=300):
+    """Keep at most ``keep`` points of a run's ``time`` / ``primal`` / ``dual`` curves, spaced evenly in
+    log(iteration), always with the first and the last point (so the JSON stays small)."""
+    m = len(run["time"])
+    if m <= keep:
+        return
+    idx = sorted({min(m - 1, int(round(math.expm1(k * math.log(m) / (keep - 1))))) for k in range(keep)} | {m - 1})
+    for key in ("time", "primal", "dual"):
+        if len(run.get(key, [])) == m:
+            run[key] = [run[key][i] for i in idx]
 
 
 def solver_iterations(solver):

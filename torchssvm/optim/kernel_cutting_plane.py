@@ -279,9 +279,10 @@ class KernelCuttingPlane:
         ``{"primal", "risk", "train_error"}``."""
         return self._objective_from(self.training_scores())
 
-    def _objective_from(self, fS):
-        all_idx = torch.arange(self.N, device=self.x.device)
-        yhat, _, H = self._oracle(fS, all_idx)
+    def _objective_from(self, fS, H=None):
+        """OP1 from the training scores ``fS (N, S')``; ``H`` the losses of the oracle pass, if already made."""
+        if H is None:
+            H = self._oracle(fS, torch.arange(self.N, device=self.x.device))[2]
         scores = fS @ self.F.T
         err = float((scores.argmax(1) != self.truth).double().mean())
         risk = float(H.mean())
@@ -328,7 +329,7 @@ class KernelCuttingPlane:
                 fS = torch.zeros(self.N, self.F.shape[1], dtype=torch.float64, device=dev)
             yhat, delta, H = self._oracle(fS, all_idx)
             violation = float(H.mean()) - xi  # exact cut's violation c' - <w, g'> - xi
-            obj = self._objective_from(fS)
+            obj = self._objective_from(fS, H)
             report.update({"primal": obj["primal"], "train_error": obj["train_error"]})
             converged = violation <= self.eps
             if not converged:
