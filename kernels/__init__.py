@@ -101,6 +101,34 @@ def project_simplex(v, mask=None, radius=None, backend: str = "auto"):
     return project_simplex_torch(v, mask, radius)
 
 
+@torch.no_grad()
+def project_shifted_simplex(u, top, mask=None, radius=None, backend: str = "auto"):
+    """Euclidean projection of each row of ``u (B, M)`` onto the shifted simplex of GDMM (note 002 eq. 11)
+    ``{a : a_j <= cap_j, sum_j a_j = 0}`` over the valid entries (``mask``), with ``cap_j = radius_b`` at the
+    entry ``top[b]`` (the truth, the only one allowed above 0) and ``cap_j = 0`` elsewhere.
+
+    With ``b = cap - a`` the set is the simplex ``{b >= 0, sum b = radius}``, so this is `project_simplex`
+    of ``cap - u`` (sort-based, batched; Triton on CUDA). ``top (B,)`` long must index a valid entry;
+    invalid entries get 0; ``radius (B,)`` > 0 or None (1)."""
+    if not isinstance(u, torch.Tensor) or u.dim() != 2 or not u.is_floating_point():
+        raise ValueError(f"u must be a (B, M) float tensor, got "
+                         f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+    B, M = u.shape
+    if not isinstance(top, torch.Tensor) or top.shape != (B,) or top.is_floating_point():
+        raise ValueError(f"top must be a ({B},) integer tensor")
+    if B and (int(top.min()) < 0 or int(top.max()) >= M):
+        raise ValueError(f"top must index a column in [0, {M})")
+    if mask is not None and isinstance(mask, torch.Tensor) and mask.shape == u.shape and mask.dtype == torch.bool:
+        if B and not bool(mask.gather(1, top.unsqueeze(1)).all()):
+            raise ValueError("top must index a valid (masked-in) entry of every row")
+    if radius is None:
+        radius = torch.ones(B, dtype=u.dtype, device=u.device)
+    cap = torch.zeros_like(u).scatter_(1, top.unsqueeze(1), radius.to(u.dtype).unsqueeze(1))
+    b = project_simplex(cap - u, mask, radius, backend=backend)
+    a = cap - b
+    return a if mask is None else a * mask
+
+
 def _box_equality_rows(name, t, B, n, like):
     """``t`` (a number, ``(n,)`` or ``(B, n)`` tensor) as a ``(B, n)`` tensor, or an error naming ``name``."""
     if isinstance(t, bool) or not isinstance(t, (torch.Tensor, int, float)):
@@ -241,8 +269,8 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
     return distance_transform_2d_torch(f, ax, bx, rx, ay, by, ry, gdt_1d=gdt_1d)
 
 
-__all__ = ["project_simplex", "project_simplex_torch", "project_box_equality", "project_box_equality_torch",
-           "box_equality_median",
+__all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
+           "project_box_equality_torch", "box_equality_median",
            "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
            "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",

@@ -4,6 +4,7 @@ synthetic generators."""
 from .adult import a9a
 from .checkers import checkers
 from .conll2000 import conll2000
+from .large_chain import synthetic_large_chain
 from .multilabel_dataset import MultiLabelBatch, MultiLabelDataset
 from .ocr import ocr
 from .paths import data_root
@@ -15,3 +16,4 @@ from .yeast import yeast
 __all__ = ["ocr", "conll2000", "yeast", "synthetic_chain", "SequenceDataset", "ChainBatch", "MultiLabelDataset",
            "MultiLabelBatch", "data_root"]
 __all__ += ["a9a", "checkers", "synthetic_pose", "PoseDataset"]
+__all__ += ["synthetic_large_chain"]

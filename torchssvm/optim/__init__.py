@@ -9,6 +9,8 @@
   ``simplex_qp.py``.
 - `KernelCuttingPlane`: the kernel SSVM (binary, multiclass) by 1-slack cuts, exact or sampled (seed 004's
   linear- and constant-time algorithms), Mercer kernels in ``mercer.py``.
+- `GDMM`: dual-decomposed learning with factorwise oracles for large label sets (seed 002, ``gdmm.py``;
+  its sublinear bigram oracle in ``factor_oracles.py``).
 - `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
   ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
 - `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
@@ -20,6 +22,7 @@ from .bmrm import BMRM
 from .cutting_plane import NSlackCuttingPlane
 from .dual_solver import DualSolver
 from .frank_wolfe import FrankWolfe
+from .gdmm import GDMM
 from .kernel_cutting_plane import KernelCuttingPlane
 from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
@@ -37,7 +40,7 @@ from .regularization_path import RegularizationPath, grid_search, regularization
 from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
-__all__ = ["BCFW", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
+__all__ = ["BCFW", "GDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
            "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "SpatialTreeProblem", "make_problem", "RegularizationPath",

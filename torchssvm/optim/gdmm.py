@@ -1,0 +1,554 @@
+"""GDMM: dual-decomposed SSVM learning with factorwise oracles (Yen et al., NIPS 2016; note 002), for chains.
+
+The SSVM ``min_w 1/2 ||w||^2 + C sum_i H_i(w)`` (our ``lam = 1 / (C n)``) is split over factors: every token t
+has a unigram dual ``alpha_t`` over the K labels, every edge e = (t, t+1) a bigram dual ``beta_e`` over the K^2
+label pairs, both on the shifted simplex ``{a(truth) <= C, a(y) <= 0 otherwise, sum a = 0}`` (eq. 11) and
+kept sparse as active sets. They are coupled by the local-consistency constraints ``rowsum(beta_e) =
+alpha_left``, ``colsum(beta_e) = alpha_right`` under an augmented Lagrangian (eq. 12, penalty ``rho``,
+scaled multipliers ``lam_L, lam_R``). With ``w = sum_t x_t alpha_t^T`` (emission and biases: start / end are
+indicator features of the first / last token) and ``v = sum_e beta_e`` (the transition table), the
+minimized dual is ``G = 1/2 ||w||^2 + 1/2 ||v||^2 + sum_t delta_t^T alpha_t`` (note 002's sign fix).
+
+One outer iteration (`GDMM.step`, Algorithm 1 with the block update of note 002 section 2.4):
+
+1. every unigram factor, in a random order: the factorwise oracle (FMO) ``argmax_k g_t(k)`` over the
+   labels outside the active set, ``g_t = w^T x_t + delta_t - rho (m_R[left edge] + m_L[right edge])`` (the
+   gradient of the Lagrangian); the label joins the active set when it gives a descent direction
+   (``g_t(k) > g_t(j)`` for an active ``j`` below its cap), then the exact block minimization on the active
+   set (the block Hessian is ``(||x_t||^2 + rho deg_t) I``): a shifted-simplex projection.
+   ``fmo="sampled"`` searches one of ``nu`` random label blocks (eq. 21).
+2. every bigram factor, in a random order: the FMO over the K^2 pairs (`factor_oracles.bigram_fmo`,
+   exact, sublinear with a `BigramIndex`), then a projected-gradient step with ``Q = 1 + rho (max row count
+   + max column count)`` (an upper bound on the block Hessian).
+3. the multiplier step ``lam_L += eta (rowsum beta - alpha_left)``, likewise ``lam_R`` (eq. 13); ``eta = 0`` is
+   Soft-BCFW (Meshi et al. 2015, the quadratic-penalty approximation).
+
+``batch_size=1`` is the faithful sequential (Gauss-Seidel) algorithm. ``batch_size=B`` updates B factors of
+a pass at once (block-Jacobi): every proposal is computed at the same iterate and the B step sizes are
+chosen jointly by the exact B x B box QP of the Lagrangian along them (`box_qp`, the coordinated step of
+DESIGN.md): factors of one pass share no message, only ``w`` (unigram) or ``v`` (bigram), so that QP is
+exact, the Lagrangian never increases and ``B = 1`` is the sequential step (its line search returns 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Optional
+
+import torch
+
+from ..kernels import project_shifted_simplex
+from .box_qp import box_qp
+from .factor_oracles import BigramIndex, bigram_fmo
+from .problems import ChainProblem, make_problem
+
+FMOS = ("exact", "sampled")
+BIGRAM_SEARCHES = ("auto", "index", "brute")
+_BRUTE_MAX_K = 128  # "auto": below this K the K^2 scan is cheaper than keeping the index
+
+
+def _positive(name, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return value
+
+
+class GDMM:
+    """``solver = GDMM(model, dataset, C=1.0, rho=0.1, eta=1.0, fmo="exact")``; ``solver.step()`` runs one
+    outer iteration and returns a report; `fit` loops; `state_dict` / `load_state_dict` resume.
+
+    Args:
+        model: a `LinearChainModel` (dense or sparse features) whose parameters receive ``w``.
+        dataset: its training `SequenceDataset`.
+        C: the SSVM's ``C`` (``1/2 ||w||^2 + C sum_i H_i``); reports use ``lam = 1 / (C n)`` (DESIGN.md).
+        rho: the augmented-Lagrangian penalty (note 002: 0.1 on POS, 1-10 on ChineseOCR).
+        eta: the multiplier step (1 in every run of the paper); 0 gives Soft-BCFW.
+        fmo: ``"exact"`` or ``"sampled"`` unigram oracle; ``nu``: its number of label blocks.
+        batch_size: factors updated at once (1: sequential; larger: block-Jacobi with the joint step).
+        bigram_search: ``"index"`` (sublinear exact search), ``"brute"`` (K^2 per edge) or ``"auto"``.
+        structure: a `Chain` for the task loss (default ``Chain(K)``: Hamming normalized by length;
+            ``Chain(K, normalize=False)`` is the paper's per-token loss).
+        primal_every: compute the exact primal (one Viterbi pass, not timed) every this many iterations
+            (0: never).
+        drop_tol: active entries with ``|alpha| <= drop_tol`` leave the active set (never the truth).
+        seed, writer, backend: random generator seed, TensorBoard ``SummaryWriter``, Viterbi backend.
+
+    Reports: ``iteration``, ``dual = -lam G`` (a lower bound on the optimum only when the iterate is
+    consistent), ``lagrangian`` (``lam L``), ``infeasibility`` (mean L1 residual ``|rowsum beta - alpha|`` per
+    edge side), ``primal`` (exact, at ``w(alpha)``, when computed) and ``gap = primal - dual``,
+    ``active_unigram`` / ``active_bigram`` (mean active-set sizes), ``visits_unigram`` / ``visits_bigram``
+    (mean entries read per FMO call), ``time`` (solver seconds, evaluation excluded).
+    """
+
+    tag = "gdmm"
+
+    def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
+                 fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
+                 structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
+                 backend: str = "auto"):
+        self.C = _positive("C", C)
+        self.rho = _positive("rho", rho)
+        try:
+            self.eta = float(eta)
+        except (TypeError, ValueError):
+            raise TypeError(f"eta must be a number, got {eta!r}") from None
+        if not (self.eta >= 0 and math.isfinite(self.eta)):
+            raise ValueError(f"eta must be a finite number >= 0, got {eta}")
+        if fmo not in FMOS:
+            raise ValueError(f"fmo must be one of {FMOS}, got {fmo!r}")
+        if bigram_search not in BIGRAM_SEARCHES:
+            raise ValueError(f"bigram_search must be one of {BIGRAM_SEARCHES}, got {bigram_search!r}")
+        for name, value, low in (("nu", nu, 1), ("batch_size", batch_size, 1), ("primal_every", primal_every, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if fmo == "exact" and nu != 1:
+            raise ValueError(f"nu={nu} needs fmo='sampled' (the exact oracle searches every label)")
+        if not (drop_tol >= 0 and math.isfinite(drop_tol)):
+            raise ValueError(f"drop_tol must be a finite number >= 0, got {drop_tol}")
+        problem = make_problem(model, dataset, structure, backend=backend)
+        if not isinstance(problem, ChainProblem):
+            raise TypeError(f"GDMM supports chains (LinearChainModel); got {type(problem).__name__}")
+        if problem.structure.class_weights is not None:
+            raise ValueError("GDMM needs a Hamming loss without class weights (the loss sits on unigram duals "
+                             "as one cost per wrong token)")
+        self.problem, self.fmo, self.nu, self.batch_size = problem, fmo, nu, batch_size
+        self.primal_every, self.drop_tol, self.writer = primal_every, float(drop_tol), writer
+        p = self.problem
+        self.K, self.n, self.device = p.K, p.n, p.device
+        self.lam = 1.0 / (self.C * self.n)
+        K, dev, f64 = self.K, self.device, torch.float64
+        self.bigram_search = ("brute" if K <= _BRUTE_MAX_K else "index") if bigram_search == "auto" else bigram_search
+
+        # -- factors: tokens (unigram) and edges (bigram) --------------------------------------
+        valid = p.truth >= 0
+        seq, pos = valid.nonzero(as_tuple=True)
+        self.N = N = seq.numel()
+        self.y = p.truth[valid]
+        self.delta = p.structure._position_loss_weights(p.truth, p.lengths)[valid].to(f64)
+        last = pos == p.lengths[seq] - 1
+        left = (~last).nonzero(as_tuple=True)[0]  # edge e joins tokens left[e] and left[e] + 1
+        self.E = E = left.numel()
+        self.edge_left, self.edge_right = left, left + 1
+        self.tok_left_edge = torch.full((N,), -1, dtype=torch.long, device=dev)
+        self.tok_right_edge = torch.full((N,), -1, dtype=torch.long, device=dev)
+        self.tok_left_edge[left + 1] = torch.arange(E, device=dev)
+        self.tok_right_edge[left] = torch.arange(E, device=dev)
+        self.deg = ((self.tok_left_edge >= 0).to(f64) + (self.tok_right_edge >= 0).to(f64))
+        self.ybig = self.y[left] * K + self.y[left + 1]
+        self._features(p, valid, seq, pos, last)
+
+        # -- state ------------------------------------------------------------------------------
+        self.uidx = self.y.unsqueeze(1).clone()  # active labels (-1: free slot); the truth is always active
+        self.uval = torch.zeros(N, 1, dtype=f64, device=dev)
+        self.bidx = self.ybig.unsqueeze(1).clone()  # active pairs k1 K + k2
+        self.bval = torch.zeros(E, 1, dtype=f64, device=dev)
+        self.W = torch.zeros(self.Dx, K, dtype=f64, device=dev)
+        self.v = torch.zeros(K, K, dtype=f64, device=dev)
+        self.lam_L = torch.zeros(E, K, dtype=f64, device=dev)
+        self.lam_R = torch.zeros(E, K, dtype=f64, device=dev)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.label_blocks = torch.randperm(K, generator=self.generator).to(dev).tensor_split(nu)
+        self.index = BigramIndex(self.v) if self.bigram_search == "index" else None
+        self.iterations, self.seconds = 0, 0.0
+        self.fmo_calls = {"unigram": 0, "bigram": 0}
+        self.fmo_visits = {"unigram": 0, "bigram": 0}
+        self.last_primal: Optional[float] = None
+        self._write_model()
+
+    def _features(self, p, valid, seq, pos, last) -> None:
+        """Token features ``x_t`` with the model's bias / first / last indicators appended (rows of ``W``
+        in the order emission, bias, start, end: `_write_model`)."""
+        f64, dev = torch.float64, self.device
+        extras = []
+        slices = p.parameter_slices()
+        if "bias" in slices:
+            extras.append(torch.ones(self.N, dtype=f64, device=dev))
+        if "start" in slices:
+            extras.append((pos == 0).to(f64))
+        if "end" in slices:
+            extras.append(last.to(f64))
+        self.extra_names = [k for k in ("bias", "start", "end") if k in slices]
+        D = p.D
+        self.Dx = D + len(extras)
+        if p.sparse:
+            ids = p.x.ids[valid]
+            vals = (ids >= 0).to(f64) if p.x.values is None else p.x.values[valid].to(f64) * (ids >= 0)
+            ex_ids = torch.arange(D, self.Dx, device=dev).expand(self.N, len(extras))
+            ex_vals = torch.stack(extras, 1) if extras else vals.new_zeros(self.N, 0)
+            ex_ids = torch.where(ex_vals != 0, ex_ids, torch.full_like(ex_ids, -1))
+            self.x_ids = torch.cat([ids, ex_ids], 1)
+            self.x_vals = torch.cat([vals, ex_vals], 1)
+            self.x_sqnorm = self._sparse_gram_diag(self.x_ids, self.x_vals)
+            self.x = None
+        else:
+            self.x = torch.cat([p.x[valid].to(f64)] + [e.unsqueeze(1) for e in extras], 1)
+            self.x_sqnorm = (self.x * self.x).sum(1)
+            self.x_ids = self.x_vals = None
+
+    @staticmethod
+    def _sparse_gram_diag(ids, vals) -> torch.Tensor:
+        same = (ids.unsqueeze(2) == ids.unsqueeze(1)) & (ids.unsqueeze(2) >= 0)
+        return (same * vals.unsqueeze(2) * vals.unsqueeze(1)).sum((1, 2))
+
+    # -- w(alpha) -------------------------------------------------------------------------------
+    def flat_w(self) -> torch.Tensor:
+        """``w`` in the model's flat parameter order (`ChainProblem.parameter_slices`)."""
+        p = self.problem
+        w = torch.zeros(p.d, dtype=torch.float64, device=self.device)
+        slices = p.parameter_slices()
+        a, b, _ = slices["emission"]
+        w[a:b] = self.W[: p.D].reshape(-1)
+        a, b, _ = slices["transition"]
+        w[a:b] = self.v.reshape(-1)
+        for r, name in enumerate(self.extra_names):
+            a, b, _ = slices[name]
+            w[a:b] = self.W[p.D + r]
+        return w
+
+    def _write_model(self) -> None:
+        self.problem.write_model(self.flat_w())
+
+    # -- token features -------------------------------------------------------------------------
+    def _scores(self, tok: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``<w_k, x_t>``: ``(B, K)`` for every label, or ``(B, M)`` for ``labels (B, M)`` (valid ids)."""
+        if self.x is not None:
+            x = self.x[tok]
+            if labels is None:
+                return x @ self.W
+            return torch.bmm(self.W.t()[labels], x.unsqueeze(2)).squeeze(2)
+        ids, vals = self.x_ids[tok], self.x_vals[tok]
+        rows = self.W[ids.clamp_min(0)] * vals.unsqueeze(2)  # (B, A, K)
+        if labels is None:
+            return rows.sum(1)
+        return rows.gather(2, labels.unsqueeze(1).expand(-1, ids.shape[1], -1)).sum(1)
+
+    def _x_gram(self, tok: torch.Tensor) -> torch.Tensor:
+        if self.x is not None:
+            x = self.x[tok]
+            return x @ x.t()
+        ids, vals = self.x_ids[tok], self.x_vals[tok]
+        ok = ids >= 0
+        rows = torch.arange(ids.shape[0], device=self.device).unsqueeze(1).expand_as(ids)[ok]
+        X = torch.sparse_coo_tensor(torch.stack([rows, ids[ok]]), vals[ok], (ids.shape[0], self.Dx),
+                                    check_invariants=False).coalesce()
+        with warnings.catch_warnings():  # "sparse CSR support is in beta", raised inside sparse.mm
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse.mm(X, X.t()).to_dense()
+
+    def _add_to_W(self, tok: torch.Tensor, dense_delta: torch.Tensor) -> None:
+        """``W += sum_b x_{tok_b} dense_delta_b^T`` for ``dense_delta (B, K)``."""
+        if self.x is not None:
+            self.W.add_(self.x[tok].t() @ dense_delta)
+            return
+        ids, vals = self.x_ids[tok], self.x_vals[tok]
+        self.W.index_add_(0, ids.clamp_min(0).reshape(-1), (vals.unsqueeze(2) * dense_delta.unsqueeze(1)).reshape(
+            -1, self.K))
+
+    # -- dense views of the sparse duals --------------------------------------------------------
+    def _dense(self, idx: torch.Tensor, val: torch.Tensor, width: int, key=None) -> torch.Tensor:
+        ok = idx >= 0
+        cols = idx.clamp_min(0) if key is None else key(idx.clamp_min(0))
+        return torch.zeros(idx.shape[0], width, dtype=torch.float64, device=self.device).scatter_add_(
+            1, cols, val * ok)
+
+    def _alpha_dense(self, tok: torch.Tensor) -> torch.Tensor:
+        return self._dense(self.uidx[tok], self.uval[tok], self.K)
+
+    def _rowsum(self, e: torch.Tensor) -> torch.Tensor:
+        return self._dense(self.bidx[e], self.bval[e], self.K, key=lambda i: i // self.K)
+
+    def _colsum(self, e: torch.Tensor) -> torch.Tensor:
+        return self._dense(self.bidx[e], self.bval[e], self.K, key=lambda i: i % self.K)
+
+    def _edge_messages(self, e: torch.Tensor):
+        """``m_L = rowsum(beta_e) - alpha_left + lam_L``, ``m_R = colsum(beta_e) - alpha_right + lam_R`` (B, K)."""
+        mL = self._rowsum(e) - self._alpha_dense(self.edge_left[e]) + self.lam_L[e]
+        mR = self._colsum(e) - self._alpha_dense(self.edge_right[e]) + self.lam_R[e]
+        return mL, mR
+
+    def _token_messages(self, tok: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        """``m_R[left edge] + m_L[right edge]`` (B, K): the messages that hold ``alpha_t``."""
+        out = torch.zeros_like(alpha)
+        el, er = self.tok_left_edge[tok], self.tok_right_edge[tok]
+        has = el >= 0
+        if has.any():
+            e = el[has]
+            out[has] += self._colsum(e) + self.lam_R[e] - alpha[has]
+        has = er >= 0
+        if has.any():
+            e = er[has]
+            out[has] += self._rowsum(e) + self.lam_L[e] - alpha[has]
+        return out
+
+    # -- active sets ----------------------------------------------------------------------------
+    @staticmethod
+    def _append(idx, val, g, new, new_g, add):
+        """Put ``new[b]`` (gradient ``new_g[b]``) into the first free slot of rows with ``add``; widens the
+        local ``(B, c)`` tensors when a row is full. Returns the updated ``idx, val, g``."""
+        if not bool(add.any()):
+            return idx, val, g
+        free = idx < 0
+        if bool((add & ~free.any(1)).any()):
+            pad = max(1, idx.shape[1])  # double the width
+            idx = torch.cat([idx, idx.new_full((idx.shape[0], pad), -1)], 1)
+            val = torch.cat([val, val.new_zeros(val.shape[0], pad)], 1)
+            g = torch.cat([g, g.new_zeros(g.shape[0], pad)], 1)
+            free = idx < 0
+        slot = free.to(torch.int8).argmax(1)
+        rows = add.nonzero(as_tuple=True)[0]
+        idx[rows, slot[rows]] = new[rows]
+        g[rows, slot[rows]] = new_g[rows]
+        return idx, val, g
+
+    def _store(self, which: str, rows: torch.Tensor, idx: torch.Tensor, val: torch.Tensor) -> None:
+        """Write the local active sets back, widening the global tensors if needed, then drop tiny entries
+        (the truth, in slot 0 from the start, stays)."""
+        I, V = getattr(self, which + "idx"), getattr(self, which + "val")
+        if idx.shape[1] > I.shape[1]:
+            pad = idx.shape[1] - I.shape[1]
+            I = torch.cat([I, I.new_full((I.shape[0], pad), -1)], 1)
+            V = torch.cat([V, V.new_zeros(V.shape[0], pad)], 1)
+        elif idx.shape[1] < I.shape[1]:
+            pad = I.shape[1] - idx.shape[1]
+            idx = torch.cat([idx, idx.new_full((idx.shape[0], pad), -1)], 1)
+            val = torch.cat([val, val.new_zeros(val.shape[0], pad)], 1)
+        drop = (idx >= 0) & (val.abs() <= self.drop_tol)
+        drop[:, 0] = False
+        idx = idx.masked_fill(drop, -1)
+        val = val.masked_fill(drop, 0.0)
+        I[rows], V[rows] = idx, val
+        setattr(self, which + "idx", I)
+        setattr(self, which + "val", V)
+
+    def _prox(self, idx, val, g, top, Q):
+        """The step ``d`` to the projection of ``val - g / Q`` onto the shifted simplex on the active set."""
+        mask = idx >= 0
+        u = torch.where(mask, val - g / Q.unsqueeze(1), torch.zeros_like(val))
+        radius = torch.full((idx.shape[0],), self.C, dtype=torch.float64, device=self.device)
+        new = project_shifted_simplex(u, top, mask, radius, backend="torch")
+        return (new - val) * mask
+
+    @staticmethod
+    def _add_test(g, val, idx, cap, g_new):
+        """A new coordinate helps when its gradient exceeds that of an active one with room to grow."""
+        room = (idx >= 0) & (val < cap - 1e-15)
+        g_min = torch.where(room, g, torch.full_like(g, math.inf)).amin(1)
+        return torch.isfinite(g_new) & (g_new > g_min + 1e-12 * (1 + g_min.abs()))
+
+    # -- the two passes -------------------------------------------------------------------------
+    def _update_tokens(self, tok: torch.Tensor) -> None:
+        K, B = self.K, tok.shape[0]
+        idx, val, y = self.uidx[tok], self.uval[tok], self.y[tok]
+        alpha = self._dense(idx, val, K)
+        msg = self._token_messages(tok, alpha)
+        delta = self.delta[tok].unsqueeze(1)
+        ar = torch.arange(K, device=self.device)
+        valid = idx >= 0
+        idx_c = torch.where(valid, idx, y.unsqueeze(1))
+        if self.fmo == "exact":
+            g_all = self._scores(tok) + delta * (ar != y.unsqueeze(1)) - self.rho * msg
+            g = g_all.gather(1, idx_c)
+            search = g_all.scatter(1, idx_c, -math.inf)
+            g_new, k_new = search.max(1)
+            visits = K
+        else:
+            block = self.label_blocks[int(torch.randint(self.nu, (1,), generator=self.generator))]
+            s = self._scores(tok, block.expand(B, -1))
+            g_blk = s + delta * (block != y.unsqueeze(1)) - self.rho * msg[:, block]
+            active = torch.zeros(B, K, dtype=torch.bool, device=self.device).scatter_(1, idx_c, True)
+            g_blk = g_blk.masked_fill(active[:, block], -math.inf)
+            g_new, j = g_blk.max(1)
+            k_new = block[j]
+            g = self._scores(tok, idx_c) + delta * (idx_c != y.unsqueeze(1)) - self.rho * msg.gather(1, idx_c)
+            visits = block.numel()
+        self.fmo_calls["unigram"] += B
+        self.fmo_visits["unigram"] += B * visits
+        cap = (idx_c == y.unsqueeze(1)) * self.C
+        add = self._add_test(g, val, idx, cap, g_new)
+        idx, val, g = self._append(idx, val, g, k_new, g_new, add)
+        Q = self.x_sqnorm[tok] + self.rho * self.deg[tok] + 1e-12
+        top = torch.zeros(B, dtype=torch.long, device=self.device)  # the truth sits in slot 0
+        d = self._prox(idx, val, g, top, Q)
+        dd = self._dense(idx, d, K)
+        if B > 1:
+            H = self._x_gram(tok) * (dd @ dd.t())
+            H.diagonal().add_(self.rho * self.deg[tok] * (d * d).sum(1))
+            gamma = box_qp(-(g * d).sum(1), H, torch.ones(B, dtype=torch.float64, device=self.device))
+            d, dd = d * gamma.unsqueeze(1), dd * gamma.unsqueeze(1)
+        self._add_to_W(tok, dd)
+        self._store("u", tok, idx, val + d)
+
+    def _update_edges(self, e: torch.Tensor) -> None:
+        K, B = self.K, e.shape[0]
+        idx, val, top_pair = self.bidx[e], self.bval[e], self.ybig[e]
+        mL, mR = self._edge_messages(e)
+        valid = idx >= 0
+        idx_c = torch.where(valid, idx, top_pair.unsqueeze(1))
+        k1, k2 = idx_c // K, idx_c % K
+        g = self.v[k1, k2] + self.rho * (mL.gather(1, k1) + mR.gather(1, k2))
+        n1, n2, g_new, visited = bigram_fmo(self.v, mL, mR, self.rho, torch.where(valid, idx, -1),
+                                            index=self.index, method=self.bigram_search)
+        self.fmo_calls["bigram"] += B
+        self.fmo_visits["bigram"] += int(visited.sum())
+        cap = (idx_c == top_pair.unsqueeze(1)) * self.C
+        add = self._add_test(g, val, idx, cap, g_new) & (n1 >= 0)
+        idx, val, g = self._append(idx, val, g, n1.clamp_min(0) * K + n2.clamp_min(0), g_new, add)
+        valid = idx >= 0
+        k1, k2 = idx.clamp_min(0) // K, idx.clamp_min(0) % K
+        pair_ok = valid.unsqueeze(2) & valid.unsqueeze(1)
+        rows = ((k1.unsqueeze(2) == k1.unsqueeze(1)) & pair_ok).sum(2).amax(1)
+        cols = ((k2.unsqueeze(2) == k2.unsqueeze(1)) & pair_ok).sum(2).amax(1)
+        Q = 1.0 + self.rho * (rows + cols).to(torch.float64)
+        top = torch.zeros(B, dtype=torch.long, device=self.device)
+        d = self._prox(idx, val, g, top, Q)
+        if B > 1:
+            pairs, inv = torch.unique(torch.where(valid, idx, -1), return_inverse=True)
+            dd = torch.zeros(B, pairs.numel(), dtype=torch.float64, device=self.device).scatter_add_(1, inv, d)
+            dd[:, pairs < 0] = 0.0
+            H = dd @ dd.t()
+            rs = self._dense(idx, d, K, key=lambda i: i // K)
+            cs = self._dense(idx, d, K, key=lambda i: i % K)
+            H.diagonal().add_(self.rho * ((rs * rs).sum(1) + (cs * cs).sum(1)))
+            gamma = box_qp(-(g * d).sum(1), H, torch.ones(B, dtype=torch.float64, device=self.device))
+            d = d * gamma.unsqueeze(1)
+        self.v.index_put_((k1[valid], k2[valid]), d[valid], accumulate=True)
+        if self.index is not None:
+            self.index.refresh(rows=torch.unique(k1[valid]), cols=torch.unique(k2[valid]))
+        self._store("b", e, idx, val + d)
+
+    @torch.no_grad()
+    def _multiplier_step(self, chunk: int = 4096) -> float:
+        """``lam += eta (M beta - alpha)`` on every edge side; returns the mean L1 residual per side."""
+        total = 0.0
+        for s in range(0, self.E, chunk):
+            e = torch.arange(s, min(s + chunk, self.E), device=self.device)
+            rL = self._rowsum(e) - self._alpha_dense(self.edge_left[e])
+            rR = self._colsum(e) - self._alpha_dense(self.edge_right[e])
+            total += float(rL.abs().sum() + rR.abs().sum())
+            if self.eta:
+                self.lam_L[e] += self.eta * rL
+                self.lam_R[e] += self.eta * rR
+        return total / max(1, 2 * self.E)
+
+    # -- objectives -----------------------------------------------------------------------------
+    def dual_objective(self) -> float:
+        """``G(alpha) = 1/2 ||w||^2 + 1/2 ||v||^2 + sum_t delta_t sum_{k != y_t} alpha_t(k)`` (C form)."""
+        wrong = (self.uidx >= 0) & (self.uidx != self.y.unsqueeze(1))
+        loss = float(((self.uval * wrong).sum(1) * self.delta).sum())
+        return 0.5 * float((self.W * self.W).sum() + (self.v * self.v).sum()) + loss
+
+    def lagrangian(self, chunk: int = 4096) -> float:
+        """``L(alpha, lam) = G + rho/2 sum (||m||^2 - ||lam||^2)`` over every edge side (eq. 12)."""
+        extra = 0.0
+        for s in range(0, self.E, chunk):
+            e = torch.arange(s, min(s + chunk, self.E), device=self.device)
+            mL, mR = self._edge_messages(e)
+            extra += float((mL * mL).sum() + (mR * mR).sum() - (self.lam_L[e] ** 2).sum() - (self.lam_R[e] ** 2).sum())
+        return self.dual_objective() + 0.5 * self.rho * extra
+
+    @torch.no_grad()
+    def primal_objective(self, chunk: int = 1024) -> float:
+        """The exact SSVM primal ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)`` at ``w(alpha)`` (one Viterbi pass)."""
+        p, w = self.problem, self.flat_w()
+        hinge = 0.0
+        for idx in p.chunks(chunk):
+            _, _, H = p.oracle(p.potentials(w, idx), idx)
+            hinge += float(H.clamp_min(0).sum())
+        return 0.5 * self.lam * float(w @ w) + hinge / self.n
+
+    # -- loop -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> dict:
+        """One outer iteration: a unigram pass, a bigram pass, the multiplier step; then the report."""
+        t0 = time.perf_counter()
+        calls0, visits0 = dict(self.fmo_calls), dict(self.fmo_visits)
+        B = self.batch_size
+        for chunk in torch.randperm(self.N, generator=self.generator).to(self.device).split(B):
+            self._update_tokens(chunk)
+        for chunk in torch.randperm(self.E, generator=self.generator).to(self.device).split(B):
+            self._update_edges(chunk)
+        infeasibility = self._multiplier_step()
+        self.iterations += 1
+        self.seconds += time.perf_counter() - t0
+        self._write_model()
+        G = self.dual_objective()
+        r = {"iteration": self.iterations, "dual": -self.lam * G, "infeasibility": infeasibility,
+             "active_unigram": float((self.uidx >= 0).sum()) / max(1, self.N),
+             "active_bigram": float((self.bidx >= 0).sum()) / max(1, self.E), "time": self.seconds}
+        for kind in ("unigram", "bigram"):
+            calls = self.fmo_calls[kind] - calls0[kind]
+            r[f"visits_{kind}"] = (self.fmo_visits[kind] - visits0[kind]) / max(1, calls)
+        r["lagrangian"] = self.lam * self.lagrangian()
+        r["primal"] = r["gap"] = None
+        if self.primal_every and self.iterations % self.primal_every == 0:
+            r["primal"] = self.last_primal = self.primal_objective()
+            r["gap"] = r["primal"] - r["dual"]
+        self._log(r)
+        return r
+
+    def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *,
+            infeasibility_tol: Optional[float] = None, callback=None) -> list:
+        """Call `step` until ``max_iter`` iterations, ``time_budget`` solver seconds, or (with
+        ``infeasibility_tol``) an iterate whose infeasibility is at most that and whose gap, when computed,
+        is at most ``infeasibility_tol`` too. Returns the reports; ``callback(report)`` after each."""
+        if max_iter is None and time_budget is None and infeasibility_tol is None:
+            raise ValueError("fit needs at least one of max_iter, time_budget, infeasibility_tol")
+        history = []
+        while True:
+            r = self.step()
+            history.append(r)
+            if callback is not None:
+                callback(r)
+            if infeasibility_tol is not None and r["infeasibility"] <= infeasibility_tol and (
+                    r["gap"] is None or r["gap"] <= infeasibility_tol):
+                break
+            if max_iter is not None and self.iterations >= max_iter:
+                break
+            if time_budget is not None and self.seconds >= time_budget:
+                break
+        return history
+
+    def _log(self, r: dict) -> None:
+        if self.writer is None:
+            return
+        for key in ("primal", "dual", "gap", "lagrangian", "infeasibility", "active_unigram", "active_bigram",
+                    "visits_unigram", "visits_bigram", "time"):
+            value = r.get(key)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(f"{self.tag}/{key}", value, self.iterations)
+
+    # -- state ----------------------------------------------------------------------------------
+    _state_tensors = ("uidx", "uval", "bidx", "bval", "W", "v", "lam_L", "lam_R")
+
+    def state_dict(self) -> dict:
+        s = {k: getattr(self, k).clone() for k in self._state_tensors}
+        s.update(iterations=self.iterations, seconds=self.seconds, fmo_calls=dict(self.fmo_calls),
+                 fmo_visits=dict(self.fmo_visits), generator=self.generator.get_state(), C=self.C, rho=self.rho,
+                 eta=self.eta)
+        return s
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [k for k in (*self._state_tensors, "iterations", "generator") if k not in state]
+        if missing:
+            raise ValueError(f"state_dict is missing {missing}")
+        for k in self._state_tensors:
+            cur, new = getattr(self, k), state[k]
+            if not isinstance(new, torch.Tensor) or new.dim() != cur.dim() or (
+                    k not in ("uidx", "uval", "bidx", "bval") and new.shape != cur.shape) or (
+                    new.shape[0] != cur.shape[0]):
+                raise ValueError(f"state_dict[{k!r}] does not match this problem (shape {tuple(cur.shape)})")
+            setattr(self, k, new.to(cur.device, cur.dtype).clone())
+        self.iterations = int(state["iterations"])
+        self.seconds = float(state.get("seconds", 0.0))
+        self.fmo_calls = dict(state.get("fmo_calls", self.fmo_calls))
+        self.fmo_visits = dict(state.get("fmo_visits", self.fmo_visits))
+        self.generator.set_state(state["generator"])
+        if self.index is not None:
+            self.index = BigramIndex(self.v)
+        self._write_model()
