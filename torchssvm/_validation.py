@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional
 
@@ -109,3 +110,14 @@ def check_positive_int(name: str, v, minimum: int = 1) -> int:
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return int(v)
+
+
+def check_positive_float(name: str, v) -> float:
+    """``v`` as a float, or a TypeError / ValueError naming ``name`` unless it is a positive finite number."""
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a positive number, got {v!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a positive finite number, got {v}")
+    return v

@@ -12,8 +12,7 @@ import torch
 
 from .._validation import check_positive_int
 from .sequence_dataset import SequenceDataset
-
-_SPLIT_OFFSET = {"train": 1, "test": 2}
+from .synthetic import _SPLIT_OFFSET, check_chain_args
 
 
 def _zipf_weights(m: int, s: float) -> torch.Tensor:
@@ -42,15 +41,7 @@ def synthetic_large_chain(split: str = "train", n: int = 1000, *, num_labels: in
     ``prototypes (K, D)``, ``initial_probs (K,)``, ``successor_table (K, S)`` (the allowed next labels
     of each label) and ``successor_probs (K, S)`` (their probabilities), all float64 / long on CPU.
     """
-    if split not in _SPLIT_OFFSET:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    n = check_positive_int("n", n)
-    K = check_positive_int("num_labels", num_labels, minimum=2)
-    D = check_positive_int("num_features", num_features)
-    lo = check_positive_int("min_length", min_length)
-    hi = check_positive_int("max_length", max_length)
-    if hi < lo:
-        raise ValueError(f"max_length ({hi}) must be >= min_length ({lo})")
+    n, K, D, lo, hi = check_chain_args(split, n, num_labels, num_features, min_length, max_length)
     S = check_positive_int("successors", successors)
     if S > K:
         raise ValueError(f"successors ({S}) must be <= num_labels ({K})")

@@ -10,6 +10,20 @@ from .sequence_dataset import SequenceDataset
 _SPLIT_OFFSET = {"train": 1, "test": 2}
 
 
+def check_chain_args(split, n, num_labels, num_features, min_length, max_length):
+    """The shared arguments of the chain generators, validated: ``(n, K, D, min_length, max_length)``."""
+    if split not in _SPLIT_OFFSET:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    n = check_positive_int("n", n)
+    K = check_positive_int("num_labels", num_labels, minimum=2)
+    D = check_positive_int("num_features", num_features)
+    lo = check_positive_int("min_length", min_length)
+    hi = check_positive_int("max_length", max_length)
+    if hi < lo:
+        raise ValueError(f"max_length ({hi}) must be >= min_length ({lo})")
+    return n, K, D, lo, hi
+
+
 def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, num_features: int = 16,
                     min_length: int = 4, max_length: int = 20, noise: float = 1.5, stickiness: float = 3.0,
                     seed: int = 0, dtype: torch.dtype = torch.float32) -> SequenceDataset:
@@ -21,15 +35,7 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     deviation ``noise``, so the unary potentials alone are ambiguous and the transitions carry signal.
     Lengths are uniform in ``[min_length, max_length]``.
     """
-    if split not in _SPLIT_OFFSET:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    n = check_positive_int("n", n)
-    K = check_positive_int("num_labels", num_labels, minimum=2)
-    D = check_positive_int("num_features", num_features)
-    lo = check_positive_int("min_length", min_length)
-    hi = check_positive_int("max_length", max_length)
-    if hi < lo:
-        raise ValueError(f"max_length ({hi}) must be >= min_length ({lo})")
+    n, K, D, lo, hi = check_chain_args(split, n, num_labels, num_features, min_length, max_length)
     if not noise >= 0:
         raise ValueError(f"noise must be >= 0, got {noise}")
 

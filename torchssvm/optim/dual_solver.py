@@ -20,17 +20,12 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_positive_float
 from .problems import DualProblem, make_problem
 
 
 def _check_lam(lam) -> float:
-    try:
-        lam = float(lam)
-    except (TypeError, ValueError):
-        raise TypeError(f"lam must be a positive number, got {lam!r}") from None
-    if not (lam > 0 and math.isfinite(lam)):
-        raise ValueError(f"lam must be a positive finite number, got {lam}")
-    return lam
+    return check_positive_float("lam", lam)
 
 
 def parse_box(box, problem: DualProblem):

@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_positive_float
 from ..kernels import project_shifted_simplex
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
@@ -47,16 +48,6 @@ from .problems import ChainProblem, make_problem
 FMOS = ("exact", "sampled")
 BIGRAM_SEARCHES = ("auto", "index", "brute")
 _BRUTE_MAX_K = 128  # "auto": below this K the K^2 scan is cheaper than keeping the index
-
-
-def _positive(name, value) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return value
 
 
 class GDMM:
@@ -92,8 +83,8 @@ class GDMM:
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
                  structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
                  backend: str = "auto"):
-        self.C = _positive("C", C)
-        self.rho = _positive("rho", rho)
+        self.C = check_positive_float("C", C)
+        self.rho = check_positive_float("rho", rho)
         try:
             self.eta = float(eta)
         except (TypeError, ValueError):
