@@ -42,7 +42,7 @@ class BigramIndex:
 
     Attributes
     ----------
-    v : (K, K) tensor, the indexed table.
+    v : (K, K) tensor, the indexed table; ``vt`` its transpose (contiguous, kept in sync by `refresh`).
     row_max, row_arg : (K,) the maximum of each row and a column where it is reached.
     row_order : (K,) long, rows by decreasing ``row_max`` (stable, so ties keep row order).
     col_max, col_arg, col_order : (K,) the same for columns (``col_arg`` holds rows).
@@ -56,8 +56,9 @@ class BigramIndex:
         check_finite({"v": v})
         self.v = v
         self.K = v.shape[0]
+        self.vt = v.t().contiguous()  # columns of v as contiguous rows: scanning them is 2-3x faster
         self.row_max, self.row_arg = v.max(dim=1)
-        self.col_max, self.col_arg = v.max(dim=0)
+        self.col_max, self.col_arg = self.vt.max(dim=1)
         self._sort()
         self.refresh_visits = self.K * self.K
 
@@ -82,8 +83,10 @@ class BigramIndex:
         elif rows.numel():
             self.row_max[rows], self.row_arg[rows] = row_lines.max(dim=1)
         if cols is None:
-            self.col_max, self.col_arg = self.v.max(dim=0)
+            self.vt = self.v.t().contiguous()
+            self.col_max, self.col_arg = self.vt.max(dim=1)
         elif cols.numel():
+            self.vt[cols] = col_lines.t()  # every changed entry lies in these columns
             self.col_max[cols], self.col_arg[cols] = col_lines.max(dim=0)
         self._sort()
         n_rows = K if rows is None else rows.numel()
@@ -152,7 +155,8 @@ def bigram_fmo(
     idx_R, ok_R, slot_R = _members(in_R)
 
     rows_g = _scan_lines(lambda ids: v.index_select(0, ids), idx_L, ok_L, slot_L, mL, mR, rho, exclude, K, False)
-    cols_g = _scan_lines(lambda ids: v.index_select(1, ids).t(), idx_R, ok_R, slot_R, mR, mL, rho, exclude, K, True)
+    cols_g = _scan_lines(lambda ids: index.vt.index_select(0, ids), idx_R, ok_R, slot_R, mR, mL, rho, exclude, K,
+                         True)
     area, n_scanned = _scan_area(v, index, in_L, in_R, idx_L.shape[1], idx_R.shape[1], top_rows)
 
     values = torch.stack([rows_g[0], cols_g[0], area[0]], dim=1)  # (B, 3)
