@@ -18,6 +18,7 @@ import torch
 from torchssvm.kernels import viterbi
 
 from torchssvm.models import LinearChainModel
+from torchssvm.optim.gdmm import chain_w_from_tables
 from torchssvm.optim.problems import ChainProblem
 
 
@@ -97,14 +98,7 @@ class SparseChainBCFW:
         self.ell[i] = (1 - gamma) * self.ell[i] + gamma * ls
 
     def write_model(self) -> None:
-        p, D = self.problem, self.problem.D
-        model = p.model
-        with torch.no_grad():
-            model.emission.copy_(self.W[:D])
-            model.bias.copy_(self.W[D])
-            model.start.copy_(self.W[D + 1])
-            model.end.copy_(self.W[D + 2])
-            model.transition.copy_(self.v)
+        self.problem.write_model(chain_w_from_tables(self.problem, self.W, self.v))
 
     def step(self) -> dict:
         t0 = time.perf_counter()
@@ -118,12 +112,5 @@ class SparseChainBCFW:
     def dual(self) -> float:
         return float(self.ell.sum()) - 0.5 * self.lam * float((self.W * self.W).sum() + (self.v * self.v).sum())
 
-    @torch.no_grad()
     def primal(self) -> float:
-        p = self.problem
-        w = torch.cat([q.detach().reshape(-1).to(torch.float64) for q in p.model.parameters()])
-        hinge = 0.0
-        for idx in p.chunks(256):
-            _, _, H = p.oracle(p.potentials(w, idx), idx)
-            hinge += float(H.clamp_min(0).sum())
-        return 0.5 * self.lam * float(w @ w) + hinge / self.n
+        return self.problem.primal(chain_w_from_tables(self.problem, self.W, self.v), self.lam)

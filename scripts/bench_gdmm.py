@@ -108,6 +108,14 @@ def time_to(curve, target):
     return None
 
 
+def _gdmm_sizes(point) -> str:
+    """GDMM's mean active-set sizes and oracle reads (of the last pass before the checkpoint), else "-"."""
+    if "active_unigram" not in point:
+        return "- | -"
+    return (f"{point['active_unigram']:.1f} / {point['active_bigram']:.1f} | {point['visits_unigram']:.0f} / "
+            f"{point['visits_bigram']:.0f}")
+
+
 def _seconds(t) -> str:
     return "-" if t is None else f"{t:.1f} s"
 
@@ -123,15 +131,15 @@ def report(results: dict) -> None:
         lines += [f"## {name}", "", f"{entry['machine']}; {entry['setup']}", "",
                   f"Best primal found: {best:.6g}.", "",
                   "| solver | time to 1% | time to 0.1% | primal by 25 s | by 50 s | final primal | final test error "
-                  "| solver s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| solver s | active labels / pairs | entries read per unigram / bigram FMO call |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for method, r in runs.items():
             c = r["curve"]
             t1, t01 = time_to(c, best * 1.01), time_to(c, best * 1.001)
             by = [min((p["primal"] for p in c if p["time"] <= 1.1 * t), default=None) for t in (25, 50)]
             by = ["-" if b is None else f"{b:.4g}" for b in by]
             lines.append(f"| {method} | {_seconds(t1)} | {_seconds(t01)} | {by[0]} | {by[1]} | {c[-1]['primal']:.6g} "
-                         f"| {c[-1]['test_error']:.4f} | {c[-1]['time']:.0f} |")
+                         f"| {c[-1]['test_error']:.4f} | {c[-1]['time']:.0f} | {_gdmm_sizes(c[-1])} |")
         bcfw = "bcfw" if "bcfw" in runs else "bcfw-sparse"
         base = time_to(runs[bcfw]["curve"], best * 1.01) if bcfw in runs else None
         g = time_to(runs["gdmm-sampled"]["curve"], best * 1.01) if "gdmm-sampled" in runs else None

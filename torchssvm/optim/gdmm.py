@@ -46,8 +46,21 @@ from .factor_oracles import BigramIndex, bigram_fmo
 from .problems import ChainProblem, make_problem
 
 FMOS = ("exact", "sampled")
+EXTRA_ROWS = ("bias", "start", "end")  # model parameters that are indicator features of a token
 BIGRAM_SEARCHES = ("auto", "index", "brute")
 _BRUTE_MAX_K = 128  # "auto": below this K the K^2 scan is cheaper than keeping the index
+
+
+def chain_w_from_tables(problem: ChainProblem, W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The flat ``w`` of ``problem``'s model from the token-factor table ``W (D + extras, K)`` (emission rows,
+    then one row per bias / start / end parameter the model has, in that order) and the transition ``v (K, K)``."""
+    w = torch.zeros(problem.d, dtype=torch.float64, device=W.device)
+    slices = problem.parameter_slices()
+    rows = {"emission": W[: problem.D].reshape(-1), "transition": v.reshape(-1)}
+    rows.update((name, W[problem.D + r]) for r, name in enumerate(k for k in EXTRA_ROWS if k in slices))
+    for name, (a, b, _) in slices.items():
+        w[a:b] = rows[name]
+    return w
 
 
 class GDMM:
@@ -164,7 +177,6 @@ class GDMM:
             extras.append((pos == 0).to(f64))
         if "end" in slices:
             extras.append(last.to(f64))
-        self.extra_names = [k for k in ("bias", "start", "end") if k in slices]
         D = p.D
         self.Dx = D + len(extras)
         if p.sparse:
@@ -190,17 +202,7 @@ class GDMM:
     # -- w(alpha) -------------------------------------------------------------------------------
     def flat_w(self) -> torch.Tensor:
         """``w`` in the model's flat parameter order (`ChainProblem.parameter_slices`)."""
-        p = self.problem
-        w = torch.zeros(p.d, dtype=torch.float64, device=self.device)
-        slices = p.parameter_slices()
-        a, b, _ = slices["emission"]
-        w[a:b] = self.W[: p.D].reshape(-1)
-        a, b, _ = slices["transition"]
-        w[a:b] = self.v.reshape(-1)
-        for r, name in enumerate(self.extra_names):
-            a, b, _ = slices[name]
-            w[a:b] = self.W[p.D + r]
-        return w
+        return chain_w_from_tables(self.problem, self.W, self.v)
 
     def _write_model(self) -> None:
         self.problem.write_model(self.flat_w())
@@ -443,15 +445,9 @@ class GDMM:
             extra += float((mL * mL).sum() + (mR * mR).sum() - (self.lam_L[e] ** 2).sum() - (self.lam_R[e] ** 2).sum())
         return self.dual_objective() + 0.5 * self.rho * extra
 
-    @torch.no_grad()
-    def primal_objective(self, chunk: int = 1024) -> float:
+    def primal_objective(self) -> float:
         """The exact SSVM primal ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)`` at ``w(alpha)`` (one Viterbi pass)."""
-        p, w = self.problem, self.flat_w()
-        hinge = 0.0
-        for idx in p.chunks(chunk):
-            _, _, H = p.oracle(p.potentials(w, idx), idx)
-            hinge += float(H.clamp_min(0).sum())
-        return 0.5 * self.lam * float(w @ w) + hinge / self.n
+        return self.problem.primal(self.flat_w(), self.lam)
 
     # -- loop -----------------------------------------------------------------------------------
     @torch.no_grad()

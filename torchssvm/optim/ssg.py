@@ -84,12 +84,7 @@ class SSG:
     @torch.no_grad()
     def primal(self, w: Optional[torch.Tensor] = None) -> float:
         """Exact ``P(w)`` of the output iterate (or of ``w``) by a full oracle pass (not counted)."""
-        w = self.output if w is None else w
-        p, total = self.problem, 0.0
-        for idx in p.chunks():
-            _, _, H = p.oracle(p.potentials(w, idx), idx)
-            total += float(H.clamp_min(0).sum())
-        return 0.5 * self.lam * float(w @ w) + total / self.n
+        return self.problem.primal(self.output if w is None else w, self.lam)
 
     def fit(self, max_passes: int) -> list:
         return [self.step() for _ in range(int(max_passes))]

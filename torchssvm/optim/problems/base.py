@@ -99,6 +99,15 @@ class DualProblem:
         raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
 
     # -- derived --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def primal(self, w: torch.Tensor, lam: float, chunk: int = 1024) -> float:
+        """The exact primal ``lam/2 ||w||^2 + (1/n) sum_i max_y H_i(y; w)`` by one oracle pass."""
+        hinge = 0.0
+        for idx in self.chunks(chunk):
+            _, _, H = self.oracle(self.potentials(w, idx), idx)
+            hinge += float(H.clamp_min(0).sum())  # H_i(y_i) = 0: never below 0
+        return 0.5 * lam * float(w @ w) + hinge / self.n
+
     def chunks(self, size: int = 1024):
         """Index tensors covering ``0..n-1`` in order (for full oracle passes)."""
         for s in range(0, self.n, size):
