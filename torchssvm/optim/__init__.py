@@ -10,7 +10,8 @@
 - `KernelCuttingPlane`: the kernel SSVM (binary, multiclass) by 1-slack cuts, exact or sampled (seed 004's
   linear- and constant-time algorithms), Mercer kernels in ``mercer.py``.
 - `GDMM`: dual-decomposed learning with factorwise oracles for large label sets (seed 002, ``gdmm.py``;
-  its sublinear bigram oracle in ``factor_oracles.py``).
+  its sublinear bigram oracle in ``factor_oracles.py``); on a `MultiLabelProblem` it is the pairwise
+  multi-label solver of ``gdmm_multilabel.py``.
 - `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
   ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
 - `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.

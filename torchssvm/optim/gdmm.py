@@ -1,5 +1,7 @@
 """GDMM: dual-decomposed SSVM learning with factorwise oracles (Yen et al., NIPS 2016; note 002), for chains.
 
+(``GDMM(problem)`` with a `MultiLabelProblem` returns the pairwise multi-label solver of ``gdmm_multilabel.py``.)
+
 The SSVM ``min_w 1/2 ||w||^2 + C sum_i H_i(w)`` (our ``lam = 1 / (C n)``) is split over factors: every token t
 has a unigram dual ``alpha_t`` over the K labels, every edge e = (t, t+1) a bigram dual ``beta_e`` over the K^2
 label pairs, both on the shifted simplex ``{a(truth) <= C, a(y) <= 0 otherwise, sum a = 0}`` (eq. 11) and
@@ -43,7 +45,7 @@ from .._validation import check_positive_float
 from ..kernels import project_shifted_simplex
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
-from .problems import ChainProblem, make_problem
+from .problems import ChainProblem, MultiLabelProblem, make_problem
 
 FMOS = ("exact", "sampled")
 EXTRA_ROWS = ("bias", "start", "end")  # model parameters that are indicator features of a token
@@ -68,7 +70,8 @@ class GDMM:
     outer iteration and returns a report; `fit` loops; `state_dict` / `load_state_dict` resume.
 
     Args:
-        model: a `LinearChainModel` (dense or sparse features) whose parameters receive ``w``.
+        model: a `LinearChainModel` (dense or sparse features) whose parameters receive ``w``; or a
+            `MultiLabelProblem` (then ``dataset`` is None and the solver is a `MultiLabelGDMM`).
         dataset: its training `SequenceDataset`.
         C: the SSVM's ``C`` (``1/2 ||w||^2 + C sum_i H_i``); reports use ``lam = 1 / (C n)`` (DESIGN.md).
         rho: the augmented-Lagrangian penalty (note 002: 0.1 on POS, 1-10 on ChineseOCR).
@@ -92,10 +95,15 @@ class GDMM:
 
     tag = "gdmm"
 
-    def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
-                 fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
-                 structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
-                 backend: str = "auto"):
+    def __new__(cls, model=None, *args, **kwargs):
+        if cls is GDMM and isinstance(model, MultiLabelProblem):
+            from .gdmm_multilabel import MultiLabelGDMM
+
+            return super().__new__(MultiLabelGDMM)
+        return super().__new__(cls)
+
+    def _check_args(self, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol) -> None:
+        """Validate and store ``C, rho, eta``; check the rest (shared by the chain and multi-label solvers)."""
         self.C = check_positive_float("C", C)
         self.rho = check_positive_float("rho", rho)
         try:
@@ -106,8 +114,6 @@ class GDMM:
             raise ValueError(f"eta must be a finite number >= 0, got {eta}")
         if fmo not in FMOS:
             raise ValueError(f"fmo must be one of {FMOS}, got {fmo!r}")
-        if bigram_search not in BIGRAM_SEARCHES:
-            raise ValueError(f"bigram_search must be one of {BIGRAM_SEARCHES}, got {bigram_search!r}")
         for name, value, low in (("nu", nu, 1), ("batch_size", batch_size, 1), ("primal_every", primal_every, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -115,9 +121,18 @@ class GDMM:
             raise ValueError(f"nu={nu} needs fmo='sampled' (the exact oracle searches every label)")
         if not (drop_tol >= 0 and math.isfinite(drop_tol)):
             raise ValueError(f"drop_tol must be a finite number >= 0, got {drop_tol}")
+
+    def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
+                 fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
+                 structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
+                 backend: str = "auto"):
+        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol)
+        if bigram_search not in BIGRAM_SEARCHES:
+            raise ValueError(f"bigram_search must be one of {BIGRAM_SEARCHES}, got {bigram_search!r}")
         problem = make_problem(model, dataset, structure, backend=backend)
         if not isinstance(problem, ChainProblem):
-            raise TypeError(f"GDMM supports chains (LinearChainModel); got {type(problem).__name__}")
+            raise TypeError(f"GDMM supports chains (LinearChainModel) and multi-label problems (MultiLabelProblem); "
+                            f"got {type(problem).__name__}")
         if problem.structure.class_weights is not None:
             raise ValueError("GDMM needs a Hamming loss without class weights (the loss sits on unigram duals "
                              "as one cost per wrong token)")
@@ -512,13 +527,23 @@ class GDMM:
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("uidx", "uval", "bidx", "bval", "W", "v", "lam_L", "lam_R")
+    _sparse_state = ("uidx", "uval", "bidx", "bval")  # padded active sets: their width may differ
+    _block_orders = ("label_blocks",)  # random partitions of the sampled oracle, saved as one permutation
 
     def state_dict(self) -> dict:
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update(iterations=self.iterations, seconds=self.seconds, fmo_calls=dict(self.fmo_calls),
                  fmo_visits=dict(self.fmo_visits), generator=self.generator.get_state(), C=self.C, rho=self.rho,
                  eta=self.eta)
+        s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
         return s
+
+    def _set_blocks(self, name: str, order) -> None:
+        cur = torch.cat(getattr(self, name))
+        if not isinstance(order, torch.Tensor) or order.shape != cur.shape or not torch.equal(
+                order.sort().values.cpu(), cur.sort().values.cpu()):
+            raise ValueError(f"state_dict[{name!r}] is not a permutation of this problem's {cur.numel()} ids")
+        setattr(self, name, order.to(cur.device).tensor_split(self.nu))
 
     def load_state_dict(self, state: dict) -> None:
         missing = [k for k in (*self._state_tensors, "iterations", "generator") if k not in state]
@@ -527,7 +552,7 @@ class GDMM:
         for k in self._state_tensors:
             cur, new = getattr(self, k), state[k]
             if not isinstance(new, torch.Tensor) or new.dim() != cur.dim() or (
-                    k not in ("uidx", "uval", "bidx", "bval") and new.shape != cur.shape) or (
+                    k not in self._sparse_state and new.shape != cur.shape) or (
                     new.shape[0] != cur.shape[0]):
                 raise ValueError(f"state_dict[{k!r}] does not match this problem (shape {tuple(cur.shape)})")
             setattr(self, k, new.to(cur.device, cur.dtype).clone())
@@ -536,6 +561,9 @@ class GDMM:
         self.fmo_calls = dict(state.get("fmo_calls", self.fmo_calls))
         self.fmo_visits = dict(state.get("fmo_visits", self.fmo_visits))
         self.generator.set_state(state["generator"])
+        for k in self._block_orders:
+            if k in state:
+                self._set_blocks(k, state[k])
         if self.index is not None:
             self.index = BigramIndex(self.v)
         self._write_model()
