@@ -203,6 +203,7 @@ def main():
     ap.add_argument("--nu", type=int, default=3)
     ap.add_argument("--batch", type=int, default=256, help="GDMM factors per block-Jacobi update")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="", help="entry name in gdmm.json (default: from the data set)")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     path = OUT / "gdmm.json"
@@ -210,6 +211,7 @@ def main():
     if not args.report_only:
         torch.set_num_threads(args.threads)
         name, train, test = load(args)
+        name = args.name or name
         print(f"{name}: {len(train)} train / {len(test)} test sequences, {train.num_tokens} tokens, "
               f"K = {train.num_labels}", flush=True)
         entry = results.get(name, {"runs": {}})

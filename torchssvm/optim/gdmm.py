@@ -81,8 +81,8 @@ class GDMM:
         bigram_search: ``"index"`` (sublinear exact search), ``"brute"`` (K^2 per edge) or ``"auto"``.
         structure: a `Chain` for the task loss (default ``Chain(K)``: Hamming normalized by length;
             ``Chain(K, normalize=False)`` is the paper's per-token loss).
-        primal_every: compute the exact primal (one Viterbi pass, not timed) every this many iterations
-            (0: never).
+        primal_every: compute the exact primal (one oracle pass: Viterbi for chains, enumeration for
+            multi-label; not timed) every this many iterations (0: never).
         drop_tol: active entries with ``|alpha| <= drop_tol`` leave the active set (never the truth).
         seed, writer, backend: random generator seed, TensorBoard ``SummaryWriter``, Viterbi backend.
 
@@ -461,7 +461,7 @@ class GDMM:
         return self.dual_objective() + 0.5 * self.rho * extra
 
     def primal_objective(self) -> float:
-        """The exact SSVM primal ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)`` at ``w(alpha)`` (one Viterbi pass)."""
+        """The exact SSVM primal ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)`` at ``w(alpha)`` (one oracle pass)."""
         return self.problem.primal(self.flat_w(), self.lam)
 
     # -- loop -----------------------------------------------------------------------------------
@@ -538,32 +538,38 @@ class GDMM:
         s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
         return s
 
-    def _set_blocks(self, name: str, order) -> None:
+    def _checked_blocks(self, name: str, order) -> tuple:
         cur = torch.cat(getattr(self, name))
         if not isinstance(order, torch.Tensor) or order.shape != cur.shape or not torch.equal(
                 order.sort().values.cpu(), cur.sort().values.cpu()):
             raise ValueError(f"state_dict[{name!r}] is not a permutation of this problem's {cur.numel()} ids")
-        setattr(self, name, order.to(cur.device).tensor_split(self.nu))
+        return order.to(cur.device).tensor_split(self.nu)
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict` (its C, rho and eta too). Everything is checked before anything is set."""
         missing = [k for k in (*self._state_tensors, "iterations", "generator") if k not in state]
         if missing:
             raise ValueError(f"state_dict is missing {missing}")
+        tensors = {}
         for k in self._state_tensors:
             cur, new = getattr(self, k), state[k]
             if not isinstance(new, torch.Tensor) or new.dim() != cur.dim() or (
                     k not in self._sparse_state and new.shape != cur.shape) or (
                     new.shape[0] != cur.shape[0]):
                 raise ValueError(f"state_dict[{k!r}] does not match this problem (shape {tuple(cur.shape)})")
-            setattr(self, k, new.to(cur.device, cur.dtype).clone())
+            tensors[k] = new.to(cur.device, cur.dtype).clone()
+        blocks = {k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state}
+        C = check_positive_float("state_dict['C']", state.get("C", self.C))
+        rho = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
+        for k, v in {**tensors, **blocks}.items():
+            setattr(self, k, v)
+        self.C, self.rho, self.eta = C, rho, float(state.get("eta", self.eta))
+        self.lam = 1.0 / (self.C * self.n)
         self.iterations = int(state["iterations"])
         self.seconds = float(state.get("seconds", 0.0))
         self.fmo_calls = dict(state.get("fmo_calls", self.fmo_calls))
         self.fmo_visits = dict(state.get("fmo_visits", self.fmo_visits))
         self.generator.set_state(state["generator"])
-        for k in self._block_orders:
-            if k in state:
-                self._set_blocks(k, state[k])
         if self.index is not None:
             self.index = BigramIndex(self.v)
         self._write_model()

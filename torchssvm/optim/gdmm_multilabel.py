@@ -25,9 +25,9 @@ One outer iteration (`step`):
    exact 1-D block minimization ``a <- clip(a - g / h, 0, C)``, ``g = s (<W_k, x_i> + b_k) - c_k - 2 rho s
    sum_e mu``, ``h = ||x_i||^2 + 1 + 2 rho deg_k``.
 2. pairwise pass, the same way: the pairwise factors of one example share nothing either (different
-   ``v_e``, different messages), so each gets a projected step with ``Q = 1 + 4 rho`` (the largest
-   eigenvalue of its Hessian ``e_11 e_11^T + rho (M_1^T M_1 + M_2^T M_2)``) followed by its exact line search
-   (``pair_steps`` such steps).
+   ``v_e``, different messages), so each gets a projected step with ``Q = 1 + 4 rho`` (an upper bound on
+   the largest eigenvalue of its Hessian ``e_11 e_11^T + rho (M_1^T M_1 + M_2^T M_2)``) followed by its exact
+   line search (``pair_steps`` such steps).
 3. the multiplier step ``lam += eta (beta(1.) - s a)`` on every edge side (``eta = 0``: Soft-BCFW).
 
 Examples of one batch share ``W`` / ``b`` (unigram) or ``v`` (pairwise); their steps are scaled jointly by
@@ -37,8 +37,8 @@ the exact B x B box QP of the Lagrangian (as in the chain solver), so the Lagran
 The factorwise oracle over a factor's 2 or 4 states is exact and trivial; the search that matters is over
 factors (Alg. 3 of the paper): ``fmo="exact"`` visits every factor of an example, ``fmo="sampled"`` visits
 the active factors (nonzero dual) and one of ``nu`` random blocks of the others (note 002 section 2.5, "for
-many binary factors, partition the factors and search one block"). The exact primal needs exact decoding,
-so it is computed only for ``K <= 16`` (`MultiLabel` enumerates); training itself has no such limit.
+many binary factors, partition the factors and search one block"). The exact primal needs exact decoding
+(`MultiLabel` enumerates, ``K <= 16``): for larger K, ``primal_every`` must be 0; training has no such limit.
 
 The LP relaxation of a loopy (e.g. fully connected) model is not tight: GDMM converges to the optimum of
 the relaxed SSVM, whose value is at least the exact optimum (and at least the exact primal at its own
@@ -86,6 +86,10 @@ class MultiLabelGDMM(GDMM):
             raise ValueError("dataset must be None with a MultiLabelProblem (it holds the data)")
         if structure is not None:
             raise ValueError("structure must be None with a MultiLabelProblem (it holds its structure)")
+        if backend != "auto":
+            raise ValueError(f"backend={backend!r} applies to chains only (multi-label decoding enumerates)")
+        if not isinstance(pair_steps, int) or isinstance(pair_steps, bool) or pair_steps < 1:
+            raise ValueError(f"pair_steps must be an int >= 1, got {pair_steps!r}")
         if bigram_search != "auto":
             raise ValueError(f"bigram_search={bigram_search!r} applies to chains only; pairwise multi-label "
                              "factors have 4 states")
