@@ -465,24 +465,30 @@ class GDMM:
         return self.problem.primal(self.flat_w(), self.lam)
 
     # -- loop -----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self) -> dict:
-        """One outer iteration: a unigram pass, a bigram pass, the multiplier step; then the report."""
-        t0 = time.perf_counter()
-        calls0, visits0 = dict(self.fmo_calls), dict(self.fmo_visits)
+    def _passes(self) -> None:
+        """The unigram pass, then the bigram pass, in random orders, ``batch_size`` factors at a time."""
         B = self.batch_size
         for chunk in torch.randperm(self.N, generator=self.generator).to(self.device).split(B):
             self._update_tokens(chunk)
         for chunk in torch.randperm(self.E, generator=self.generator).to(self.device).split(B):
             self._update_edges(chunk)
+
+    def _active_sizes(self) -> dict:
+        return {"active_unigram": float((self.uidx >= 0).sum()) / max(1, self.N),
+                "active_bigram": float((self.bidx >= 0).sum()) / max(1, self.E)}
+
+    @torch.no_grad()
+    def step(self) -> dict:
+        """One outer iteration: a unigram pass, a bigram pass, the multiplier step; then the report."""
+        t0 = time.perf_counter()
+        calls0, visits0 = dict(self.fmo_calls), dict(self.fmo_visits)
+        self._passes()
         infeasibility = self._multiplier_step()
         self.iterations += 1
         self.seconds += time.perf_counter() - t0
         self._write_model()
-        G = self.dual_objective()
-        r = {"iteration": self.iterations, "dual": -self.lam * G, "infeasibility": infeasibility,
-             "active_unigram": float((self.uidx >= 0).sum()) / max(1, self.N),
-             "active_bigram": float((self.bidx >= 0).sum()) / max(1, self.E), "time": self.seconds}
+        r = {"iteration": self.iterations, "dual": -self.lam * self.dual_objective(), "infeasibility": infeasibility,
+             **self._active_sizes(), "time": self.seconds}
         for kind in ("unigram", "bigram"):
             calls = self.fmo_calls[kind] - calls0[kind]
             r[f"visits_{kind}"] = (self.fmo_visits[kind] - visits0[kind]) / max(1, calls)

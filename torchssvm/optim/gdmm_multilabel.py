@@ -47,8 +47,6 @@ the relaxed SSVM, whose value is at least the exact optimum (and at least the ex
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from ..kernels import project_shifted_simplex
@@ -272,36 +270,19 @@ class MultiLabelGDMM(GDMM):
             extra += float((mu1 ** 2 + mu2 ** 2 - self.lam1[ex] ** 2 - self.lam2[ex] ** 2).sum())
         return self.dual_objective() + self.rho * extra
 
-    # -- loop -----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self) -> dict:
-        """One outer iteration: a unigram pass, a pairwise pass, the multiplier step; then the report."""
-        t0 = time.perf_counter()
-        calls0, visits0 = dict(self.fmo_calls), dict(self.fmo_visits)
+    # -- loop (`GDMM.step` calls these) ----------------------------------------------------------
+    def _passes(self) -> None:
+        """The unigram pass, then the pairwise pass, over the examples in random orders."""
         B = self.batch_size
         for chunk in torch.randperm(self.n, generator=self.generator).to(self.device).split(B):
             self._update_unigrams(chunk)
         if self.E:
             for chunk in torch.randperm(self.n, generator=self.generator).to(self.device).split(B):
                 self._update_pairs(chunk)
-        infeasibility = self._multiplier_step()
-        self.iterations += 1
-        self.seconds += time.perf_counter() - t0
-        self._write_model()
-        r = {"iteration": self.iterations, "dual": -self.lam * self.dual_objective(),
-             "infeasibility": infeasibility,
-             "active_unigram": float((self.a != 0).sum()) / self.n,
-             "active_bigram": float((self.beta != 0).any(2).sum()) / self.n, "time": self.seconds}
-        for kind in ("unigram", "bigram"):
-            calls = self.fmo_calls[kind] - calls0[kind]
-            r[f"visits_{kind}"] = (self.fmo_visits[kind] - visits0[kind]) / max(1, calls)
-        r["lagrangian"] = self.lam * self.lagrangian()
-        r["primal"] = r["gap"] = None
-        if self.primal_every and self.iterations % self.primal_every == 0:
-            r["primal"] = self.last_primal = self.primal_objective()
-            r["gap"] = r["primal"] - r["dual"]
-        self._log(r)
-        return r
+
+    def _active_sizes(self) -> dict:
+        return {"active_unigram": float((self.a != 0).sum()) / self.n,
+                "active_bigram": float((self.beta != 0).any(2).sum()) / self.n}
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("a", "beta", "lam1", "lam2", "W", "b", "v")
