@@ -102,10 +102,18 @@ def run(method, args, train, test):
 
 
 def time_to(curve, target):
-    for p in curve:
-        if p["primal"] <= target:
-            return p["time"]
-    return None
+    return next((p["time"] for p in curve if p["primal"] <= target), None)
+
+
+def curve_cells(curve, best, at) -> str:
+    """The report cells shared by the GDMM benchmarks: time to 1% and 0.1% of ``best``, the best primal by
+    each time of ``at``, the final primal, the final test error and the solver seconds."""
+    t1, t01 = time_to(curve, best * 1.01), time_to(curve, best * 1.001)
+    by = [min((p["primal"] for p in curve if p["time"] <= 1.1 * t), default=None) for t in at]
+    by = ["-" if b is None else f"{b:.4g}" for b in by]
+    last = curve[-1]
+    return (f"{_seconds(t1)} | {_seconds(t01)} | {' | '.join(by)} | {last['primal']:.6g} | "
+            f"{last['test_error']:.4f} | {last['time']:.0f}")
 
 
 def _gdmm_sizes(point) -> str:
@@ -135,11 +143,7 @@ def report(results: dict) -> None:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for method, r in runs.items():
             c = r["curve"]
-            t1, t01 = time_to(c, best * 1.01), time_to(c, best * 1.001)
-            by = [min((p["primal"] for p in c if p["time"] <= 1.1 * t), default=None) for t in (25, 50)]
-            by = ["-" if b is None else f"{b:.4g}" for b in by]
-            lines.append(f"| {method} | {_seconds(t1)} | {_seconds(t01)} | {by[0]} | {by[1]} | {c[-1]['primal']:.6g} "
-                         f"| {c[-1]['test_error']:.4f} | {c[-1]['time']:.0f} | {_gdmm_sizes(c[-1])} |")
+            lines.append(f"| {method} | {curve_cells(c, best, (25, 50))} | {_gdmm_sizes(c[-1])} |")
         bcfw = "bcfw" if "bcfw" in runs else "bcfw-sparse"
         base = time_to(runs[bcfw]["curve"], best * 1.01) if bcfw in runs else None
         g = time_to(runs["gdmm-sampled"]["curve"], best * 1.01) if "gdmm-sampled" in runs else None

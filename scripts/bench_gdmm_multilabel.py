@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_machine import cpu_description  # noqa: E402
+from bench_gdmm import curve_cells  # noqa: E402
 
 import torchssvm as ts  # noqa: E402
 from torchssvm.optim import BCFW, GDMM, SSG, MultiLabelProblem  # noqa: E402
@@ -83,10 +84,6 @@ def run(method, args, train, test, structure):
     return {"curve": curve, "wall": time.perf_counter() - wall}
 
 
-def time_to(curve, target):
-    return next((p["time"] for p in curve if p["primal"] <= target), None)
-
-
 def report(entry: dict) -> None:
     runs = entry["runs"]
     best = min(p["primal"] for r in runs.values() for p in r["curve"])
@@ -99,13 +96,8 @@ def report(entry: dict) -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for method, r in runs.items():
         c = r["curve"]
-        t1, t01 = time_to(c, best * 1.01), time_to(c, best * 1.001)
-        by = [min((p["primal"] for p in c if p["time"] <= 1.1 * t), default=None) for t in (10, 30)]
-        by = ["-" if b is None else f"{b:.4g}" for b in by]
         act = f"{c[-1]['active_bigram']:.1f} of 91" if "active_bigram" in c[-1] else "-"
-        lines.append(f"| {method} | {'-' if t1 is None else f'{t1:.1f} s'} | "
-                     f"{'-' if t01 is None else f'{t01:.1f} s'} | {by[0]} | {by[1]} | {c[-1]['primal']:.6g} | "
-                     f"{c[-1]['test_error']:.4f} | {c[-1]['time']:.0f} | {act} |")
+        lines.append(f"| {method} | {curve_cells(c, best, (10, 30))} | {act} |")
     lines += ["", "![yeast](gdmm_multilabel_yeast.png)", ""]
     (OUT / "gdmm_multilabel.md").write_text("\n".join(lines) + "\n")
     try:
