@@ -2,6 +2,8 @@
 
 ``backend="auto"`` runs Triton on CUDA tensors when triton imports, torch otherwise;
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
+The distance transforms (and so the spatial trees) also have a compiled CPU twin, ``"numba"``
+(`distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .slack_chain_torch import slack_viterbi_torch
 from .tree_torch import TreeSchedule, spatial_tree_max_sum_torch, tree_max_sum_torch, tree_schedule
 from .viterbi_torch import viterbi_torch
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "numba")
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,12 +34,28 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map ``backend`` to ``"torch"`` or ``"triton"`` for tensors on ``device``."""
+def numba_available() -> bool:
+    from .distance_transform_numba import available
+
+    return available()
+
+
+def resolve_backend(backend: str, device: torch.device, has_numba: bool = False) -> str:
+    """Map ``backend`` to ``"torch"``, ``"triton"`` or ``"numba"`` for tensors on ``device``; ``has_numba``:
+    whether the operation has a numba twin (the distance transforms and spatial trees)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        if device.type == "cuda":
+            return "triton" if triton_available() else "torch"
+        return "numba" if has_numba and device.type == "cpu" and numba_available() else "torch"
+    if backend == "numba":
+        if not has_numba:
+            raise ValueError("backend='numba' exists only for the distance transforms and spatial trees")
+        if not numba_available():
+            raise RuntimeError("backend='numba' needs the numba package (pip install torchssvm[cpu])")
+        if device.type != "cpu":
+            raise ValueError(f"backend='numba' runs on CPU tensors, got tensors on {device}")
     if backend == "triton":
         if not triton_available():
             raise RuntimeError("backend='triton' needs the triton package (pip install torchssvm[triton])")
@@ -237,10 +255,15 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     is negative."""
     sched = tree_schedule(parents)
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
-    if resolve_backend(backend, unary.device) == "triton":
+    be = resolve_backend(backend, unary.device, has_numba=True)
+    if be == "triton":
         from .tree_triton import spatial_tree_max_sum_triton
 
         return spatial_tree_max_sum_triton(unary, weights, rest, sched.parents, height, width)
+    if be == "numba":
+        from .distance_transform_numba import spatial_tree_max_sum_numba
+
+        return spatial_tree_max_sum_numba(unary, weights, rest, sched.parents, height, width)
     return spatial_tree_max_sum_torch(unary, weights, rest, sched.parents, height, width)
 
 
@@ -249,10 +272,15 @@ def distance_transform_1d(f, a, b, r, backend: str = "auto"):
     """``out[p] = max_q f[q] - a d^2 - b d``, ``d = p - q - r``, per row of ``f (R, n)``, with its argmax; see
     `distance_transform_torch`. ``a, b, r``: ``(R,)`` of f's dtype; ``a >= 0`` (a ValueError naming ``a``)."""
     check_quadratic_weights("a", a)
-    if resolve_backend(backend, f.device) == "triton":
+    be = resolve_backend(backend, f.device, has_numba=True)
+    if be == "triton":
         from .distance_transform_triton import distance_transform_1d_triton
 
         return distance_transform_1d_triton(f, a, b, r)
+    if be == "numba":
+        from .distance_transform_numba import distance_transform_1d_numba
+
+        return distance_transform_1d_numba(f, a, b, r)
     return distance_transform_1d_torch(f, a, b, r)
 
 
@@ -263,8 +291,13 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
     them)."""
     check_quadratic_weights("ax", ax)
     check_quadratic_weights("ay", ay)
+    be = resolve_backend(backend, f.device, has_numba=True)
+    if be == "numba":
+        from .distance_transform_numba import distance_transform_2d_numba
+
+        return distance_transform_2d_numba(f, ax, bx, rx, ay, by, ry)
     gdt_1d = distance_transform_1d_torch
-    if resolve_backend(backend, f.device) == "triton":
+    if be == "triton":
         from .distance_transform_triton import distance_transform_1d_triton as gdt_1d
     return distance_transform_2d_torch(f, ax, bx, rx, ay, by, ry, gdt_1d=gdt_1d)
 
@@ -272,6 +305,7 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",
            "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
+           "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
            "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",
            "distance_transform_2d", "check_quadratic_weights"]

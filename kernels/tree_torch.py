@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple, Sequence, Tuple
 
 import torch
 
-from .distance_transform_torch import distance_transform_1d_torch, distance_transform_2d
+from .distance_transform_torch import distance_transform_2d
 
 # Above this many elements per level ((B, n, K, K) scores) the level is processed in chunks of examples.
 _MAX_LEVEL_ELEMENTS = 1 << 25
@@ -111,8 +111,9 @@ def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: Lev
     B, V, K = unary.shape
     E = V - 1
     dev = unary.device
-    msgs = unary.new_zeros(B, E + 1, K)  # row E: a zero message for padded child slots
-    args = torch.zeros(B, max(E, 1), K, dtype=torch.long, device=dev)
+    msgs = unary.new_empty(B, E + 1, K)  # every edge's row is written before it is read
+    msgs[:, E] = 0  # row E: a zero message for padded child slots
+    args = torch.empty(B, max(E, 1), K, dtype=torch.long, device=dev)
 
     def beliefs(nodes: Sequence[int]) -> torch.Tensor:
         width = max(len(sched.child_edges[v]) for v in nodes)
@@ -176,9 +177,9 @@ def tree_max_sum_torch(unary: torch.Tensor, pairwise: torch.Tensor, parents: Seq
     return tree_max_sum_generic(unary, tree_schedule(parents), explicit_level_op_torch(pairwise))
 
 
-def spatial_level_op(weights: torch.Tensor, rest: torch.Tensor, height: int, width: int, gdt_1d) -> LevelOp:
-    """The level op of spatial nodes (module `distance_transform_torch`, "Spatial trees"), with ``gdt_1d``
-    the 1-D distance transform of the backend."""
+def spatial_level_op(weights: torch.Tensor, rest: torch.Tensor, height: int, width: int, gdt_2d) -> LevelOp:
+    """The level op of spatial nodes (module `distance_transform_torch`, "Spatial trees"), with ``gdt_2d``
+    the 2-D distance transform of the backend (contract of `distance_transform_torch.distance_transform_2d`)."""
 
     def op(belief, eidx):
         B, n, _ = belief.shape
@@ -187,16 +188,16 @@ def spatial_level_op(weights: torch.Tensor, rest: torch.Tensor, height: int, wid
         r = rest[eidx].unsqueeze(0).expand(B, n, 2).reshape(B * n, 2)
         # cost w . (dx, dx^2, dy, dy^2) with d = l_c - l_p - r is a GDT with p = parent, q = child,
         # d_gdt = p - q - r_gdt = -d: a = w_quadratic, b = -w_linear, r_gdt = -r.
-        out, arg = distance_transform_2d(
+        out, arg = gdt_2d(
             belief.reshape(B * n, height, width),
-            w[:, 1], -w[:, 0], -r[:, 0], w[:, 3], -w[:, 2], -r[:, 1], gdt_1d=gdt_1d,
+            w[:, 1], -w[:, 0], -r[:, 0], w[:, 3], -w[:, 2], -r[:, 1],
         )
         return out.reshape(B, n, height * width), arg.reshape(B, n, height * width)
 
     return op
 
 
-def spatial_tree_max_sum_torch(unary, weights, rest, parents, height: int, width: int, gdt_1d=None):
+def spatial_tree_max_sum_torch(unary, weights, rest, parents, height: int, width: int, gdt_2d=None):
     """MAP positions of a batch of pictorial-structure trees by generalized distance transforms.
 
     Args:
@@ -208,7 +209,8 @@ def spatial_tree_max_sum_torch(unary, weights, rest, parents, height: int, width
 
     The score is ``sum_v unary[v, l_v] - sum_e w_e . Delta(l_c - l_p - r_e)`` with
     ``Delta(dx, dy) = (dx, dx^2, dy, dy^2)``, ``c``/``p`` the child/parent of edge e. O(V H W) work per
-    example. Returns labels ``(B, V)`` long (flat positions) and the best scores ``(B,)``.
+    example. Returns labels ``(B, V)`` long (flat positions) and the best scores ``(B,)``. ``gdt_2d``: the
+    2-D transform to use (default: the torch twin `distance_transform_2d`).
     """
-    op = spatial_level_op(weights, rest, height, width, gdt_1d or distance_transform_1d_torch)
+    op = spatial_level_op(weights, rest, height, width, gdt_2d or distance_transform_2d)
     return tree_max_sum_generic(unary, tree_schedule(parents), op)

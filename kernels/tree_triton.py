@@ -10,12 +10,14 @@ the message sums are shared with the torch twin.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
+from .distance_transform_torch import distance_transform_2d
 from .tree_torch import spatial_level_op, tree_max_sum_generic, tree_schedule
 
 _BLOCK_P = 32
@@ -83,5 +85,6 @@ def spatial_tree_max_sum_triton(unary, weights, rest, parents, height: int, widt
     """Same contract as `tree_torch.spatial_tree_max_sum_torch`, with the Triton 1-D distance transform."""
     from .distance_transform_triton import distance_transform_1d_triton
 
-    op = spatial_level_op(weights, rest, height, width, distance_transform_1d_triton)
+    op = spatial_level_op(weights, rest, height, width,
+                          functools.partial(distance_transform_2d, gdt_1d=distance_transform_1d_triton))
     return tree_max_sum_generic(unary, tree_schedule(parents), op)

@@ -98,7 +98,8 @@ def run(method, args, train, test):
             next_t = max(next_t * args.spacing, t * args.spacing)
         if t >= args.budget:
             break
-    return {"curve": curve, "wall": time.perf_counter() - t_wall}
+    return {"curve": curve, "wall": time.perf_counter() - t_wall, "budget": args.budget, "threads": args.threads,
+            "spacing": args.spacing}
 
 
 def time_to(curve, target):
@@ -223,8 +224,8 @@ def main():
         entry["setup"] = (f"{len(train)} train / {len(test)} test sequences ({train.num_tokens} train tokens), "
                           f"K = {train.num_labels}; GDMM rho = {args.rho}, eta = 1, block-Jacobi batches of "
                           f"{args.batch}, sampled FMO nu = {args.nu}; BCFW B = 1 (the paper's; bcfw-sparse: the same "
-                          "algorithm with sparse transition blocks, scripts/_sparse_chain_bcfw.py); "
-                          f"budget {args.budget:.0f} solver s per method")
+                          "algorithm with sparse transition blocks, scripts/_sparse_chain_bcfw.py); budget: "
+                          "the solver seconds of each run (methods may be run separately, with different budgets)")
         for method in args.methods.split(","):
             if method not in METHODS:
                 raise SystemExit(f"unknown method {method!r}; choose from {METHODS}")

@@ -6,10 +6,12 @@ Per grid (32x32, 64x64, 128x128 positions) and batch size (1, 16, 64; 256 up to 
 ``--repeats`` timed calls after one warm-up, one run on one machine:
 
 - distance transform: ``SpatialTree.max_oracle(pot, target, scale)``, the BCFW oracle (unary + loss, then
-  `kernels.spatial_tree_max_sum`), per backend ("torch"; on CUDA also "triton");
-- brute force: `kernels.tree_max_sum` on the same loss-augmented unaries with explicit shared tables
-  ``(E, HW, HW)`` built from the same quadratic costs, where they fit (``--brute-max-bytes``, and batch 1
-  only from 64x64 up); elsewhere the O((HW)^2) extrapolation from the largest measured grid, marked as such.
+  `kernels.spatial_tree_max_sum`), per backend ("torch", the vectorized twin; on CPU also "numba", the
+  compiled twin that ``backend="auto"`` picks there; on CUDA "triton");
+- brute force: `kernels.tree_max_sum` (torch, and triton on CUDA) on the same loss-augmented unaries with
+  explicit shared tables ``(E, HW, HW)`` built from the same quadratic costs, where they fit
+  (``--brute-max-bytes``, and batch 1 only from 64x64 up); elsewhere the O((HW)^2) extrapolation from the
+  largest measured grid, marked as such.
   Building the tables (once per weight vector, shared by the batch) is timed separately.
 
 Before timing, the script asserts that both give the same labels and values (``torch.equal``) on the
@@ -90,20 +92,21 @@ def augmented_unary(tree, pot, target, scale):
 
 
 def check_exact(tree, pot, target, scale, tables, backend) -> bool:
-    """Distance transforms and brute force agree exactly on the problem rounded to dyadic values."""
+    """Distance transforms and brute force agree exactly on the problem rounded to dyadic values (brute force
+    by the torch twin for the numba backend, which has no explicit-table oracle)."""
     from torchssvm.kernels import spatial_tree_max_sum, tree_max_sum
 
     unary = (augmented_unary(tree, pot, target, scale) * 64).round() / 64
     lab, val = spatial_tree_max_sum(unary, pot.weights, pot.rest, tree.parents, tree.height, tree.width,
                                     backend=backend)
-    ref_lab, ref_val = tree_max_sum(unary, tables, tree.parents, backend=backend)
+    ref_lab, ref_val = tree_max_sum(unary, tables, tree.parents, backend="torch" if backend == "numba" else backend)
     assert torch.equal(lab, ref_lab), f"labels differ at {tree.height}x{tree.width} ({backend})"
     assert torch.equal(val, ref_val), f"values differ at {tree.height}x{tree.width} ({backend})"
     return True
 
 
 def main(argv=None) -> None:
-    from torchssvm.kernels import tree_max_sum, triton_available
+    from torchssvm.kernels import numba_available, tree_max_sum, triton_available
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -120,7 +123,8 @@ def main(argv=None) -> None:
         name = "tree_cuda" if args.device == "cuda" else "tree"
         saved = json.loads((args.out / f"{name}.json").read_text())
         write_report(args.out, name, report_lines(saved["rows"], saved["exact_checks"], saved["meta"],
-                                                  args.device == "cuda", saved["meta"]["backends"]))
+                                                  args.device == "cuda", saved["meta"]["backends"],
+                                                  saved["meta"].get("brute_backends", saved["meta"]["backends"])))
         return
     if args.quick:
         args.grids, args.batches, args.repeats = [16, 32], [1, 4], 1
@@ -129,6 +133,9 @@ def main(argv=None) -> None:
         sys.exit("--device cuda: no CUDA device available")
     device = torch.device(args.device)
     backends = ["torch"] + (["triton"] if cuda and triton_available() else [])
+    brute_backends = list(backends)  # explicit tables: torch and triton
+    if not cuda and numba_available():
+        backends.append("numba")
 
     rows, checks, brute = [], [], {}
     for side in args.grids:
@@ -162,7 +169,7 @@ def main(argv=None) -> None:
                 checks.append({"grid": side, "backend": be, "B": B,
                                "exact_match": check_exact(tree, pot, target, scale, tables, be)})
             unary = augmented_unary(tree, pot, target, scale)
-            for be in backends:
+            for be in brute_backends:
                 s = median_seconds(lambda: tree_max_sum(unary, tables, tree.parents, backend=be),  # noqa: B023
                                    args.repeats if side <= 32 else 1, cuda)
                 row = {"grid": side, "B": B, "method": "brute force", "backend": be,
@@ -173,7 +180,7 @@ def main(argv=None) -> None:
                 print(row, flush=True)
         tables = None
     # extrapolate brute force where it was not run: O((HW)^2) from the largest grid measured at batch 1
-    for be in backends:
+    for be in brute_backends:
         measured = sorted(side for (side, b, bk) in brute if b == 1 and bk == be)
         if not measured:
             continue
@@ -187,16 +194,16 @@ def main(argv=None) -> None:
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     meta = {"machine": cpu_description(), "device": device_name, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "repeats": args.repeats,
-            "backends": backends,
+            "backends": backends, "brute_backends": brute_backends,
             "command": " ".join(["python scripts/bench_tree.py", *(argv if argv is not None else sys.argv[1:])])}
     name = "tree_cuda" if cuda else "tree"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "exact_checks": checks},
                                                       indent=1))
-    write_report(args.out, name, report_lines(rows, checks, meta, cuda, backends))
+    write_report(args.out, name, report_lines(rows, checks, meta, cuda, backends, brute_backends))
 
 
-def report_lines(rows, checks, meta, cuda, backends):
+def report_lines(rows, checks, meta, cuda, backends, brute_backends):
     lines = ["# Pictorial-structure oracle: distance transforms against brute force (26-part pose tree)", "",
              f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}; {meta['threads']} "
              f"threads. Command: `{meta['command']}`. Median of {meta['repeats']} timed calls after one warm-up "
@@ -204,9 +211,9 @@ def report_lines(rows, checks, meta, cuda, backends):
              "image = batch time / batch size. The oracle is loss-augmented decoding (unary + LSP truncated "
              "loss), what BCFW calls once per example.", "",
              "| grid | batch | " + " | ".join(f"DT {be} (ms/image)" for be in backends)
-             + " | " + " | ".join(f"brute force {be} (ms/image)" for be in backends)
-             + " | speed-up (DT torch vs brute torch) |",
-             "|---|---|" + "---|" * (2 * len(backends) + 1)]
+             + " | " + " | ".join(f"brute force {be} (ms/image)" for be in brute_backends)
+             + f" | speed-up (DT {backends[-1]} vs brute torch) |",
+             "|---|---|" + "---|" * (len(backends) + len(brute_backends) + 1)]
 
     def get(side, B, method, be):
         for r in rows:
@@ -219,7 +226,7 @@ def report_lines(rows, checks, meta, cuda, backends):
     for side in grids:
         for B in batches:
             dts = [get(side, B, "distance transform", be) for be in backends]
-            bfs = [get(side, B, "brute force", be) for be in backends]
+            bfs = [get(side, B, "brute force", be) for be in brute_backends]
             if not any(dts):
                 continue
             cells = [f"{r['ms_per_image']:.2f}" if r else "-" for r in dts]
@@ -227,7 +234,7 @@ def report_lines(rows, checks, meta, cuda, backends):
                 cells.append("-" if r is None else f"{r['ms_per_image']:.1f}"
                              + ("" if r["measured"] else f" (extrapolated from {r['extrapolated_from']}x"
                                 f"{r['extrapolated_from']}, x (HW)^2)"))
-            dt0, bf0 = dts[0], bfs[0]
+            dt0, bf0 = dts[-1], bfs[0]
             cells.append(f"{bf0['ms_per_image'] / dt0['ms_per_image']:.1f}x"
                          + ("" if bf0["measured"] else " (est.)") if dt0 and bf0 else "-")
             lines.append(f"| {side}x{side} | {B} | " + " | ".join(cells) + " |")

@@ -32,6 +32,13 @@ def needs_triton():
                               reason="needs triton and TRITON_INTERPRET=1 on CPU")
 
 
+def needs_numba():
+    """Skip tests of the compiled CPU twins where numba is not installed, except in CI (the dev extra has it)."""
+    from torchssvm.kernels import numba_available
+
+    return pytest.mark.skipif(not numba_available() and not os.environ.get("CI"), reason="needs numba")
+
+
 def brute_force_chain(unary, transition, start, end, length, loss=None):
     """Best labelling of one chain by enumerating all K^length labellings, in float64.
 

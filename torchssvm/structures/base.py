@@ -50,6 +50,8 @@ class Structure:
 
     #: names of the potential tensors, in the order of `tensors()` (used in error messages)
     potential_names: Tuple[str, ...] = ()
+    #: whether ``max_oracle`` accepts ``backend="numba"`` (a compiled CPU twin, `torchssvm.kernels`)
+    has_numba_oracle: bool = False
 
     def __init__(self, num_labels: int, class_weights: Optional[torch.Tensor] = None):
         self.num_labels = check_positive_int("num_labels", num_labels, minimum=1)
@@ -81,7 +83,7 @@ class Structure:
         None, backend)``."""
         pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
-        resolve_backend(backend, first.device)
+        resolve_backend(backend, first.device, has_numba=self.has_numba_oracle)
         lw = None
         if target is not None:
             lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)

@@ -143,7 +143,9 @@ class Tree(Structure):
         """``unary + loss_weight * Delta_v(l)``: the loss is decomposable over nodes."""
         if target is None:
             return unary
-        return unary + (self._node_loss_table(target, lengths) * loss_weight.view(-1, 1, 1)).to(unary.dtype)
+        # in place on the fresh float64 table: no extra (B, V, K) buffers; t + unary == unary + t bitwise
+        table = self._node_loss_table(target, lengths).mul_(loss_weight.view(-1, 1, 1))
+        return table.to(unary.dtype).add_(unary)
 
     def _node_loss_table(self, target, lengths) -> torch.Tensor:
         """``(B, V, K)`` float64: the loss of each label at each node given the truth (Hamming)."""
@@ -240,7 +242,8 @@ class SpatialTree(Tree):
 
     with ``c``/``p`` the child/parent of edge e, ``w_e = (w_x, w_xx, w_y, w_yy)`` (``w_xx, w_yy >= 0``: a
     convex deformation cost) and ``r_e`` the child's rest offset from its parent (`SpatialTreePotentials`).
-    Decoding runs max-sum with 2-D generalized distance transforms (`kernels.distance_transform_torch`).
+    Decoding runs max-sum with 2-D generalized distance transforms (`kernels.distance_transform_torch`; on CPU
+    the compiled twin `kernels.distance_transform_numba` when numba is installed).
 
     Args:
         parents: ``(V,)`` parent of each node, -1 for the root.
@@ -252,6 +255,7 @@ class SpatialTree(Tree):
     """
 
     potential_names = ("unary", "weights", "rest")
+    has_numba_oracle = True
 
     def __init__(self, parents: Sequence[int], height: int, width: int, *, loss: str = "truncated"):
         self.height = check_positive_int("height", height)
@@ -348,7 +352,7 @@ class SpatialTree(Tree):
         dy = torch.arange(self.height, device=target.device, dtype=f64) - ty.unsqueeze(2).to(f64)
         d2 = (dx * dx).unsqueeze(2) + (dy * dy).unsqueeze(3)
         s2 = lengths.to(f64).view(-1, 1, 1) ** 2
-        return (d2.view(*target.shape, self.num_labels) / s2).clamp_max_(1.0).div_(self.num_nodes)
+        return d2.view(*target.shape, self.num_labels).div_(s2).clamp_max_(1.0).div_(self.num_nodes)
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
         s = pot.unary.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)

@@ -1,0 +1,256 @@
+"""The generalized distance transform as a compiled CPU loop (numba): the fast CPU twin of
+`distance_transform_torch`.
+
+The torch twin vectorizes over rows and advances every row by one step per Python-level iteration: about 35
+small tensor ops per step, some 4n steps per 1-D pass, so on a CPU its time is per-op overhead and memory
+traffic, not arithmetic. Here one compiled loop runs a row's whole sweep (the envelope, then the read-out),
+the 2-D transform fuses the row pass, the column pass and the composition of the two argmaxes, and rows of
+different images run on different threads (``prange``). The decisions, the arithmetic and its order of
+operations are those of the torch twin and of the Triton kernel (same envelope test by cross-multiplication,
+same value formula ``f[q] - a*d*d - b*d`` with ``d = (p - q) - r``, same ties: smallest q), and numba does not
+contract or reorder float operations without ``fastmath``, so the three agree bitwise; the tests assert it.
+
+float32 and float64 only (numba has no half types); `available()` is False when numba does not import, and
+``backend="auto"`` then keeps the torch twin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:
+    import numba
+except Exception:  # not installed (or broken): backend="auto" keeps the torch twin
+    numba = None
+
+
+def available() -> bool:
+    return numba is not None
+
+
+def _jit(parallel: bool = False):
+    """``numba.njit`` with an on-disk cache (compiled once per machine), or no-op without numba."""
+    if numba is None:
+        return lambda fn: fn
+    return numba.njit(cache=True, nogil=True, parallel=parallel)
+
+
+_prange = numba.prange if numba is not None else range
+
+
+@_jit()
+def _gdt_row(f, a, b, r, out, arg, v, vf):
+    """One row: ``f (n,)`` in, ``out (n,)`` and ``arg (n,)`` written; ``v (n,)`` int64 and ``vf (n,)``
+    scratch (the q's of the envelope's parabolas and their f[q]). Positions are integers; their
+    differences are cast to f's type before use."""
+    n = f.shape[0]
+    dt = f.dtype.type
+    if a == 0:
+        best = 0
+        bestv = f[0] + b * dt(0)
+        for q in range(1, n):
+            val = f[q] + b * dt(q)
+            if val > bestv:  # first maximum, as argmax
+                best, bestv = q, val
+        fb = f[best]
+        for p in range(n):
+            d = dt(p - best) - r
+            out[p] = fb - a * d * d - b * d
+            arg[p] = best
+        return
+    top = 0
+    v[0] = 0
+    vf[0] = f[0]
+    for q in range(1, n):
+        fq = f[q]
+        while top > 0:
+            t = v[top]
+            s = v[top - 1]
+            ft = vf[top]
+            fs = vf[top - 1]
+            qt = dt(q - t)
+            ts = dt(t - s)
+            lhs = a * dt(q - s) * qt * ts
+            rhs = (fq - ft) * ts - (ft - fs) * qt
+            if lhs <= rhs:
+                top -= 1
+            else:
+                break
+        top += 1
+        v[top] = q
+        vf[top] = fq
+    k = 0
+    for p in range(n):
+        q0 = v[k]
+        d0 = dt(p - q0) - r
+        v0 = vf[k] - a * d0 * d0 - b * d0
+        while k < top:
+            q1 = v[k + 1]
+            d1 = dt(p - q1) - r
+            v1 = vf[k + 1] - a * d1 * d1 - b * d1
+            if v1 > v0:
+                k += 1
+                q0, v0 = q1, v1
+            else:
+                break
+        out[p] = v0
+        arg[p] = q0
+
+@_jit(parallel=True)
+def _gdt_1d(f, a, b, r, out, arg):
+    R, n = f.shape
+    for i in _prange(R):
+        v = np.empty(n, dtype=np.int64)
+        vf = np.empty(n, dtype=f.dtype)
+        _gdt_row(f[i], a[i], b[i], r[i], out[i], arg[i], v, vf)
+
+@_jit()
+def _gdt_2d_one(f, ax, bx, rx, ay, by, ry, out, arg, g, argx, col, ocol, acol, v, vf):
+    """One image ``f (H, W)``: the row pass into ``g``/``argx``, the column pass, the flat argmax
+    ``acol * W + argx[acol, x]`` (as `distance_transform_torch.distance_transform_2d`). The other
+    arguments are scratch: ``col, ocol, acol (H,)``, ``v, vf (max(H, W),)``."""
+    H, W = f.shape
+    for y in range(H):
+        _gdt_row(f[y], ax, bx, rx, g[y], argx[y], v, vf)
+    for x in range(W):
+        for y in range(H):
+            col[y] = g[y, x]
+        _gdt_row(col, ay, by, ry, ocol, acol, v, vf)
+        for y in range(H):
+            out[y, x] = ocol[y]
+            arg[y, x] = acol[y] * W + argx[acol[y], x]
+
+@_jit(parallel=True)
+def _gdt_2d(f, ax, bx, rx, ay, by, ry, out, arg):
+    R, H, W = f.shape
+    for i in _prange(R):
+        g = np.empty((H, W), dtype=f.dtype)
+        argx = np.empty((H, W), dtype=np.int64)
+        col, ocol, acol = np.empty(H, dtype=f.dtype), np.empty(H, dtype=f.dtype), np.empty(H, dtype=np.int64)
+        v, vf = np.empty(max(H, W), dtype=np.int64), np.empty(max(H, W), dtype=f.dtype)
+        _gdt_2d_one(f[i], ax[i], bx[i], rx[i], ay[i], by[i], ry[i], out[i], arg[i],
+                   g, argx, col, ocol, acol, v, vf)
+
+@_jit(parallel=True)
+def _spatial_tree(unary, weights, rest, order, edge_child, edge_parent, child_ptr, child_edges, root,
+                 labels, value):
+    """Max-sum on a pictorial-structure tree, one image per iteration of the parallel loop.
+
+    ``unary (B, V, H, W)``, ``weights (B, E, 4)``, ``rest (E, 2)``; ``order (E,)``: the edges, children's
+    levels first (`tree_torch.TreeSchedule.levels`); node v's child edges, increasing, are
+    ``child_edges[child_ptr[v]:child_ptr[v + 1]]``. Writes ``labels (B, V)`` and ``value (B,)``. A
+    node's belief is its unary plus its children's messages in increasing edge order, and the root's
+    label is its belief's first maximum, as in `tree_torch.tree_max_sum_generic`."""
+    B, V, H, W = unary.shape
+    E = order.shape[0]
+    for i in _prange(B):
+        msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
+        args = np.empty((max(E, 1), H, W), dtype=np.int64)
+        bel = np.empty((H, W), dtype=unary.dtype)
+        g = np.empty((H, W), dtype=unary.dtype)
+        argx = np.empty((H, W), dtype=np.int64)
+        col, ocol, acol = np.empty(H, dtype=unary.dtype), np.empty(H, dtype=unary.dtype), np.empty(H, np.int64)
+        v, vf = np.empty(max(H, W), dtype=np.int64), np.empty(max(H, W), dtype=unary.dtype)
+        for j in range(E + 1):
+            node = root if j == E else edge_child[order[j]]
+            for y in range(H):
+                for x in range(W):
+                    bel[y, x] = unary[i, node, y, x]
+            for c in range(child_ptr[node], child_ptr[node + 1]):
+                m = msgs[child_edges[c]]
+                for y in range(H):
+                    for x in range(W):
+                        bel[y, x] = bel[y, x] + m[y, x]
+            if j == E:
+                break
+            e = order[j]
+            w = weights[i, e]
+            # cost w . (dx, dx^2, dy, dy^2), d = l_c - l_p - r: a = w_quadratic, b = -w_linear, r = -rest
+            _gdt_2d_one(bel, w[1], -w[0], -rest[e, 0], w[3], -w[2], -rest[e, 1], msgs[e], args[e],
+                       g, argx, col, ocol, acol, v, vf)
+        best = 0
+        bestv = bel[0, 0]
+        for k in range(1, H * W):
+            if bel[k // W, k % W] > bestv:  # first maximum, as torch.max
+                best, bestv = k, bel[k // W, k % W]
+        value[i] = bestv
+        labels[i, root] = best
+        for j in range(E - 1, -1, -1):
+            e = order[j]
+            lp = labels[i, edge_parent[e]]
+            labels[i, edge_child[e]] = args[e, lp // W, lp % W]
+
+
+def _threads():
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _params(f, *ps):
+    return [p.detach().to(f.dtype).contiguous().numpy() for p in ps]
+
+
+def _check(f):
+    if f.device.type != "cpu":
+        raise ValueError(f"backend='numba' runs on CPU tensors, got f on {f.device}")
+    if f.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"backend='numba' needs float32 or float64, got f of {f.dtype}")
+
+
+def distance_transform_1d_numba(f: torch.Tensor, a: torch.Tensor, b: torch.Tensor, r: torch.Tensor):
+    """Same contract as `distance_transform_torch.distance_transform_1d_torch`: ``f (R, n)``, ``a, b, r (R,)``,
+    ``a >= 0`` (not checked here); returns ``out (R, n)`` and ``arg (R, n)`` long. CPU, float32 or float64."""
+    _check(f)
+    R, n = f.shape
+    out = f.new_empty(R, n)
+    arg = torch.empty(R, n, dtype=torch.long)
+    if R == 0 or n == 0:
+        return out, arg
+    _threads()
+    fn = f.detach().contiguous().numpy()
+    _gdt_1d(fn, *_params(f, a, b, r), out.numpy(), arg.numpy())
+    return out, arg
+
+
+def distance_transform_2d_numba(f: torch.Tensor, ax, bx, rx, ay, by, ry):
+    """Same contract as `distance_transform_torch.distance_transform_2d`: ``f (R, H, W)``, per-row
+    parameters ``(R,)``; returns ``out (R, H, W)`` and the flat argmax ``arg (R, H, W)`` long. The row pass,
+    the column pass and the argmax composition run in one compiled call."""
+    _check(f)
+    R, H, W = f.shape
+    out = f.new_empty(R, H, W)
+    arg = torch.empty(R, H, W, dtype=torch.long)
+    if R == 0 or H == 0 or W == 0:
+        return out, arg
+    _threads()
+    fn = f.detach().contiguous().numpy()
+    _gdt_2d(fn, *_params(f, ax, bx, rx, ay, by, ry), out.numpy(), arg.numpy())
+    return out, arg
+
+
+def spatial_tree_max_sum_numba(unary, weights, rest, parents, height: int, width: int):
+    """Same contract as `tree_torch.spatial_tree_max_sum_torch`, the whole tree in one compiled call (messages,
+    argmaxes and backtracking per image, images in parallel), bitwise equal to it. CPU, float32 or float64."""
+    from .tree_torch import tree_schedule
+
+    _check(unary)
+    sched = tree_schedule(parents)
+    B, V, K = unary.shape
+    E = V - 1
+    dt = unary.dtype
+    labels = torch.empty(B, V, dtype=torch.long)
+    value = unary.new_empty(B)
+    if B == 0:
+        return labels, value
+    order = np.array([e for level in sched.levels for e in level], dtype=np.int64)
+    ptr = np.zeros(V + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(c) for c in sched.child_edges])
+    kids = np.array([e for c in sched.child_edges for e in c], dtype=np.int64)
+    w = weights.detach().to(dt)
+    w = (w if w.dim() == 3 else w.unsqueeze(0)).expand(B, E, 4).contiguous()
+    _threads()
+    _spatial_tree(unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),
+                  rest.detach().to(dt).contiguous().numpy(), order,
+                  np.array(sched.edge_child, dtype=np.int64), np.array(sched.edge_parent, dtype=np.int64),
+                  ptr, kids, sched.root, labels.numpy(), value.numpy())
+    return labels, value
