@@ -148,7 +148,10 @@ def report(results: dict) -> None:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for method, r in runs.items():
             c = r["curve"]
-            lines.append(f"| {method} | {curve_cells(c, best, (25, 50))} | {_gdmm_sizes(c[-1])} |")
+            label = method  # runs made separately may differ from the entry's thread count
+            if r.get("threads") and not entry["machine"].endswith(f", {r['threads']} threads"):
+                label += f" ({r['threads']} threads)"
+            lines.append(f"| {label} | {curve_cells(c, best, (25, 50))} | {_gdmm_sizes(c[-1])} |")
         bcfw = "bcfw" if "bcfw" in runs else "bcfw-sparse"
         base = time_to(runs[bcfw]["curve"], best * 1.01) if bcfw in runs else None
         g = time_to(runs["gdmm-sampled"]["curve"], best * 1.01) if "gdmm-sampled" in runs else None

@@ -1,11 +1,12 @@
 """The compiled CPU twin (numba) of the distance transforms and of max-sum on spatial trees: bitwise equal to
 the torch twin (values and argmaxes, float32 and float64, ties, a = 0 rows), against brute force, on the
-26-part pose tree through `SpatialTree.max_oracle`, and the backend rules (auto picks it on CPU, errors)."""
+26-part pose tree through `SpatialTree.max_oracle`, and the backend rules (auto picks it on CPU, errors).
+Enumeration over whole tiny trees: `test_tree.test_spatial_tree_matches_enumeration_tiny` (both backends)."""
 
 import pytest
 import torch
 from conftest import needs_numba
-from test_tree import SHAPES, brute_force_gdt, brute_force_tree, draw, random_spatial, spatial_tables
+from test_tree import SHAPES, brute_force_gdt, draw, random_spatial
 from torchssvm.kernels import (
     distance_transform_1d,
     distance_transform_2d,
@@ -80,16 +81,6 @@ def test_spatial_tree_equals_torch(dtype, shape, shared):
         ref = spatial_tree_max_sum(u, weights, rest, parents, H, W, backend="torch")
         out = spatial_tree_max_sum(u, weights, rest, parents, H, W, backend="numba")
         assert same(out, ref)
-
-
-def test_spatial_tree_matches_enumeration():
-    parents, H, W = [-1, 0, 0, 1], 2, 3
-    g = torch.Generator().manual_seed(6)
-    unary, weights, rest = random_spatial(g, 4, parents, H, W)
-    labels, value = spatial_tree_max_sum(unary, weights, rest, parents, H, W, backend="numba")
-    for b in range(4):
-        y, v = brute_force_tree(unary[b], spatial_tables(weights[b], rest, parents, H, W), parents)
-        assert labels[b].tolist() == y and float(value[b]) == v
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import needs_triton
+from conftest import needs_numba, needs_triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchssvm.kernels import (
@@ -188,11 +188,13 @@ def test_spatial_tree_matches_explicit_tables(shape, shared):
         assert torch.equal(labels[b], ref_labels[0]) and float(value[b]) == float(ref_value[0])
 
 
-def test_spatial_tree_matches_enumeration_tiny():
-    parents, H, W = [-1, 0, 0], 2, 3
-    g = torch.Generator().manual_seed(5)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
+@pytest.mark.parametrize("parents", [[-1, 0, 0], [-1, 0, 0, 1]])
+def test_spatial_tree_matches_enumeration_tiny(backend, parents):
+    H, W = 2, 3
+    g = torch.Generator().manual_seed(5 + len(parents))
     unary, weights, rest = random_spatial(g, 4, parents, H, W)
-    labels, value = spatial_tree_max_sum(unary, weights, rest, parents, H, W, backend="torch")
+    labels, value = spatial_tree_max_sum(unary, weights, rest, parents, H, W, backend=backend)
     for b in range(4):
         y, v = brute_force_tree(unary[b], spatial_tables(weights[b], rest, parents, H, W), parents)
         assert labels[b].tolist() == y and float(value[b]) == v

@@ -66,6 +66,39 @@ def _first_free(idx_row):
 
 
 @_jit
+def _append(idx, val, g, cap, slots, n, new, g_new):
+    """Put ``new`` (gradient ``g_new``, value 0, cap 0) into the first free slot of the row, keeping ``slots[:n]``
+    increasing (the tensor code's order). Returns the new active count, or -1 if the row is full (untouched)."""
+    j = _first_free(idx)
+    if j < 0:
+        return -1
+    idx[j] = new
+    val[j] = 0.0
+    g[j] = g_new
+    cap[j] = 0.0
+    ins = n
+    while ins > 0 and slots[ins - 1] > j:
+        slots[ins] = slots[ins - 1]
+        ins -= 1
+    slots[ins] = j
+    return n + 1
+
+
+@_jit
+def _max_shared(idx, slots, n, K, by_row, cnt):
+    """The largest number of active pairs ``k1 K + k2`` sharing one row k1 (``by_row``) or one column k2.
+    ``cnt (K,)``: zeros in and out."""
+    m = 0
+    for a in range(n):
+        cnt[idx[slots[a]] // K if by_row else idx[slots[a]] % K] += 1
+    for a in range(n):
+        m = max(m, cnt[idx[slots[a]] // K if by_row else idx[slots[a]] % K])
+    for a in range(n):
+        cnt[idx[slots[a]] // K if by_row else idx[slots[a]] % K] = 0
+    return m
+
+
+@_jit
 def _add_test(g, val, cap, slots, n, g_new):
     """A new coordinate helps when its gradient exceeds that of an active one with room to grow
     (`GDMM._add_test`)."""
@@ -185,20 +218,9 @@ def token_pass(order, start, uidx, uval, bidx, bval, W, v, lam_L, lam_R, x_ids, 
                 inact[uidx[t, j]] = False
         inact[yt] = False
         if _add_test(g, uval[t], cap, slots, n, g_new):
-            j = _first_free(uidx[t])
-            if j < 0:
+            n = _append(uidx[t], uval[t], g, cap, slots, n, k_new, g_new)
+            if n < 0:
                 return pos
-            uidx[t, j] = k_new
-            uval[t, j] = 0.0
-            g[j] = g_new
-            cap[j] = 0.0
-            # keep slots increasing (the tensor code's order)
-            ins = n
-            while ins > 0 and slots[ins - 1] > j:
-                slots[ins] = slots[ins - 1]
-                ins -= 1
-            slots[ins] = j
-            n += 1
         Q = x_sqnorm[t] + rho * deg[t] + 1e-12
         _prox(uval[t], g, slots, n, Q, C, d, u, newv, b, srt)
         for a in range(x_ids.shape[1]):
@@ -264,34 +286,12 @@ def edge_pass(order, start, uidx, uval, bidx, bval, v, lam_L, lam_R, edge_left, 
             if bidx[e, j] >= 0:
                 excl[bidx[e, j]] = False
         if p_new >= 0 and _add_test(g, bval[e], cap, slots, n, g_new):
-            j = _first_free(bidx[e])
-            if j < 0:
+            n = _append(bidx[e], bval[e], g, cap, slots, n, p_new, g_new)
+            if n < 0:
                 return pos
-            bidx[e, j] = p_new
-            bval[e, j] = 0.0
-            g[j] = g_new
-            cap[j] = 0.0
-            ins = n
-            while ins > 0 and slots[ins - 1] > j:
-                slots[ins] = slots[ins - 1]
-                ins -= 1
-            slots[ins] = j
-            n += 1
         # Q = 1 + rho (max pairs sharing a row + max pairs sharing a column), over the active set
-        rmax = 0
-        for a in range(n):
-            cnt[bidx[e, slots[a]] // K] += 1
-        for a in range(n):
-            rmax = max(rmax, cnt[bidx[e, slots[a]] // K])
-        for a in range(n):
-            cnt[bidx[e, slots[a]] // K] = 0
-        cmax = 0
-        for a in range(n):
-            cnt[bidx[e, slots[a]] % K] += 1
-        for a in range(n):
-            cmax = max(cmax, cnt[bidx[e, slots[a]] % K])
-        for a in range(n):
-            cnt[bidx[e, slots[a]] % K] = 0
+        rmax = _max_shared(bidx[e], slots, n, K, True, cnt)
+        cmax = _max_shared(bidx[e], slots, n, K, False, cnt)
         Q = 1.0 + rho * (rmax + cmax)
         _prox(bval[e], g, slots, n, Q, C, d, u, newv, b, srt)
         for s in range(n):
