@@ -19,24 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-try:
-    import numba
-except Exception:  # not installed (or broken): backend="auto" keeps the torch twin
-    numba = None
+from . import _numba
+from ._numba import jit as _jit
+from ._numba import prange as _prange
 
 
 def available() -> bool:
-    return numba is not None
-
-
-def _jit(parallel: bool = False):
-    """``numba.njit`` with an on-disk cache (compiled once per machine), or no-op without numba."""
-    if numba is None:
-        return lambda fn: fn
-    return numba.njit(cache=True, nogil=True, parallel=parallel)
-
-
-_prange = numba.prange if numba is not None else range
+    return _numba.available()
 
 
 @_jit()
@@ -183,7 +172,8 @@ def _spatial_tree(unary, weights, rest, order, edge_child, edge_parent, child_pt
 
 
 def _threads():
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    nb = _numba.numba
+    nb.set_num_threads(max(1, min(torch.get_num_threads(), nb.config.NUMBA_NUM_THREADS)))
 
 
 def _params(f, *ps):

@@ -80,29 +80,39 @@ def primal_of(solver, model) -> float:
     return solver.duality_gap()["primal"]
 
 
-def run(method, args, train, test):
-    model, st, solver = make(method, args, train)
+def checkpointed(solver, args, evaluate, keys, label: str):
+    """Step ``solver`` until ``args.budget`` solver seconds. After a step that crosses the next checkpoint
+    (``args.first``, then spaced by ``args.spacing``) record ``{"time", **evaluate()}`` (primal, test error: not
+    timed) and the step report's ``keys``, and print it. Shared by the GDMM benchmarks. Returns (curve, wall s)."""
     curve, next_t = [], args.first
-    t_wall = time.perf_counter()
+    wall = time.perf_counter()
     while True:
         r = solver.step()
         t = solver.seconds
         if t >= next_t or t >= args.budget:
-            P = primal_of(solver, model)
-            err = evaluate_chain(model, st, test, backend="torch")["token_error"]
-            point = {"time": t, "primal": P, "test_error": err}
-            for key in ("infeasibility", "active_unigram", "active_bigram", "visits_unigram", "visits_bigram",
-                        "passes"):
-                if r.get(key) is not None:
-                    point[key] = r[key]
+            point = {"time": t, **evaluate()}
+            if isinstance(r, dict):
+                point.update((k, r[k]) for k in keys if r.get(k) is not None)
             curve.append(point)
-            print(f"  {method:13s} t={t:8.1f}s  P={P:.6g}  test err={err:.4f}"
-                  + (f"  infeas={r['infeasibility']:.2e} |A|={r['active_unigram']:.1f}/{r['active_bigram']:.1f}"
-                     if "infeasibility" in r else ""), flush=True)
+            print(f"  {label:13s} t={t:8.1f}s  P={point['primal']:.6g}  test err={point['test_error']:.4f}"
+                  + (f"  infeas={point['infeasibility']:.2e} |A|={point['active_unigram']:.1f}/"
+                     f"{point['active_bigram']:.1f}" if "infeasibility" in point else ""), flush=True)
             next_t = max(next_t * args.spacing, t * args.spacing)
         if t >= args.budget:
             break
-    return {"curve": curve, "wall": time.perf_counter() - t_wall, "budget": args.budget, "threads": args.threads,
+    return curve, time.perf_counter() - wall
+
+
+def run(method, args, train, test):
+    model, st, solver = make(method, args, train)
+
+    def evaluate():
+        return {"primal": primal_of(solver, model),
+                "test_error": evaluate_chain(model, st, test, backend="torch")["token_error"]}
+
+    curve, wall = checkpointed(solver, args, evaluate, ("infeasibility", "active_unigram", "active_bigram",
+                                                        "visits_unigram", "visits_bigram", "passes"), method)
+    return {"curve": curve, "wall": wall, "budget": args.budget, "threads": args.threads,
             "spacing": args.spacing, "batch": args.batch, "rho": args.rho}
 
 
@@ -185,6 +195,12 @@ def report(results: dict) -> None:
 
 
 def plot(name, runs, best):
+    plot_curves(OUT / f"gdmm_{name}.png", runs, name)
+
+
+def plot_curves(path, runs, title, *, offset=0.0, primal_label="primal objective", error_label="test token error"):
+    """Primal objective (minus ``offset``, log-log) and test error against solver time, one line per run;
+    shared by the GDMM benchmarks. Skipped without matplotlib."""
     try:
         import matplotlib
 
@@ -196,16 +212,16 @@ def plot(name, runs, best):
     for method, r in runs.items():
         c = r["curve"]
         t = [p["time"] for p in c]
-        ax[0].loglog(t, [p["primal"] for p in c], marker=".", label=method)  # (best - 1 would dive at the best)
+        ax[0].loglog(t, [p["primal"] - offset for p in c], marker=".", label=method)
         ax[1].semilogx(t, [p["test_error"] for p in c], marker=".", label=method)
     ax[0].set_xlabel("solver seconds")
-    ax[0].set_ylabel("primal objective")
+    ax[0].set_ylabel(primal_label)
     ax[1].set_xlabel("solver seconds")
-    ax[1].set_ylabel("test token error")
+    ax[1].set_ylabel(error_label)
     ax[0].legend()
-    ax[0].set_title(name)
+    ax[0].set_title(title)
     fig.tight_layout()
-    fig.savefig(OUT / f"gdmm_{name}.png", dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 

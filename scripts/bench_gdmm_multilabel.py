@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_machine import cpu_description  # noqa: E402
-from bench_gdmm import curve_cells  # noqa: E402
+from bench_gdmm import checkpointed, curve_cells, plot_curves  # noqa: E402
 
 import torchssvm as ts  # noqa: E402
 from torchssvm.optim import BCFW, GDMM, SSG, MultiLabelProblem  # noqa: E402
@@ -62,26 +61,14 @@ def hamming_error(problem, test: MultiLabelProblem) -> float:
 def run(method, args, train, test, structure):
     problem, solver = make(method, args, train, structure)
     lam = 1.0 / problem.n
-    curve, next_t = [], args.first
-    wall = time.perf_counter()
-    while True:
-        r = solver.step()
-        t = solver.seconds
-        if t >= next_t or t >= args.budget:
-            P = problem.primal(problem.weight.to(torch.float64), lam)
-            err = hamming_error(problem, test)
-            point = {"time": t, "primal": P, "test_error": err}
-            for key in ("infeasibility", "active_unigram", "active_bigram", "visits_bigram", "dual"):
-                if isinstance(r, dict) and r.get(key) is not None:
-                    point[key] = r[key]
-            curve.append(point)
-            extra = (f"  infeas={r['infeasibility']:.2e} |A|={r['active_unigram']:.1f}/{r['active_bigram']:.1f}"
-                     if isinstance(r, dict) and "infeasibility" in r else "")
-            print(f"  {method:12s} t={t:7.1f}s  P={P:.6g}  test Hamming err={err:.4f}{extra}", flush=True)
-            next_t = max(next_t * args.spacing, t * args.spacing)
-        if t >= args.budget:
-            break
-    return {"curve": curve, "wall": time.perf_counter() - wall}
+
+    def evaluate():
+        return {"primal": problem.primal(problem.weight.to(torch.float64), lam),
+                "test_error": hamming_error(problem, test)}
+
+    curve, wall = checkpointed(solver, args, evaluate, ("infeasibility", "active_unigram", "active_bigram",
+                                                        "visits_bigram", "dual"), method)
+    return {"curve": curve, "wall": wall}
 
 
 def report(entry: dict) -> None:
@@ -100,27 +87,8 @@ def report(entry: dict) -> None:
         lines.append(f"| {method} | {curve_cells(c, best, (10, 30))} | {act} |")
     lines += ["", "![yeast](gdmm_multilabel_yeast.png)", ""]
     (OUT / "gdmm_multilabel.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    for method, r in runs.items():
-        t = [p["time"] for p in r["curve"]]
-        ax[0].loglog(t, [p["primal"] - best + 1e-4 * best for p in r["curve"]], marker=".", label=method)
-        ax[1].semilogx(t, [p["test_error"] for p in r["curve"]], marker=".", label=method)
-    ax[0].set_xlabel("solver seconds")
-    ax[0].set_ylabel("primal - best + 1e-4 best")
-    ax[1].set_xlabel("solver seconds")
-    ax[1].set_ylabel("test Hamming error")
-    ax[0].legend()
-    ax[0].set_title("yeast, fully connected pairwise, C = 1")
-    fig.tight_layout()
-    fig.savefig(OUT / "gdmm_multilabel_yeast.png", dpi=90)
-    plt.close(fig)
+    plot_curves(OUT / "gdmm_multilabel_yeast.png", runs, "yeast, fully connected pairwise, C = 1",
+                offset=best - 1e-4 * best, primal_label="primal - best + 1e-4 best", error_label="test Hamming error")
 
 
 def main():

@@ -8,6 +8,7 @@ import torch
 from conftest import needs_numba
 from test_tree import SHAPES, brute_force_gdt, draw, random_spatial
 from torchssvm.kernels import (
+    _numba,
     distance_transform_1d,
     distance_transform_2d,
     resolve_backend,
@@ -110,7 +111,7 @@ def test_backend_rules(monkeypatch):
         chain.max_oracle(ChainPotentials(torch.zeros(1, 2, 3), torch.zeros(3, 3)), backend="numba")
     with pytest.raises(ValueError, match="float32 or float64"):
         dtn.distance_transform_1d_numba(torch.zeros(2, 3, dtype=torch.bfloat16), *torch.zeros(3, 2))
-    monkeypatch.setattr(dtn, "numba", None)  # as without numba installed
+    monkeypatch.setattr(_numba, "numba", None)  # as without numba installed
     assert resolve_backend("auto", cpu, has_numba=True) == "torch"
     with pytest.raises(RuntimeError, match="numba"):
         resolve_backend("numba", cpu, has_numba=True)

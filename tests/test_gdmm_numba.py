@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from conftest import needs_numba
+from torchssvm.kernels import _numba
 
 import torchssvm as ts
 from torchssvm.optim import GDMM
@@ -142,7 +143,7 @@ def test_engine_rules(monkeypatch):
         GDMM(_model(K, D), data, batch_size=2, engine="numba")
     with pytest.raises(ValueError, match="engine='numba'"):
         GDMM(_model(K, D), data, batch_size=1, fmo="sampled", nu=2, engine="numba")
-    monkeypatch.setattr(gn, "numba", None)  # as without numba installed
+    monkeypatch.setattr(_numba, "numba", None)  # as without numba installed
     assert GDMM(_model(K, D), data, batch_size=1).engine == "torch"
     with pytest.raises(RuntimeError, match="numba"):
         GDMM(_model(K, D), data, batch_size=1, engine="numba")

@@ -304,6 +304,13 @@ class GDMM:
 
     # -- active sets ----------------------------------------------------------------------------
     @staticmethod
+    def _pad(idx, val, pad: int, *more):
+        """``pad`` free slots (index -1, value 0) appended to padded active sets ``idx, val`` and zero columns
+        to each of ``more``; returns them in the same order."""
+        return (torch.cat([idx, idx.new_full((idx.shape[0], pad), -1)], 1),
+                *(torch.cat([t, t.new_zeros(t.shape[0], pad)], 1) for t in (val, *more)))
+
+    @staticmethod
     def _append(idx, val, g, new, new_g, add):
         """Put ``new[b]`` (gradient ``new_g[b]``) into the first free slot of rows with ``add``; widens the
         local ``(B, c)`` tensors when a row is full. Returns the updated ``idx, val, g``."""
@@ -311,10 +318,7 @@ class GDMM:
             return idx, val, g
         free = idx < 0
         if bool((add & ~free.any(1)).any()):
-            pad = max(1, idx.shape[1])  # double the width
-            idx = torch.cat([idx, idx.new_full((idx.shape[0], pad), -1)], 1)
-            val = torch.cat([val, val.new_zeros(val.shape[0], pad)], 1)
-            g = torch.cat([g, g.new_zeros(g.shape[0], pad)], 1)
+            idx, val, g = GDMM._pad(idx, val, max(1, idx.shape[1]), g)  # double the width
             free = idx < 0
         slot = free.to(torch.int8).argmax(1)
         rows = add.nonzero(as_tuple=True)[0]
@@ -327,13 +331,9 @@ class GDMM:
         (the truth, in slot 0 from the start, stays)."""
         I, V = getattr(self, which + "idx"), getattr(self, which + "val")
         if idx.shape[1] > I.shape[1]:
-            pad = idx.shape[1] - I.shape[1]
-            I = torch.cat([I, I.new_full((I.shape[0], pad), -1)], 1)
-            V = torch.cat([V, V.new_zeros(V.shape[0], pad)], 1)
+            I, V = self._pad(I, V, idx.shape[1] - I.shape[1])
         elif idx.shape[1] < I.shape[1]:
-            pad = I.shape[1] - idx.shape[1]
-            idx = torch.cat([idx, idx.new_full((idx.shape[0], pad), -1)], 1)
-            val = torch.cat([val, val.new_zeros(val.shape[0], pad)], 1)
+            idx, val = self._pad(idx, val, I.shape[1] - idx.shape[1])
         drop = (idx >= 0) & (val.abs() <= self.drop_tol)
         drop[:, 0] = False
         idx = idx.masked_fill(drop, -1)
@@ -538,9 +538,9 @@ class GDMM:
     def _widen(self, which: str) -> None:
         """Double the width of the padded active sets ``which`` ("u" or "b"), as `_append` does."""
         I, V = getattr(self, which + "idx"), getattr(self, which + "val")
-        pad = max(1, I.shape[1])
-        setattr(self, which + "idx", torch.cat([I, I.new_full((I.shape[0], pad), -1)], 1))
-        setattr(self, which + "val", torch.cat([V, V.new_zeros(V.shape[0], pad)], 1))
+        I, V = self._pad(I, V, max(1, I.shape[1]))
+        setattr(self, which + "idx", I)
+        setattr(self, which + "val", V)
 
     def _active_sizes(self) -> dict:
         return {"active_unigram": float((self.uidx >= 0).sum()) / max(1, self.N),

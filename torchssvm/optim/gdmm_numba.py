@@ -22,18 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    import numba
-except Exception:  # not installed: GDMM keeps its tensor code
-    numba = None
+from ..kernels import _numba
+
+_jit = _numba.jit()
 
 
 def available() -> bool:
-    return numba is not None
-
-
-def _jit(fn):
-    return fn if numba is None else numba.njit(cache=True, nogil=True)(fn)
+    return _numba.available()
 
 
 @_jit

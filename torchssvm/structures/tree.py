@@ -148,7 +148,8 @@ class Tree(Structure):
         return table.to(unary.dtype).add_(unary)
 
     def _node_loss_table(self, target, lengths) -> torch.Tensor:
-        """``(B, V, K)`` float64: the loss of each label at each node given the truth (Hamming)."""
+        """``(B, V, K)`` float64: the loss of each label at each node given the truth (Hamming). A fresh tensor:
+        `_augmented_unary` modifies it in place, so overrides must return a fresh tensor too."""
         w = self._node_weights(target)
         wrong = torch.ones(*target.shape, self.num_labels, dtype=torch.float64, device=target.device)
         return wrong.scatter_(2, target.unsqueeze(2), 0.0) * w.unsqueeze(2)

@@ -1,0 +1,26 @@
+"""numba, when installed: the compiled CPU twins (`distance_transform_numba`, `torchssvm.optim.gdmm_numba`).
+
+``numba`` is None when it does not import; the twins' functions are then plain Python and ``available()``
+is False, so ``"auto"`` choices keep the torch code.
+"""
+
+from __future__ import annotations
+
+try:
+    import numba
+except Exception:  # not installed (or broken)
+    numba = None
+
+
+def available() -> bool:
+    return numba is not None
+
+
+def jit(parallel: bool = False):
+    """``numba.njit`` with an on-disk cache (compiled once per machine), or a no-op without numba."""
+    if numba is None:
+        return lambda fn: fn
+    return numba.njit(cache=True, nogil=True, parallel=parallel)
+
+
+prange = numba.prange if numba is not None else range
