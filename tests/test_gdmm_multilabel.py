@@ -55,9 +55,10 @@ def test_sequential_reaches_the_bcfw_optimum_at_a_linear_rate(optima, edges):
     assert infeas[299] <= 0.02 * infeas[59]
 
 
-def test_block_jacobi_sampled_and_fully_corrective_modes_reach_the_same_optimum(optima):
+def test_block_jacobi_sampled_and_exact_modes_reach_the_same_optimum(optima):
     P = optima["full"]
-    for kw in ({"batch_size": 6}, {"fmo": "sampled", "nu": 2}, {"pair_steps": 4}):
+    for kw in ({"batch_size": 6}, {"fmo": "sampled", "nu": 2}, {"bigram_update": "exact"},
+               {"bigram_update": "exact", "batch_size": 6}, {"pair_steps": 4}):
         g = GDMM(_problem(), C=1.0, rho=0.1, primal_every=0, **kw)
         g.fit(max_iter=200)
         assert abs(g.primal_objective() - P) <= 2e-3 * P, kw
@@ -75,9 +76,9 @@ def test_soft_bcfw_plateaus_above_the_optimum(optima):
     assert -L[-1] > P * (1 + 1e-3)
 
 
-@pytest.mark.parametrize("batch_size", [1, 5])
-def test_invariants_and_monotone_lagrangian(batch_size):
-    g = GDMM(_problem(seed=1), C=0.7, rho=0.5, batch_size=batch_size, primal_every=0)
+@pytest.mark.parametrize("batch_size, update", [(1, "step"), (5, "step"), (1, "exact"), (5, "exact")])
+def test_invariants_and_monotone_lagrangian(batch_size, update):
+    g = GDMM(_problem(seed=1), C=0.7, rho=0.5, batch_size=batch_size, primal_every=0, bigram_update=update)
     for _ in range(3):
         L0 = g.lagrangian()
         for update in (g._update_unigrams, g._update_pairs):
@@ -167,6 +168,8 @@ def test_reports_primal_and_writer():
     ({"rho": 0}, "rho must be"), ({"fmo": "x"}, "fmo must be"), ({"bigram_search": "index"}, "chains only"),
     ({"structure": MultiLabel(K)}, "structure must be None"), ({"batch_size": 0}, "batch_size must be"),
     ({"pair_steps": 0}, "pair_steps must be"), ({"backend": "triton"}, "chains only"),
+    ({"pair_steps": 2, "bigram_update": "exact"}, "needs bigram_update=.step."),
+    ({"bigram_update": "lbfgs"}, "bigram_update must be"),
 ])
 def test_errors(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -4,6 +4,7 @@ up), widening of full active sets, and the engine rules."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import needs_numba
@@ -45,9 +46,10 @@ def _sparse_data(n=8, T=6, Dv=9, K=5, seed=0):
     return ts.data.SequenceDataset(x, y, lengths, num_labels=K, num_features=Dv), Dv, K
 
 
-@pytest.mark.parametrize("kind", ["dense", "sparse"])
+@pytest.mark.parametrize("kind, update", [("dense", "exact"), ("sparse", "exact"), ("dense", "step"),
+                                          ("sparse", "step")])
 @pytest.mark.parametrize("C, rho", [(1.0, 1.0), (0.3, 0.2)])
-def test_same_iterates_as_the_tensor_code(kind, C, rho):
+def test_same_iterates_as_the_tensor_code(kind, update, C, rho):
     if kind == "dense":
         K, D = 6, 4
         data = ts.data.synthetic_chain("train", n=7, num_labels=K, num_features=D, max_length=6, seed=2)
@@ -58,7 +60,8 @@ def test_same_iterates_as_the_tensor_code(kind, C, rho):
     st = Chain(K, normalize=False)
     runs = {}
     for engine in ("torch", "numba"):
-        g = GDMM(make(), data, C=C, rho=rho, structure=st, batch_size=1, primal_every=0, engine=engine)
+        g = GDMM(make(), data, C=C, rho=rho, structure=st, batch_size=1, primal_every=0, engine=engine,
+                 bigram_update=update)
         assert g.engine == engine
         reports = [g.step() for _ in range(6)]
         runs[engine] = (g, reports)
@@ -70,6 +73,8 @@ def test_same_iterates_as_the_tensor_code(kind, C, rho):
         assert math.isclose(x["dual"], y["dual"], rel_tol=1e-10, abs_tol=1e-12)
         assert math.isclose(x["infeasibility"], y["infeasibility"], rel_tol=1e-8, abs_tol=1e-12)
         assert x["visits_unigram"] == y["visits_unigram"] and x["visits_bigram"] == y["visits_bigram"]
+        assert x["inner_bigram"] == y["inner_bigram"]  # the same face changes
+        assert (x["inner_bigram"] > 1) == (update == "exact")
     assert torch.equal(a.generator.get_state(), b.generator.get_state())  # the same permutations were drawn
     assert a.uidx.shape[1] > 1 and a.bidx.shape[1] > 1  # the active sets grew (and were widened)
     b._write_model()
@@ -88,14 +93,16 @@ def _call_token(g, t):
 def _call_edge(g, e):
     return gn.edge_pass(torch.tensor([e]).numpy(), 0, g.uidx.numpy(), g.uval.numpy(), g.bidx.numpy(),
                         g.bval.numpy(), g.v.numpy(), g.lam_L.numpy(), g.lam_R.numpy(), g.edge_left.numpy(),
-                        g.edge_right.numpy(), g.ybig.numpy(), g.C, g.rho, g.drop_tol)
+                        g.edge_right.numpy(), g.ybig.numpy(), g.C, g.rho, g.drop_tol, g.bigram_update == "exact",
+                        np.zeros(1, dtype=np.int64))
 
 
-def test_every_factor_update_lowers_the_lagrangian_and_widening_resumes():
+@pytest.mark.parametrize("update", ["step", "exact"])
+def test_every_factor_update_lowers_the_lagrangian_and_widening_resumes(update):
     K, D = 5, 3
     data = ts.data.synthetic_chain("train", n=6, num_labels=K, num_features=D, max_length=5, seed=7)
     g = GDMM(_model(K, D), data, C=0.7, rho=0.6, structure=Chain(K, normalize=False), batch_size=1,
-             primal_every=0, engine="numba")
+             primal_every=0, engine="numba", bigram_update=update)
     g.step()  # builds the feature views
     widened = 0
     for _ in range(3):

@@ -20,8 +20,14 @@ One outer iteration (`GDMM.step`, Algorithm 1 with the block update of note 002 
    set (the block Hessian is ``(||x_t||^2 + rho deg_t) I``): a shifted-simplex projection.
    ``fmo="sampled"`` searches one of ``nu`` random label blocks (eq. 21).
 2. every bigram factor, in a random order: the FMO over the K^2 pairs (`factor_oracles.bigram_fmo`,
-   exact, sublinear with a `BigramIndex`), then a projected-gradient step with ``Q = 1 + rho (max row count
-   + max column count)`` (an upper bound on the block Hessian).
+   exact, sublinear with a `BigramIndex`), then the update of the whole active set ("fully corrective" in
+   the reference code's sense, as opposed to a Frank-Wolfe step towards one vertex). ``bigram_update="step"``
+   (the default, the reference code's): one projected step with ``Q = 1 + rho (max row count + max column
+   count)``, an upper bound on the block Hessian ``I + rho (R^T R + K^T K)`` (pairs sharing a row or a
+   column are coupled through the messages). ``bigram_update="exact"``: the exact minimizer of the
+   Lagrangian over the factor's active set, the small QP of `shifted_simplex_qp` (an active-set method,
+   exact to rounding). The exact update was no faster in our runs (parity on POS, behind on the K = 3,000
+   chain, mixed on multi-label Yeast; docs/benchmarks/gdmm_findings.md), so the step is the default.
 3. the multiplier step ``lam_L += eta (rowsum beta - alpha_left)``, likewise ``lam_R`` (eq. 13); ``eta = 0`` is
    Soft-BCFW (Meshi et al. 2015, the quadratic-penalty approximation).
 
@@ -42,6 +48,7 @@ import time
 import warnings
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .._validation import check_positive_float
@@ -49,11 +56,13 @@ from ..kernels import project_shifted_simplex
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
 from .problems import ChainProblem, MultiLabelProblem, make_problem
+from .shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 
 FMOS = ("exact", "sampled")
 EXTRA_ROWS = ("bias", "start", "end")  # model parameters that are indicator features of a token
 BIGRAM_SEARCHES = ("auto", "index", "brute")
 ENGINES = ("auto", "torch", "numba")
+BIGRAM_UPDATES = ("exact", "step")
 _BRUTE_MAX_K = 128  # "auto": below this K the K^2 scan is cheaper than keeping the index
 
 
@@ -83,6 +92,9 @@ class GDMM:
         fmo: ``"exact"`` or ``"sampled"`` unigram oracle; ``nu``: its number of label blocks.
         batch_size: factors updated at once (1: sequential; larger: block-Jacobi with the joint step).
         bigram_search: ``"index"`` (sublinear exact search), ``"brute"`` (K^2 per edge) or ``"auto"``.
+        bigram_update: ``"step"`` (one projected step with an upper bound of the block Hessian, as the paper's
+            code) or ``"exact"`` (the block minimizer on the active set, `shifted_simplex_qp`).
+        engine: ``"numba"`` (compiled sequential passes, `gdmm_numba`), ``"torch"`` or ``"auto"``.
         structure: a `Chain` for the task loss (default ``Chain(K)``: Hamming normalized by length;
             ``Chain(K, normalize=False)`` is the paper's per-token loss).
         primal_every: compute the exact primal (one oracle pass: Viterbi for chains, enumeration for
@@ -94,7 +106,8 @@ class GDMM:
     consistent), ``lagrangian`` (``lam L``), ``infeasibility`` (mean L1 residual ``|rowsum beta - alpha|`` per
     edge side), ``primal`` (exact, at ``w(alpha)``, when computed) and ``gap = primal - dual``,
     ``active_unigram`` / ``active_bigram`` (mean active-set sizes), ``visits_unigram`` / ``visits_bigram``
-    (mean entries read per FMO call), ``time`` (solver seconds, evaluation excluded).
+    (mean entries read per FMO call), ``inner_bigram`` (mean face changes per factor of the exact bigram
+    update; 0 with the step), ``time`` (solver seconds, evaluation excluded).
     """
 
     tag = "gdmm"
@@ -106,7 +119,7 @@ class GDMM:
             return super().__new__(MultiLabelGDMM)
         return super().__new__(cls)
 
-    def _check_args(self, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol) -> None:
+    def _check_args(self, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update) -> None:
         """Validate and store ``C, rho, eta``; check the rest (shared by the chain and multi-label solvers)."""
         self.C = check_positive_float("C", C)
         self.rho = check_positive_float("rho", rho)
@@ -118,6 +131,8 @@ class GDMM:
             raise ValueError(f"eta must be a finite number >= 0, got {eta}")
         if fmo not in FMOS:
             raise ValueError(f"fmo must be one of {FMOS}, got {fmo!r}")
+        if bigram_update not in BIGRAM_UPDATES:
+            raise ValueError(f"bigram_update must be one of {BIGRAM_UPDATES}, got {bigram_update!r}")
         for name, value, low in (("nu", nu, 1), ("batch_size", batch_size, 1), ("primal_every", primal_every, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -129,8 +144,8 @@ class GDMM:
     def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
                  structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
-                 backend: str = "auto", engine: str = "auto"):
-        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol)
+                 backend: str = "auto", engine: str = "auto", bigram_update: str = "step"):
+        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
         if bigram_search not in BIGRAM_SEARCHES:
             raise ValueError(f"bigram_search must be one of {BIGRAM_SEARCHES}, got {bigram_search!r}")
         if engine not in ENGINES:
@@ -143,6 +158,7 @@ class GDMM:
             raise ValueError("GDMM needs a Hamming loss without class weights (the loss sits on unigram duals "
                              "as one cost per wrong token)")
         self.problem, self.fmo, self.nu, self.batch_size = problem, fmo, nu, batch_size
+        self.bigram_update = bigram_update
         self.primal_every, self.drop_tol, self.writer = primal_every, float(drop_tol), writer
         p = self.problem
         self.K, self.n, self.device = p.K, p.n, p.device
@@ -184,6 +200,7 @@ class GDMM:
         self.iterations, self.seconds = 0, 0.0
         self.fmo_calls = {"unigram": 0, "bigram": 0}
         self.fmo_visits = {"unigram": 0, "bigram": 0}
+        self.inner = {"bigram": 0}  # face changes of the exact bigram update
         self.last_primal: Optional[float] = None
         self._x_numba = None
         self._write_model()
@@ -417,12 +434,16 @@ class GDMM:
         idx, val, g = self._append(idx, val, g, n1.clamp_min(0) * K + n2.clamp_min(0), g_new, add)
         valid = idx >= 0
         k1, k2 = idx.clamp_min(0) // K, idx.clamp_min(0) % K
-        pair_ok = valid.unsqueeze(2) & valid.unsqueeze(1)
-        rows = ((k1.unsqueeze(2) == k1.unsqueeze(1)) & pair_ok).sum(2).amax(1)
-        cols = ((k2.unsqueeze(2) == k2.unsqueeze(1)) & pair_ok).sum(2).amax(1)
-        Q = 1.0 + self.rho * (rows + cols).to(torch.float64)
         top = torch.zeros(B, dtype=torch.long, device=self.device)
-        d = self._prox(idx, val, g, top, Q)
+        if self.bigram_update == "exact":
+            d, info = shifted_simplex_qp(val, g, block_hessian_chain(idx, K, self.rho), valid, top, self.C)
+            self.inner["bigram"] += int(info["iterations"].sum())
+        else:
+            pair_ok = valid.unsqueeze(2) & valid.unsqueeze(1)
+            rows = ((k1.unsqueeze(2) == k1.unsqueeze(1)) & pair_ok).sum(2).amax(1)
+            cols = ((k2.unsqueeze(2) == k2.unsqueeze(1)) & pair_ok).sum(2).amax(1)
+            Q = 1.0 + self.rho * (rows + cols).to(torch.float64)
+            d = self._prox(idx, val, g, top, Q)
         if B > 1:
             pairs, inv = torch.unique(torch.where(valid, idx, -1), return_inverse=True)
             dd = torch.zeros(B, pairs.numel(), dtype=torch.float64, device=self.device).scatter_add_(1, inv, d)
@@ -523,13 +544,16 @@ class GDMM:
             self._widen("u")
         order = torch.randperm(self.E, generator=self.generator).numpy()
         pos = 0
+        inner = np.zeros(1, dtype=np.int64)
         while True:
             pos = edge_pass(order, pos, self.uidx.numpy(), self.uval.numpy(), self.bidx.numpy(), self.bval.numpy(),
                             self.v.numpy(), self.lam_L.numpy(), self.lam_R.numpy(), self.edge_left.numpy(),
-                            self.edge_right.numpy(), self.ybig.numpy(), self.C, self.rho, self.drop_tol)
+                            self.edge_right.numpy(), self.ybig.numpy(), self.C, self.rho, self.drop_tol,
+                            self.bigram_update == "exact", inner)
             if pos == self.E:
                 break
             self._widen("b")
+        self.inner["bigram"] += int(inner[0])
         self.fmo_calls["unigram"] += self.N
         self.fmo_visits["unigram"] += self.N * self.K
         self.fmo_calls["bigram"] += self.E
@@ -550,7 +574,7 @@ class GDMM:
     def step(self) -> dict:
         """One outer iteration: a unigram pass, a bigram pass, the multiplier step; then the report."""
         t0 = time.perf_counter()
-        calls0, visits0 = dict(self.fmo_calls), dict(self.fmo_visits)
+        calls0, visits0, inner0 = dict(self.fmo_calls), dict(self.fmo_visits), self.inner["bigram"]
         self._passes()
         infeasibility = self._multiplier_step()
         self.iterations += 1
@@ -561,6 +585,7 @@ class GDMM:
         for kind in ("unigram", "bigram"):
             calls = self.fmo_calls[kind] - calls0[kind]
             r[f"visits_{kind}"] = (self.fmo_visits[kind] - visits0[kind]) / max(1, calls)
+        r["inner_bigram"] = (self.inner["bigram"] - inner0) / max(1, self.fmo_calls["bigram"] - calls0["bigram"])
         r["lagrangian"] = self.lam * self.lagrangian()
         r["primal"] = r["gap"] = None
         if self.primal_every and self.iterations % self.primal_every == 0:
@@ -595,7 +620,7 @@ class GDMM:
         if self.writer is None:
             return
         for key in ("primal", "dual", "gap", "lagrangian", "infeasibility", "active_unigram", "active_bigram",
-                    "visits_unigram", "visits_bigram", "time"):
+                    "visits_unigram", "visits_bigram", "inner_bigram", "time"):
             value = r.get(key)
             if value is not None and math.isfinite(value):
                 self.writer.add_scalar(f"{self.tag}/{key}", value, self.iterations)
@@ -608,8 +633,8 @@ class GDMM:
     def state_dict(self) -> dict:
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update(iterations=self.iterations, seconds=self.seconds, fmo_calls=dict(self.fmo_calls),
-                 fmo_visits=dict(self.fmo_visits), generator=self.generator.get_state(), C=self.C, rho=self.rho,
-                 eta=self.eta)
+                 fmo_visits=dict(self.fmo_visits), inner=dict(self.inner), generator=self.generator.get_state(),
+                 C=self.C, rho=self.rho, eta=self.eta)
         s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
         return s
 
@@ -644,6 +669,7 @@ class GDMM:
         self.seconds = float(state.get("seconds", 0.0))
         self.fmo_calls = dict(state.get("fmo_calls", self.fmo_calls))
         self.fmo_visits = dict(state.get("fmo_visits", self.fmo_visits))
+        self.inner = dict(state.get("inner", self.inner))
         self.generator.set_state(state["generator"])
         if self.index is not None:
             self.index = BigramIndex(self.v)

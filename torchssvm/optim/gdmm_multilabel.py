@@ -25,9 +25,12 @@ One outer iteration (`step`):
    exact 1-D block minimization ``a <- clip(a - g / h, 0, C)``, ``g = s (<W_k, x_i> + b_k) - c_k - 2 rho s
    sum_e mu``, ``h = ||x_i||^2 + 1 + 2 rho deg_k``.
 2. pairwise pass, the same way: the pairwise factors of one example share nothing either (different
-   ``v_e``, different messages), so each gets a projected step with ``Q = 1 + 4 rho`` (an upper bound on
-   the largest eigenvalue of its Hessian ``e_11 e_11^T + rho (M_1^T M_1 + M_2^T M_2)``) followed by its exact
-   line search (``pair_steps`` such steps).
+   ``v_e``, different messages). ``bigram_update="step"`` (the default, the reference code's update):
+   ``pair_steps`` projected steps with ``Q = 1 + 4 rho`` (an upper bound on the largest eigenvalue of the
+   factor's Hessian ``e_11 e_11^T + 2 rho (M_1^T M_1 + M_2^T M_2)``), each followed by its exact line
+   search. ``bigram_update="exact"``: the exact block minimization over the 4 states (that Hessian is not a
+   multiple of the identity, so this is the small QP of `shifted_simplex_qp`). On Yeast neither was
+   consistently faster (gdmm_findings.md).
 3. the multiplier step ``lam += eta (beta(1.) - s a)`` on every edge side (``eta = 0``: Soft-BCFW).
 
 Examples of one batch share ``W`` / ``b`` (unigram) or ``v`` (pairwise); their steps are scaled jointly by
@@ -54,6 +57,7 @@ from ..structures.multilabel import MAX_ENUMERATION_LABELS
 from .box_qp import box_qp
 from .gdmm import GDMM
 from .problems import MultiLabelProblem
+from .shifted_simplex_qp import shifted_simplex_qp
 
 # state s = 2 y_k + y_l of a pairwise factor: the sign of its message on each side
 _SIDE1 = (-1.0, -1.0, 1.0, 1.0)
@@ -65,9 +69,9 @@ class MultiLabelGDMM(GDMM):
 
     Args: those of `GDMM`; ``model`` is the `MultiLabelProblem` (dataset None). ``bigram_search`` must stay
     ``"auto"`` (pairwise factors have 4 states); ``structure`` comes from the problem.
-    pair_steps: projected steps per pairwise factor and pass (each with its exact line search); more
-        steps approach the exact block minimization (the paper's fully corrective update) at more cost
-        per pass (in our runs 1 was as good per second).
+    bigram_update: ``"step"`` (``pair_steps`` projected steps, each with its exact line search) or
+        ``"exact"`` (the exact block minimization of each pairwise factor, `shifted_simplex_qp`).
+    pair_steps: with ``bigram_update="step"``, projected steps per pairwise factor and pass.
 
     Reports as `GDMM`, with ``active_unigram`` / ``active_bigram`` the mean number of unigram / pairwise
     factors per example with a nonzero dual, and ``visits_unigram`` / ``visits_bigram`` the mean number of
@@ -77,7 +81,7 @@ class MultiLabelGDMM(GDMM):
     def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
                  structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
-                 backend: str = "auto", pair_steps: int = 1):
+                 backend: str = "auto", bigram_update: str = "step", pair_steps: int = 1):
         if not isinstance(model, MultiLabelProblem):
             raise TypeError(f"model must be a MultiLabelProblem, got {type(model).__name__}")
         if dataset is not None:
@@ -88,10 +92,13 @@ class MultiLabelGDMM(GDMM):
             raise ValueError(f"backend={backend!r} applies to chains only (multi-label decoding enumerates)")
         if not isinstance(pair_steps, int) or isinstance(pair_steps, bool) or pair_steps < 1:
             raise ValueError(f"pair_steps must be an int >= 1, got {pair_steps!r}")
+        if pair_steps != 1 and bigram_update != "step":
+            raise ValueError(f"pair_steps={pair_steps} needs bigram_update='step' (the exact update has no steps)")
         if bigram_search != "auto":
             raise ValueError(f"bigram_search={bigram_search!r} applies to chains only; pairwise multi-label "
                              "factors have 4 states")
-        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol)
+        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
+        self.bigram_update = bigram_update
         p = self.problem = model
         if p.structure.class_weights is not None:
             raise ValueError("GDMM needs a Hamming loss without class weights")
@@ -131,6 +138,7 @@ class MultiLabelGDMM(GDMM):
         self.iterations, self.seconds = 0, 0.0
         self.fmo_calls = {"unigram": 0, "bigram": 0}
         self.fmo_visits = {"unigram": 0, "bigram": 0}
+        self.inner = {"bigram": 0}
         self.last_primal = None
         self._write_model()
 
@@ -201,14 +209,44 @@ class MultiLabelGDMM(GDMM):
         visit = self._block_mask((beta != 0).any(2), self.pair_blocks)
         self.fmo_calls["bigram"] += B
         self.fmo_visits["bigram"] += int(visit.sum())
+        if self.bigram_update == "exact":
+            flat = (B * self.E, 4)
+            mask = visit.reshape(-1, 1).expand(flat)
+            d, info = shifted_simplex_qp(beta.reshape(flat), g.reshape(flat), self._pair_hessian(), mask,
+                                         top.reshape(-1), self.C)
+            d = d.view_as(beta)
+            self.inner["bigram"] += int(info["iterations"].sum())
+        else:
+            d = self._pair_steps(beta, g, top, visit)
+        if B > 1:
+            d11 = d[..., 3]
+            r1, r2 = d[..., 2] + d[..., 3], d[..., 1] + d[..., 3]
+            H = d11 @ d11.t()
+            H.diagonal().add_(2.0 * self.rho * (r1 * r1 + r2 * r2).sum(1))
+            gamma = box_qp(-(g * d).sum((1, 2)), H, torch.ones(B, dtype=torch.float64, device=self.device))
+            d = d * gamma.view(B, 1, 1)
+        self.v.add_(d[..., 3].sum(0))
+        beta = beta + d
+        self.beta[ex] = beta.masked_fill(beta.abs() <= self.drop_tol, 0.0)
+
+    def _pair_hessian(self) -> torch.Tensor:
+        """``e_11 e_11^T + 2 rho (M_1^T M_1 + M_2^T M_2)`` (4, 4): the Hessian of the Lagrangian along one pairwise
+        factor's dual (``M_1 = (0, 0, 1, 1)``, ``M_2 = (0, 1, 0, 1)``: the states with ``y_k = 1``, ``y_l = 1``)."""
+        m1, m2 = (self.side1 + 1) / 2, (self.side2 + 1) / 2
+        H = 2.0 * self.rho * (torch.outer(m1, m1) + torch.outer(m2, m2))
+        H[3, 3] += 1.0
+        return H
+
+    def _pair_steps(self, beta, g, top, visit):
+        """``pair_steps`` projected steps on each visited factor's own quadratic, each with its exact line search;
+        returns their sum ``d (B, E, 4)``."""
         Q = 1.0 + 4.0 * self.rho
-        flat = (B * self.E, 4)
+        flat = (beta.shape[0] * self.E, 4)
         radius = torch.full((flat[0],), self.C, dtype=torch.float64, device=self.device)
         top_flat = top.reshape(-1)
         mask = visit.unsqueeze(2)
         d = torch.zeros_like(beta)
-        g0 = g
-        for _ in range(self.pair_steps):  # projected steps on each factor's own quadratic (exact line search)
+        for _ in range(self.pair_steps):
             new = project_shifted_simplex((beta + d - g / Q).reshape(flat), top_flat, None, radius, backend="torch")
             step = (new.view_as(beta) - beta - d) * mask
             r1, r2 = step[..., 2] + step[..., 3], step[..., 1] + step[..., 3]
@@ -220,17 +258,7 @@ class MultiLabelGDMM(GDMM):
             r1, r2 = step[..., 2] + step[..., 3], step[..., 1] + step[..., 3]
             g = g + self.rho * (r1.unsqueeze(2) * self.side1 + r2.unsqueeze(2) * self.side2)
             g[..., 3] += step[..., 3]
-        g = g0
-        if B > 1:
-            d11 = d[..., 3]
-            r1, r2 = d[..., 2] + d[..., 3], d[..., 1] + d[..., 3]
-            H = d11 @ d11.t()
-            H.diagonal().add_(2.0 * self.rho * (r1 * r1 + r2 * r2).sum(1))
-            gamma = box_qp(-(g * d).sum((1, 2)), H, torch.ones(B, dtype=torch.float64, device=self.device))
-            d = d * gamma.view(B, 1, 1)
-        self.v.add_(d[..., 3].sum(0))
-        beta = beta + d
-        self.beta[ex] = beta.masked_fill(beta.abs() <= self.drop_tol, 0.0)
+        return d
 
     @torch.no_grad()
     def _residuals(self, ex: torch.Tensor):

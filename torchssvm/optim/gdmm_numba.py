@@ -9,8 +9,10 @@ features per token). These loops run the same updates, in the same order (the pe
   ``g_t = <w_k, x_t> + delta_t [k != y_t] - rho msg``, the exact FMO over the labels outside the active set,
   the add test, the projected step onto the shifted simplex on the active set with
   ``Q = ||x_t||^2 + rho deg_t + 1e-12`` (the exact block minimizer), ``W += x_t d^T``, the drop of tiny entries;
-- bigram factor e: ``m_L``, ``m_R``, the brute-force FMO over the ``K^2`` pairs, the add test, the projected
-  step with ``Q = 1 + rho (max row count + max column count)``, ``v += d``, the drop.
+- bigram factor e: ``m_L``, ``m_R``, the brute-force FMO over the ``K^2`` pairs, the add test, then either the
+  exact block minimization on the active set (`_exact_block`: the active-set method of `shifted_simplex_qp`
+  on the compact face, the same face changes in the same order) or the projected step with
+  ``Q = 1 + rho (max row count + max column count)``; ``v += d``, the drop.
 
 Only the floating-point summation order differs from the tensor code (for instance ``x_t^T W`` by a loop
 instead of BLAS), so both give the same iterates up to rounding; `tests/test_gdmm_numba.py` checks it.
@@ -149,6 +151,114 @@ def _store(idx, val, d, slots, n, drop_tol):
 
 
 @_jit
+def _solve(A, rhs, n, out):
+    """``out[:n] = A[:n, :n]^-1 rhs[:n]`` by Gaussian elimination with partial pivoting (``A``, ``rhs``
+    overwritten)."""
+    for col in range(n):
+        piv = col
+        best = abs(A[col, col])
+        for r in range(col + 1, n):
+            if abs(A[r, col]) > best:
+                best = abs(A[r, col])
+                piv = r
+        if piv != col:
+            for c2 in range(n):
+                A[col, c2], A[piv, c2] = A[piv, c2], A[col, c2]
+            rhs[col], rhs[piv] = rhs[piv], rhs[col]
+        inv = 1.0 / A[col, col]
+        for r in range(col + 1, n):
+            f = A[r, col] * inv
+            if f != 0.0:
+                for c2 in range(col, n):
+                    A[r, c2] -= f * A[col, c2]
+                rhs[r] -= f * rhs[col]
+    for r in range(n - 1, -1, -1):
+        acc = rhs[r]
+        for c2 in range(r + 1, n):
+            acc -= A[r, c2] * out[c2]
+        out[r] = acc / A[r, r]
+
+
+@_jit
+def _exact_block(val, g, slots, n, C, Hn, d, u0, u, c, p, gu, free, fl, A, rhs, sol, max_iter):
+    """``d[slots[:n]]``: the step to the exact minimizer of ``g^T d + 1/2 d^T Hn d`` over the shifted simplex on
+    the active slots (entry 0 the truth): `shifted_simplex_qp`'s active-set method on ``u = cap - val``, one
+    compact KKT solve per face. ``Hn (>= n, >= n)`` holds the Hessian over the active entries in slot order;
+    the rest are scratch. Returns the number of face changes."""
+    for a in range(n):
+        u0[a] = (C if a == 0 else 0.0) - val[slots[a]]
+        u[a] = u0[a]
+        free[a] = u[a] > 0.0
+    hmax = 0.0
+    cmax = 0.0
+    for a in range(n):
+        acc = g[slots[a]]
+        for b in range(n):
+            acc += Hn[a, b] * u0[b]
+            hmax = max(hmax, abs(Hn[a, b]))
+        c[a] = acc
+        cmax = max(cmax, abs(acc))
+    tiny = 1e-14 * (1.0 + hmax * C + cmax)
+    it = 0
+    while it < max_iter:
+        it += 1
+        nf = 0
+        for a in range(n):
+            if free[a]:
+                fl[nf] = a
+                nf += 1
+        for i in range(nf):
+            for k in range(nf):
+                A[i, k] = Hn[fl[i], fl[k]]
+            A[i, nf] = 1.0
+            A[nf, i] = 1.0
+            rhs[i] = c[fl[i]]
+        A[nf, nf] = 0.0
+        rhs[nf] = C
+        _solve(A, rhs, nf + 1, sol)
+        s_max = np.inf
+        for i in range(nf):
+            a = fl[i]
+            p[a] = sol[i] - u[a]
+            gu[a] = u[a] / max(-p[a], 1e-300) if p[a] < 0.0 else np.inf  # the ratio test
+            if gu[a] < s_max:
+                s_max = gu[a]
+        if s_max < 1.0:  # blocked: the first coordinates to reach 0 leave the face
+            for i in range(nf):
+                a = fl[i]
+                u[a] = max(u[a] + s_max * p[a], 0.0)
+                if p[a] < 0.0 and gu[a] <= s_max * (1 + 1e-12):
+                    u[a] = 0.0
+                    free[a] = False
+            continue
+        for i in range(nf):
+            a = fl[i]
+            u[a] = max(u[a] + p[a], 0.0)
+        nu = 0.0
+        for a in range(n):
+            acc = -c[a]
+            for b in range(n):
+                acc += Hn[a, b] * u[b]
+            gu[a] = acc
+            if free[a]:
+                nu += acc
+        nu /= nf
+        j_in = -1
+        g_in = np.inf
+        for a in range(n):
+            if not free[a] and gu[a] < g_in:
+                g_in = gu[a]
+                j_in = a
+        if j_in >= 0 and g_in < nu - tiny:
+            free[j_in] = True
+        else:
+            break
+    for a in range(n):
+        d[slots[a]] = u0[a] - u[a]
+    return it
+
+
+@_jit
 def token_pass(order, start, uidx, uval, bidx, bval, W, v, lam_L, lam_R, x_ids, x_vals, x_sqnorm, deg, y, delta,
                tok_left_edge, tok_right_edge, C, rho, drop_tol):
     """Unigram factors ``order[start:]`` one after the other. Returns the position in ``order`` of the first
@@ -230,8 +340,10 @@ def token_pass(order, start, uidx, uval, bidx, bval, W, v, lam_L, lam_R, x_ids, 
 
 
 @_jit
-def edge_pass(order, start, uidx, uval, bidx, bval, v, lam_L, lam_R, edge_left, edge_right, ybig, C, rho, drop_tol):
-    """Bigram factors ``order[start:]`` one after the other (brute-force FMO over the K^2 pairs). Returns the
+def edge_pass(order, start, uidx, uval, bidx, bval, v, lam_L, lam_R, edge_left, edge_right, ybig, C, rho, drop_tol,
+              exact, inner):
+    """Bigram factors ``order[start:]`` one after the other (brute-force FMO over the K^2 pairs), by the exact
+    block minimization (``exact``; ``inner[0]`` counts its face changes) or one projected step. Returns the
     position of the first factor whose active set is full (untouched), or ``len(order)``."""
     K = v.shape[0]
     E = order.shape[0]
@@ -249,6 +361,12 @@ def edge_pass(order, start, uidx, uval, bidx, bval, v, lam_L, lam_R, edge_left, 
     slots = np.empty(cb, dtype=np.int64)
     u, newv, b, srt = np.empty(cb), np.empty(cb), np.empty(cb), np.empty(cb)
     cnt = np.zeros(K, dtype=np.int64)
+    Hn = np.empty((cb, cb))
+    u0, uu, c, pp, gu = np.empty(cb), np.empty(cb), np.empty(cb), np.empty(cb), np.empty(cb)
+    free = np.empty(cb, dtype=np.bool_)
+    fl = np.empty(cb, dtype=np.int64)
+    A = np.empty((cb + 1, cb + 1))
+    rhs, sol = np.empty(cb + 1), np.empty(cb + 1)
     for pos in range(start, E):
         e = order[pos]
         top = ybig[e]
@@ -284,11 +402,20 @@ def edge_pass(order, start, uidx, uval, bidx, bval, v, lam_L, lam_R, edge_left, 
             n = _append(bidx[e], bval[e], g, cap, slots, n, p_new, g_new)
             if n < 0:
                 return pos
-        # Q = 1 + rho (max pairs sharing a row + max pairs sharing a column), over the active set
-        rmax = _max_shared(bidx[e], slots, n, K, True, cnt)
-        cmax = _max_shared(bidx[e], slots, n, K, False, cnt)
-        Q = 1.0 + rho * (rmax + cmax)
-        _prox(bval[e], g, slots, n, Q, C, d, u, newv, b, srt)
+        if exact:  # the block Hessian I + rho ([same row] + [same column]) over the active pairs
+            for a in range(n):
+                pa = bidx[e, slots[a]]
+                for b2 in range(n):
+                    pb = bidx[e, slots[b2]]
+                    Hn[a, b2] = (1.0 if a == b2 else 0.0) + rho * ((1.0 if pa // K == pb // K else 0.0)
+                                                                  + (1.0 if pa % K == pb % K else 0.0))
+            inner[0] += _exact_block(bval[e], g, slots, n, C, Hn, d, u0, uu, c, pp, gu, free, fl, A, rhs, sol,
+                                     4 * cb + 10)
+        else:  # Q = 1 + rho (max pairs sharing a row + max pairs sharing a column), over the active set
+            rmax = _max_shared(bidx[e], slots, n, K, True, cnt)
+            cmax = _max_shared(bidx[e], slots, n, K, False, cnt)
+            Q = 1.0 + rho * (rmax + cmax)
+            _prox(bval[e], g, slots, n, Q, C, d, u, newv, b, srt)
         for s in range(n):
             j = slots[s]
             p = bidx[e, j]
