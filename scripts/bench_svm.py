@@ -163,16 +163,33 @@ def run_kernel(args):
     torch.set_num_threads(args.threads)
     results = []
 
+    old_rows = {}
+    if args.reuse_svc and (args.out / "svm.json").exists():
+        old_rows = {(r["dataset"], r["n_train"]): r for r in
+                    json.loads((args.out / "svm.json").read_text()).get("kernel", {}).get("rows", [])}
+
     def compare(dataset, x, y, xt, yt, C_svm, gamma, configs):
         N = x.shape[0]
+        old = old_rows.get((dataset, N))
+        if old is not None:  # --reuse-svc: keep the row's SVC run and its other cuts, add / replace these
+            row = json.loads(json.dumps(old))
+            t_svc, err_svc = row["svc"]["seconds"], row["svc"]["test_error"]
+            row["cuts"] = [c for c in row["cuts"] if (c["sampling"], c["r"]) not in set(configs)]
+            print(f"{dataset} N={N}: SVC reused ({t_svc:.1f} s, test error {err_svc:.4f})", flush=True)
+            return _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc)
         t0 = time.perf_counter()
         svc = SVC(C=C_svm, kernel="rbf", gamma=gamma, tol=1e-3, cache_size=2000).fit(x.numpy(), y.numpy())
         t_svc = time.perf_counter() - t0
         err_svc = float((torch.from_numpy(svc.predict(xt.numpy())) != yt).double().mean())
         row = {"dataset": dataset, "n_train": N, "n_test": xt.shape[0], "C_svm": C_svm, "gamma": gamma,
+               "budget": args.kernel_budget,
                "svc": {"seconds": t_svc, "test_error": err_svc, "support_vectors": int(svc.n_support_.sum())},
                "cuts": []}
         print(f"{dataset} N={N}: SVC {t_svc:.1f} s, test error {err_svc:.4f}", flush=True)
+        return _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc)
+
+    def _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc):
+        N = x.shape[0]
         for sampling, r in configs:
             solver = KernelCuttingPlane(x, y, C_svm * N, kernel="rbf", gamma=gamma, sampling=sampling, r=max(r, 1),
                                         eps=args.eps, seed=0)
@@ -195,7 +212,9 @@ def run_kernel(args):
     tx, ty = ts.data.checkers(args.checkers_test, seed=2)
     for N in args.checkers_sizes:
         cx, cy = ts.data.checkers(N, seed=1)
-        configs = [("linear", 400)] * (N <= args.checkers_linear_max) + [("constant", r) for r in (400, 1000)]
+        configs = ([("exact", 0)] * (N <= args.checkers_exact_max)
+                   + [("linear", r) for r in args.checkers_rs if N <= args.checkers_linear_max]
+                   + [("constant", r) for r in args.checkers_rs])
         compare("checkers", cx, cy, tx, ty, 1.0, 20.0, configs)
     return results
 
@@ -307,6 +326,9 @@ def report(all_data):
                   "|---|---|---|---|---|---|---|---|---|"]
         for row in ker["rows"]:
             s = row["svc"]
+            if row.get("budget", ker["budget"]) != ker["budget"]:
+                lines.append(f"| {row['dataset']} | {row['n_train']} | (budget {row['budget']:.0f} s per run) "
+                             "| | | | | | |")
             lines.append(f"| {row['dataset']} | {row['n_train']} | SVC (libsvm) | {s['seconds']:.1f} | "
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
             for c in row["cuts"]:
@@ -340,7 +362,12 @@ def main():
     ap.add_argument("--kernel-budget", type=float, default=300.0)
     ap.add_argument("--checkers-sizes", type=int, nargs="*", default=[10000, 30000, 100000, 300000])
     ap.add_argument("--checkers-test", type=int, default=100000)
-    ap.add_argument("--checkers-linear-max", type=int, default=100000)
+    ap.add_argument("--checkers-linear-max", type=int, default=100000,
+                    help="linear-time sampled cuts only up to this N (each cut costs N r kernel evaluations)")
+    ap.add_argument("--checkers-exact-max", type=int, default=0, help="exact cuts only up to this N")
+    ap.add_argument("--checkers-rs", type=int, nargs="+", default=[400, 1000])
+    ap.add_argument("--reuse-svc", action="store_true",
+                    help="for sizes already in svm.json, keep their SVC run and other solvers; run only the new ones")
     ap.add_argument("--merge", action="store_true",
                     help="kernel part: keep the stored rows of sizes not re-measured in this run")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -363,10 +390,11 @@ def main():
         plot_linear(data["linear"], args.out / "svm_linear.png")
     else:
         rows = run_kernel(args)
+        budget = args.kernel_budget
         if args.merge and "kernel" in data:
             rows = merge_kernel_rows(data["kernel"]["rows"], rows)
-        data["kernel"] = {"eps": args.eps, "budget": args.kernel_budget, "rows": rows,
-                          "svc_checkers_fit": svc_growth(rows)}
+            budget = data["kernel"]["budget"]  # the header's; rows run with another budget say so
+        data["kernel"] = {"eps": args.eps, "budget": budget, "rows": rows, "svc_checkers_fit": svc_growth(rows)}
         plot_kernel(data["kernel"], args.out / "svm_kernel.png")
     path.write_text(json.dumps(data, indent=1))
     write_report(args.out, "svm", report(data))

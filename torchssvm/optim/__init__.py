@@ -28,6 +28,7 @@ from .kernel_cutting_plane import KernelCuttingPlane
 from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
 from .pragam import Pragam
+from .pragam_multiclass import MulticlassPragam
 from .problems import (
                        ChainProblem,
                        DualProblem,
@@ -42,7 +43,7 @@ from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
 __all__ = ["BCFW", "GDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
-           "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MultiLabelProblem",
+           "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "SpatialTreeProblem", "make_problem", "RegularizationPath",
            "regularization_path", "grid_search"]

@@ -102,6 +102,8 @@ class Pragam:
     far, the L estimate and the initialization included), ``seconds`` (solver time so far).
     """
 
+    tag_name: Optional[str] = None  # the TensorBoard tag of a subclass (default: pragam / pragam_b)
+
     def __init__(self, X, y, lam, *, bias: bool = False, L: Optional[float] = None, power_iters: int = 50,
                  seed: int = 0, writer=None, backend: str = "auto"):
         t0 = time.perf_counter()
@@ -123,7 +125,7 @@ class Pragam:
         from ..kernels import resolve_backend
 
         self.backend = resolve_backend(backend, self.device)
-        self.tag = "pragam_b" if bias else "pragam"
+        self.tag = self.tag_name or ("pragam_b" if bias else "pragam")
         self.D2 = 1.0 / (2 * self.n)
         self.passes = 0
         gen = torch.Generator().manual_seed(seed)
@@ -135,11 +137,12 @@ class Pragam:
             self.L = float(L)
 
         # Algorithm 1, line 1
-        alpha = self._project(torch.rand(self.n, generator=gen, dtype=torch.float64).to(self.device) / self.n)
-        self.w = self._XTv(self.y * alpha) / self.lam  # w_0 = w(alpha_{-1})
+        alpha = self._project(torch.rand(self._dual_shape, generator=gen, dtype=torch.float64).to(self.device)
+                              / self.n)
+        self.w = self._XTv(self._adjoint(alpha)) / self.lam  # w_0 = w(alpha_{-1})
         self.Xw = self._Xv(self.w)  # X w_0 = X w(alpha_{-1}): also grad D(alpha_{-1})
-        self.alpha = self._project(alpha + (1.0 - self.y * self.Xw) / self.L)  # alpha_0 = v(alpha_{-1})
-        self.w_hat = self._XTv(self.y * self.alpha) / self.lam
+        self.alpha = self._project(alpha + self._margins(self.Xw) / self.L)  # alpha_0 = v(alpha_{-1})
+        self.w_hat = self._XTv(self._adjoint(self.alpha)) / self.lam
         self.iteration = 0
         self.b = 0.0
         self.seconds = 0.0
@@ -183,25 +186,51 @@ class Pragam:
             raise ValueError("y must hold only the labels -1 and +1")
         return y
 
+    # -- the problem: A, b and Q2 (the hooks `MulticlassPragam` overrides) --------------------------
+    @property
+    def _dual_shape(self) -> tuple:
+        return (self.n,)
+
+    @property
+    def _primal_shape(self) -> tuple:
+        return (self.d,)
+
+    def _lin(self, scores: torch.Tensor) -> torch.Tensor:
+        """``A w`` from the scores ``X w``: ``y * s`` (so the margins ``b - A w`` are ``1 - y s``)."""
+        return self.y * scores
+
+    def _adjoint(self, alpha: torch.Tensor) -> torch.Tensor:
+        """``u`` with ``A^T alpha = X^T u``: ``y * alpha``."""
+        return self.y * alpha
+
+    def _margins(self, scores: torch.Tensor) -> torch.Tensor:
+        """``b - A w`` (``grad D`` at the alpha with ``w(alpha) = w``) from the scores ``X w``."""
+        return 1.0 - self._lin(scores)
+
+    def _dual_linear(self, alpha: torch.Tensor) -> float:
+        """``<b, alpha>``."""
+        return float(alpha.sum())
+
     # -- linear algebra -------------------------------------------------------------------------
     def _Xv(self, v: torch.Tensor) -> torch.Tensor:
         self.passes += 1
-        return torch.mv(self.X, v)
+        return torch.mv(self.X, v) if v.dim() == 1 else self.X @ v
 
     def _XTv(self, u: torch.Tensor) -> torch.Tensor:
         self.passes += 1
-        return torch.mv(self.Xt, u)
+        return torch.mv(self.Xt, u) if u.dim() == 1 else self.Xt @ u
 
     def _estimate_L(self, steps: int, gen: torch.Generator) -> float:
-        """``L_SAFETY * theta / lam``: theta the top Ritz value of ``steps`` Lanczos steps on ``X^T X``."""
-        q = torch.randn(self.d, generator=gen, dtype=torch.float64).to(self.device)
+        """``L_SAFETY * theta / lam``: theta the top Ritz value of ``steps`` Lanczos steps on ``A^T A`` (``X^T X``
+        for the binary SVM, where ``y_i^2 = 1``)."""
+        q = torch.randn(self._primal_shape, generator=gen, dtype=torch.float64).to(self.device)
         q = q / q.norm()
         q_prev = torch.zeros_like(q)
         beta = 0.0
         diag, off = [], []
-        for _ in range(min(steps, self.d)):
-            u = self._XTv(self._Xv(q))
-            a = float(q @ u)
+        for _ in range(min(steps, q.numel())):
+            u = self._XTv(self._adjoint(self._lin(self._Xv(q))))
+            a = float((q * u).sum())
             diag.append(a)
             u = u - a * q - beta * q_prev
             beta = float(u.norm())
@@ -260,7 +289,7 @@ class Pragam:
 
     def _report(self) -> dict:
         primal, self.b = self._primal_from_scores(self.w, self.Xw)
-        dual = float(self.alpha.sum()) - 0.5 * self.lam * float(self.w_hat @ self.w_hat)
+        dual = self._dual_linear(self.alpha) - 0.5 * self.lam * float((self.w_hat * self.w_hat).sum())
         k = self.iteration
         return {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": True,
                 "bound": 4.0 * self.L * self.D2 / ((k + 1) * (k + 2)), "iteration": k, "passes": self.passes,
@@ -274,14 +303,14 @@ class Pragam:
         difference), ``gap_exact``, ``bound = 4 L D2/((k+2)(k+3))``, ``iteration``, ``passes``, ``time``, ``mu``
         and ``b``."""
         t0 = time.perf_counter()
-        k, y, lam = self.iteration, self.y, self.lam
+        k, lam = self.iteration, self.lam
         tau = 2.0 / (k + 3)
-        a_mu = self._project((1.0 - y * self.Xw) / self.mu)  # alpha_{mu_k}(w_k), eq. 23
-        w_beta = (1 - tau) * self.w_hat + tau * (self._XTv(y * a_mu) / lam)  # w(beta_k) by linearity
+        a_mu = self._project(self._margins(self.Xw) / self.mu)  # alpha_{mu_k}(w_k), eq. 23
+        w_beta = (1 - tau) * self.w_hat + tau * (self._XTv(self._adjoint(a_mu)) / lam)  # w(beta_k) by linearity
         beta = (1 - tau) * self.alpha + tau * a_mu
-        self.alpha = self._project(beta + (1.0 - y * self._Xv(w_beta)) / self.L)  # v(beta_k), eq. 25
+        self.alpha = self._project(beta + self._margins(self._Xv(w_beta)) / self.L)  # v(beta_k), eq. 25
         self.w = (1 - tau) * self.w + tau * w_beta
-        self.w_hat = self._XTv(y * self.alpha) / lam
+        self.w_hat = self._XTv(self._adjoint(self.alpha)) / lam
         self.Xw = self._Xv(self.w)
         self.iteration = k + 1
         r = self._report()
