@@ -172,7 +172,8 @@ class Pragam:
             raise ValueError("X contains NaN or Inf")
         return X, X.t().coalesce()
 
-    def _check_y(self, y) -> torch.Tensor:
+    def _check_label_tensor(self, y, what: str) -> None:
+        """``y`` is a ``(n,)`` tensor on X's device of a real dtype (``what``: the labels it must hold)."""
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"y must be a torch.Tensor of shape ({self.n},), got {type(y).__name__}")
         if tuple(y.shape) != (self.n,):
@@ -180,7 +181,10 @@ class Pragam:
         if y.device != self.device:
             raise ValueError(f"y is on {y.device} but X is on {self.device}")
         if y.dtype == torch.bool or y.is_complex():
-            raise TypeError(f"y must hold the numbers -1 and +1, got dtype {y.dtype}")
+            raise TypeError(f"y must hold {what}, got dtype {y.dtype}")
+
+    def _check_y(self, y) -> torch.Tensor:
+        self._check_label_tensor(y, "the numbers -1 and +1")
         y = y.to(torch.float64)
         if not bool(((y == 1) | (y == -1)).all()):
             raise ValueError("y must hold only the labels -1 and +1")
@@ -347,14 +351,18 @@ class Pragam:
         self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], r["iteration"])
 
     # -- prediction -----------------------------------------------------------------------------
-    def decision_function(self, X) -> torch.Tensor:
-        """``X w + b`` ``(m,)`` float64 for ``X (m, d)`` (dense or sparse, on the solver's device)."""
+    def _check_new_X(self, X) -> torch.Tensor:
+        """``X (m, d)`` on the solver's device, as float64."""
         if not isinstance(X, torch.Tensor) or X.dim() != 2 or X.shape[1] != self.d:
             raise ValueError(f"X must be a tensor of shape (m, {self.d}), got "
                              f"{tuple(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
         if X.device != self.device:
             raise ValueError(f"X is on {X.device} but the solver is on {self.device}")
-        return torch.mv(X.to(torch.float64), self.w) + self.b
+        return X.to(torch.float64)
+
+    def decision_function(self, X) -> torch.Tensor:
+        """``X w + b`` ``(m,)`` float64 for ``X (m, d)`` (dense or sparse, on the solver's device)."""
+        return torch.mv(self._check_new_X(X), self.w) + self.b
 
     def predict(self, X) -> torch.Tensor:
         """Labels in {-1, +1} ``(m,)`` (int64; a score of exactly 0 gives +1)."""

@@ -54,13 +54,8 @@ class MulticlassPragam(Pragam):
                          backend=backend)
 
     def _check_y(self, y) -> torch.Tensor:
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"y must be a torch.Tensor of shape ({self.n},), got {type(y).__name__}")
-        if tuple(y.shape) != (self.n,):
-            raise ValueError(f"y must have shape ({self.n},) (one label per row of X), got {tuple(y.shape)}")
-        if y.device != self.device:
-            raise ValueError(f"y is on {y.device} but X is on {self.device}")
-        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        self._check_label_tensor(y, "integer class labels")
+        if y.is_floating_point():
             raise TypeError(f"y must hold integer class labels, got dtype {y.dtype}")
         y = y.long()
         K = int(y.max()) + 1 if self._num_classes is None else self._num_classes
@@ -124,12 +119,7 @@ class MulticlassPragam(Pragam):
     # -- prediction -----------------------------------------------------------------------------
     def decision_function(self, X) -> torch.Tensor:
         """The class scores ``X W`` ``(m, K)`` float64 for ``X (m, d)`` (dense or sparse, on the solver's device)."""
-        if not isinstance(X, torch.Tensor) or X.dim() != 2 or X.shape[1] != self.d:
-            raise ValueError(f"X must be a tensor of shape (m, {self.d}), got "
-                             f"{tuple(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
-        if X.device != self.device:
-            raise ValueError(f"X is on {X.device} but the solver is on {self.device}")
-        return X.to(torch.float64) @ self.w
+        return self._check_new_X(X) @ self.w
 
     def predict(self, X) -> torch.Tensor:
         """The highest-scoring class ``(m,)`` int64 (ties to the smallest index)."""
