@@ -67,7 +67,6 @@ def shifted_simplex_qp(val: torch.Tensor, grad: torch.Tensor, H: torch.Tensor, m
     dev, f64 = val.device, torch.float64
     if H.dim() == 2:
         H = H.expand(B, m, m)
-    mask = mask.clone()
     if B == 0:
         return torch.zeros_like(val), {"iterations": torch.zeros(0, dtype=torch.long, device=dev),
                                        "fw_gap": torch.zeros(0, dtype=f64, device=dev)}
@@ -120,5 +119,5 @@ def shifted_simplex_qp(val: torch.Tensor, grad: torch.Tensor, H: torch.Tensor, m
     g_u = (H @ u.unsqueeze(2)).squeeze(2) - c
     g_min = torch.where(mask, g_u, torch.full_like(g_u, float("inf"))).amin(1)
     fw_gap = torch.where(mask.any(1), (g_u * u * mask).sum(1) - C * g_min, torch.zeros_like(g_min))
-    d = ((u0 - u) * mask).masked_fill(~mask, 0.0)
+    d = (u0 - u) * mask
     return d, {"iterations": iters, "fw_gap": fw_gap}
