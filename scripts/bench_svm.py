@@ -24,6 +24,7 @@ Writes ``docs/benchmarks/svm.{md,json}`` and ``svm_linear.png``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -174,7 +175,8 @@ def run_kernel(args):
         if old is not None:  # --reuse-svc: keep the row's SVC run and its other cuts, add / replace these
             row = json.loads(json.dumps(old))
             t_svc, err_svc = row["svc"]["seconds"], row["svc"]["test_error"]
-            row["cuts"] = [c for c in row["cuts"] if (c["sampling"], c["r"]) not in set(configs)]
+            fresh = {(sampling, r, seed) for sampling, r in configs for seed in args.seeds}
+            row["cuts"] = [c for c in row["cuts"] if (c["sampling"], c["r"], c.get("seed", 0)) not in fresh]
             print(f"{dataset} N={N}: SVC reused ({t_svc:.1f} s, test error {err_svc:.4f})", flush=True)
             return _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc)
         t0 = time.perf_counter()
@@ -190,17 +192,19 @@ def run_kernel(args):
 
     def _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc):
         N = x.shape[0]
-        for sampling, r in configs:
+        for (sampling, r), seed in itertools.product(configs, args.seeds):
+            if sampling == "exact" and seed != args.seeds[0]:
+                continue  # exact cuts draw nothing: one run
             solver = KernelCuttingPlane(x, y, C_svm * N, kernel="rbf", gamma=gamma, sampling=sampling, r=max(r, 1),
-                                        eps=args.eps, seed=0)
+                                        eps=args.eps, seed=seed)
             hist = solver.fit(time_budget=args.kernel_budget)
             err = float((solver.predict(xt) != yt).double().mean())
-            entry = {"sampling": sampling, "r": r, "seconds": solver.seconds, "test_error": err,
+            entry = {"sampling": sampling, "r": r, "seed": seed, "seconds": solver.seconds, "test_error": err,
                      "iterations": solver.steps_done, "converged": hist[-1]["converged"],
                      "cuts": hist[-1]["cuts"], "kernel_evaluations": hist[-1]["kernel_evaluations"],
                      "speedup_vs_svc": t_svc / solver.seconds, "error_minus_svc": err - err_svc}
             row["cuts"].append(entry)
-            print(f"   {sampling:>8} r={r}: {solver.seconds:.1f} s, test error {err:.4f} "
+            print(f"   {sampling:>8} r={r} seed {seed}: {solver.seconds:.1f} s, test error {err:.4f} "
                   f"({'converged' if entry['converged'] else 'budget'}, {entry['iterations']} it)", flush=True)
         results.append(row)
 
@@ -217,6 +221,29 @@ def run_kernel(args):
                    + [("constant", r) for r in args.checkers_rs])
         compare("checkers", cx, cy, tx, ty, 1.0, 20.0, configs)
     return results
+
+
+def cut_groups(row):
+    """The row's cut runs grouped by ``(sampling, r)`` in order of first appearance, each group a list of runs
+    (one per seed)."""
+    groups = {}
+    for c in row["cuts"]:
+        groups.setdefault((c["sampling"], c["r"]), []).append(c)
+    return groups
+
+
+def mean_run(runs, row):
+    """Seed 004's protocol (3 seeds, means): the mean seconds and test error of ``runs``, with the speed-up of the
+    mean time and the standard deviations."""
+    k = len(runs)
+    sec = sum(c["seconds"] for c in runs) / k
+    err = sum(c["test_error"] for c in runs) / k
+    sd = (lambda v, m: math.sqrt(sum((x - m) ** 2 for x in v) / (k - 1)) if k > 1 else 0.0)  # noqa: E731
+    return {"seconds": sec, "test_error": err, "seconds_std": sd([c["seconds"] for c in runs], sec),
+            "test_error_std": sd([c["test_error"] for c in runs], err),
+            "speedup_vs_svc": row["svc"]["seconds"] / sec, "error_minus_svc": err - row["svc"]["test_error"],
+            "iterations": sum(c["iterations"] for c in runs) / k, "converged": all(c["converged"] for c in runs),
+            "seeds": k}
 
 
 def merge_kernel_rows(old_rows, new_rows):
@@ -257,7 +284,8 @@ def plot_kernel(data, path):
     bx.semilogx(ns, [100 * r["svc"]["test_error"] for r in rows], "ko-", label="SVC (libsvm)")
     names = sorted({(c["sampling"], c["r"]) for r in rows for c in r["cuts"]})
     for sampling, r in names:
-        pts = [(row["n_train"], c) for row in rows for c in row["cuts"] if (c["sampling"], c["r"]) == (sampling, r)]
+        pts = [(row["n_train"], mean_run(runs, row)) for row in rows for key, runs in cut_groups(row).items()
+               if key == (sampling, r)]
         label = f"{sampling}-time r={r}"
         ax.loglog([n for n, _ in pts], [c["seconds"] for _, c in pts], "o-", label=label)
         bx.semilogx([n for n, _ in pts], [100 * c["test_error"] for _, c in pts], "o-", label=label)
@@ -331,12 +359,21 @@ def report(all_data):
                              "| | | | | | |")
             lines.append(f"| {row['dataset']} | {row['n_train']} | SVC (libsvm) | {s['seconds']:.1f} | "
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
-            for c in row["cuts"]:
-                name = "exact" if c["sampling"] == "exact" else f"{c['sampling']} r={c['r']}"
-                lines.append(f"| {row['dataset']} | {row['n_train']} | {name} | {c['seconds']:.1f} | "
-                             f"{100 * c['test_error']:.2f} | {100 * c['error_minus_svc']:+.2f} | "
-                             f"{c['speedup_vs_svc']:.2f} | "
-                             f"{c['iterations']} | {c['converged']} |")
+            for (sampling, r), runs in cut_groups(row).items():
+                name = "exact" if sampling == "exact" else f"{sampling} r={r}"
+                for c in runs:
+                    seed = f", seed {c['seed']}" if len(runs) > 1 else ""
+                    lines.append(f"| {row['dataset']} | {row['n_train']} | {name}{seed} | {c['seconds']:.1f} | "
+                                 f"{100 * c['test_error']:.2f} | {100 * c['error_minus_svc']:+.2f} | "
+                                 f"{c['speedup_vs_svc']:.2f} | "
+                                 f"{c['iterations']} | {c['converged']} |")
+                if len(runs) > 1:
+                    m = mean_run(runs, row)
+                    lines.append(f"| {row['dataset']} | {row['n_train']} | **{name}, mean of {m['seeds']} seeds** | "
+                                 f"**{m['seconds']:.1f}** (sd {m['seconds_std']:.1f}) | "
+                                 f"**{100 * m['test_error']:.2f}** (sd {100 * m['test_error_std']:.2f}) | "
+                                 f"**{100 * m['error_minus_svc']:+.2f}** | **{m['speedup_vs_svc']:.2f}** | "
+                                 f"{m['iterations']:.0f} | {m['converged']} |")
         fit = ker.get("svc_checkers_fit")
         if fit:
             lines += ["", f"SVC's training time on Checkers grows as N^{fit['exponent']:.2f} (least squares over the "
@@ -366,6 +403,8 @@ def main():
                     help="linear-time sampled cuts only up to this N (each cut costs N r kernel evaluations)")
     ap.add_argument("--checkers-exact-max", type=int, default=0, help="exact cuts only up to this N")
     ap.add_argument("--checkers-rs", type=int, nargs="+", default=[400, 1000])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="kernel part: sampling seeds per sampled-cut configuration (seed 004 reports means of 3)")
     ap.add_argument("--reuse-svc", action="store_true",
                     help="for sizes already in svm.json, keep their SVC run and other solvers; run only the new ones")
     ap.add_argument("--merge", action="store_true",

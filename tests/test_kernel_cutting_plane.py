@@ -40,6 +40,46 @@ def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_at_minus_80()
     torch.testing.assert_close(MercerKernel("linear")(a, b), a @ b.T)
 
 
+def test_rbf_kernel_is_exact_far_from_the_origin_and_in_the_requested_dtype():
+    """The augmented-GEMM exponent is centred on b's mean: inputs near 1000 (||x||^2 ~ 3e6, where the expanded
+    ``||a||^2 + ||b||^2 - 2ab`` loses every digit in float32) still give the kernel to rounding."""
+    g = torch.Generator().manual_seed(1)
+    a = (1000 + torch.randn(9, 3, generator=g, dtype=torch.float64)).float()
+    b = (1000 + torch.randn(6, 3, generator=g, dtype=torch.float64)).float()
+    exact = torch.exp(-0.5 * ((a.double().unsqueeze(1) - b.double().unsqueeze(0)) ** 2).sum(-1))
+    assert float(exact.min()) > 1e-6
+    kernel = MercerKernel("rbf", 0.5)
+    K64 = kernel(a, b, torch.float64)
+    assert K64.dtype == torch.float64
+    torch.testing.assert_close(K64, exact, rtol=1e-12, atol=1e-14)
+    K32 = kernel(a, b)
+    assert K32.dtype == torch.float32
+    torch.testing.assert_close(K32.double(), exact, rtol=0, atol=1e-5)
+    assert kernel.evaluations == 2 * 54
+    assert MercerKernel("linear")(a, b, torch.float64).dtype == torch.float64
+
+
+def test_constant_time_block_by_block_scoring_matches_one_block(monkeypatch):
+    """Scoring the draws in blocks of a few rows (kernel, product, oracle, violators' rows) takes the same
+    path as one (r, U) block."""
+    from torchssvm.optim import kernel_cutting_plane
+
+    x, y = binary_data(n=200, seed=7)
+
+    def run():
+        solver = KernelCuttingPlane(x, y, 50.0, gamma=0.5, sampling="constant", r=60, eps=1e-3, seed=2)
+        return solver, solver.fit(max_iter=80)
+
+    one, h_one = run()
+    monkeypatch.setattr(kernel_cutting_plane, "BLOCK_ENTRIES", 37)
+    assert one._block_rows(10) == 3
+    many, h_many = run()
+    assert [r["added"] for r in h_one] == [r["added"] for r in h_many] and sum(r["added"] for r in h_one) >= 10
+    assert h_one[-1]["kernel_evaluations"] == h_many[-1]["kernel_evaluations"]
+    torch.testing.assert_close(many.alpha, one.alpha, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(many.G, one.G, rtol=1e-10, atol=1e-12)
+
+
 def svm_dual_optimum(x, y, C, gamma):
     """The SVM without bias, ``min 1/2 ||u||^2 + (C/N) sum hinge``, by its box-constrained dual solved with
     projected Newton: ``(optimum, beta)``."""

