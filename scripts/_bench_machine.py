@@ -24,6 +24,22 @@ def cpu_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
+def code_version() -> str:
+    """The short commit hash of the checkout the benchmark runs from (``"+dirty"`` with uncommitted changes under
+    ``torchssvm/``), or ``"unknown"`` outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "torchssvm"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
 def median_seconds(fn, repeats: int = 5, cuda: bool = False) -> float:
     """Median wall-clock seconds of ``repeats`` calls of ``fn`` after one warm-up call; ``cuda=True``
     synchronizes the device before each clock read."""

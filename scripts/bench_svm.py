@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description, write_report
+from _bench_machine import code_version, cpu_description, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -184,7 +184,7 @@ def run_kernel(args):
         t_svc = time.perf_counter() - t0
         err_svc = float((torch.from_numpy(svc.predict(xt.numpy())) != yt).double().mean())
         row = {"dataset": dataset, "n_train": N, "n_test": xt.shape[0], "C_svm": C_svm, "gamma": gamma,
-               "budget": args.kernel_budget,
+               "budget": args.kernel_budget, "code": code_version(),
                "svc": {"seconds": t_svc, "test_error": err_svc, "support_vectors": int(svc.n_support_.sum())},
                "cuts": []}
         print(f"{dataset} N={N}: SVC {t_svc:.1f} s, test error {err_svc:.4f}", flush=True)
@@ -199,7 +199,8 @@ def run_kernel(args):
                                         eps=args.eps, seed=seed)
             hist = solver.fit(time_budget=args.kernel_budget)
             err = float((solver.predict(xt) != yt).double().mean())
-            entry = {"sampling": sampling, "r": r, "seed": seed, "seconds": solver.seconds, "test_error": err,
+            entry = {"sampling": sampling, "r": r, "seed": seed, "code": code_version(), "seconds": solver.seconds,
+                     "test_error": err,
                      "iterations": solver.steps_done, "converged": hist[-1]["converged"],
                      "cuts": hist[-1]["cuts"], "kernel_evaluations": hist[-1]["kernel_evaluations"],
                      "speedup_vs_svc": t_svc / solver.seconds, "error_minus_svc": err - err_svc}
@@ -357,6 +358,8 @@ def report(all_data):
             if row.get("budget", ker["budget"]) != ker["budget"]:
                 lines.append(f"| {row['dataset']} | {row['n_train']} | (budget {row['budget']:.0f} s per run) "
                              "| | | | | | |")
+            if "code" in row:
+                lines.append(f"| {row['dataset']} | {row['n_train']} | (code at {row['code']}) | | | | | | |")
             lines.append(f"| {row['dataset']} | {row['n_train']} | SVC (libsvm) | {s['seconds']:.1f} | "
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
             for (sampling, r), runs in cut_groups(row).items():
