@@ -5,13 +5,13 @@
 - ``"rbf"``: ``exp(-gamma ||a - b||^2)``, i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is
   ``gamma = 1 / sigma^2``. The whole exponent is one GEMM over augmented rows,
   ``[a, ||a||^2, 1] . [2 gamma b, -gamma, -gamma ||b||^2]``, after centring both sides on b's mean (the
-  distance is translation invariant, and centring shrinks the norms whose difference cancels); then one
-  in-place clamp and one in-place exp. On a 1500 x 10726 Checkers block this is 3.5x faster than
-  the expanded ``||a||^2 + ||b||^2 - 2 a b^T`` with its five full-size temporaries, and in float64 it is exact to
-  rounding. The
-  exponent is floored at ``-80``: entries below ``exp(-80) ~ 1.8e-35`` come back as that value, because
-  exp with results in the subnormal range is 10-20x slower on x86 CPUs (measured: 36 ms against 1.8 ms for
-  a 4096 x 400 float32 block), and narrow kernels (Checkers, gamma = 20) are mostly such entries.
+  distance is translation invariant, and centring shrinks the norms whose difference cancels), then one
+  in-place clamp and one in-place exp. On a 1500 x 10726 Checkers block in float64 this is 3.5x faster than
+  the expanded ``||a||^2 + ||b||^2 - 2 a b^T`` (five full-size temporaries) in float32, and exact to
+  rounding where that one was off by 1e-4. The exponent is floored at ``-80``: entries below
+  ``exp(-80) ~ 1.8e-35`` come back as that value, because exp with results in the subnormal range is
+  10-20x slower on x86 CPUs (measured: 36 ms against 1.8 ms for a 4096 x 400 float32 block), and narrow
+  kernels (Checkers, gamma = 20) are mostly such entries.
 - ``"linear"``: ``a b^T``.
 """
 
@@ -30,7 +30,8 @@ class MercerKernel:
         name: ``"rbf"`` or ``"linear"``.
         gamma: the RBF width (> 0); None: ``1 / (D var(x))`` of the first data seen (scikit-learn's "scale").
 
-    ``kernel(a, b)`` returns the ``(p, q)`` block; ``evaluations`` counts the entries computed."""
+    ``kernel(a, b, dtype=None)`` returns the ``(p, q)`` block, computed in ``dtype`` (default: the promoted
+    dtype of a and b); ``evaluations`` counts the entries computed."""
 
     def __init__(self, name: str = "rbf", gamma: Optional[float] = None):
         if name not in KERNELS:
