@@ -195,12 +195,13 @@ def run_kernel(args):
         for (sampling, r), seed in itertools.product(configs, args.seeds):
             if sampling == "exact" and seed != args.seeds[0]:
                 continue  # exact cuts draw nothing: one run
+            r_linear = args.hybrid_r_linear if sampling == "hybrid" else None
             solver = KernelCuttingPlane(x, y, C_svm * N, kernel="rbf", gamma=gamma, sampling=sampling, r=max(r, 1),
-                                        eps=args.eps, seed=seed)
+                                        r_linear=r_linear, eps=args.eps, seed=seed)
             hist = solver.fit(time_budget=args.kernel_budget)
             err = float((solver.predict(xt) != yt).double().mean())
-            entry = {"sampling": sampling, "r": r, "seed": seed, "code": code_version(), "seconds": solver.seconds,
-                     "test_error": err,
+            entry = {"sampling": sampling, "r": r, "r_linear": r_linear, "seed": seed, "code": code_version(),
+                     "seconds": solver.seconds, "test_error": err,
                      "iterations": solver.steps_done, "converged": hist[-1]["converged"],
                      "cuts": hist[-1]["cuts"], "kernel_evaluations": hist[-1]["kernel_evaluations"],
                      "speedup_vs_svc": t_svc / solver.seconds, "error_minus_svc": err - err_svc}
@@ -212,14 +213,15 @@ def run_kernel(args):
     x, y = ts.data.a9a("train")
     xt, yt = ts.data.a9a("test")
     for n in args.a9a_sizes:
-        configs = [("exact", 0)] * args.with_exact + [(s, r) for r in args.rs for s in ("linear", "constant")]
+        configs = ([("exact", 0)] * args.with_exact + [(s, r) for r in args.rs for s in ("linear", "constant")]
+                   + [("hybrid", r) for r in args.hybrid_rs])
         compare("a9a", x[:n], y[:n], xt, yt, args.C_svm, args.gamma, configs)
     tx, ty = ts.data.checkers(args.checkers_test, seed=2)
     for N in args.checkers_sizes:
         cx, cy = ts.data.checkers(N, seed=1)
         configs = ([("exact", 0)] * (N <= args.checkers_exact_max)
                    + [("linear", r) for r in args.checkers_rs if N <= args.checkers_linear_max]
-                   + [("constant", r) for r in args.checkers_rs])
+                   + [("constant", r) for r in args.checkers_rs] + [("hybrid", r) for r in args.hybrid_rs])
         compare("checkers", cx, cy, tx, ty, 1.0, 20.0, configs)
     return results
 
@@ -287,7 +289,7 @@ def plot_kernel(data, path):
     for sampling, r in names:
         pts = [(row["n_train"], mean_run(runs, row)) for row in rows for key, runs in cut_groups(row).items()
                if key == (sampling, r)]
-        label = f"{sampling}-time r={r}"
+        label = f"{sampling} r={r}" if sampling == "hybrid" else f"{sampling}-time r={r}"
         ax.loglog([n for n, _ in pts], [c["seconds"] for _, c in pts], "o-", label=label)
         bx.semilogx([n for n, _ in pts], [100 * c["test_error"] for _, c in pts], "o-", label=label)
     ax.set_xlabel("training examples N")
@@ -364,6 +366,8 @@ def report(all_data):
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
             for (sampling, r), runs in cut_groups(row).items():
                 name = "exact" if sampling == "exact" else f"{sampling} r={r}"
+                if sampling == "hybrid":
+                    name += f" then {runs[0]['r_linear']}"
                 for c in runs:
                     seed = f", seed {c['seed']}" if len(runs) > 1 else ""
                     lines.append(f"| {row['dataset']} | {row['n_train']} | {name}{seed} | {c['seconds']:.1f} | "
@@ -405,7 +409,10 @@ def main():
     ap.add_argument("--checkers-linear-max", type=int, default=100000,
                     help="linear-time sampled cuts only up to this N (each cut costs N r kernel evaluations)")
     ap.add_argument("--checkers-exact-max", type=int, default=0, help="exact cuts only up to this N")
-    ap.add_argument("--checkers-rs", type=int, nargs="+", default=[400, 1000])
+    ap.add_argument("--checkers-rs", type=int, nargs="*", default=[400, 1000])
+    ap.add_argument("--hybrid-rs", type=int, nargs="*", default=[],
+                    help="kernel part: constant-time draws of sampling='hybrid' runs (both data sets)")
+    ap.add_argument("--hybrid-r-linear", type=int, default=400, help="the hybrid runs' linear-time draws")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
                     help="kernel part: sampling seeds per sampled-cut configuration (seed 004 reports means of 3)")
     ap.add_argument("--reuse-svc", action="store_true",

@@ -138,7 +138,7 @@ def test_exact_linear_kernel_multiclass_matches_one_slack():
     assert solver.predict(x).shape == (N,)
 
 
-@pytest.mark.parametrize("sampling,r,tol", [("linear", 200, 0.06), ("constant", 200, 0.1)])
+@pytest.mark.parametrize("sampling,r,tol", [("linear", 200, 0.06), ("constant", 200, 0.1), ("hybrid", 200, 0.1)])
 def test_sampled_cuts_reach_near_the_optimum(sampling, r, tol):
     x, y = binary_data(n=150, seed=2)
     C, gamma = 150.0, 0.5
@@ -197,6 +197,38 @@ def test_constant_time_cost_is_independent_of_n_and_stops_after_patience():
         # r draws scored against every basis so far, plus r^2 for a new cut's own Gram entry: no term in n
         bound = sum(20 * 20 * (i + 1) for i in range(len(history)))
         assert history[-1]["kernel_evaluations"] <= bound
+
+
+def test_hybrid_switches_to_linear_time_with_the_cache_of_the_constant_time_cuts():
+    """At Alg. 2's stop, "hybrid" builds the cache of every cut so far in one pass (N U evaluations) and goes on
+    with linear-time cuts (r_linear draws) to Alg. 3's exact exit test."""
+    x, y = binary_data(n=500, seed=8)
+    solver = KernelCuttingPlane(x, y, 50.0, gamma=0.5, sampling="hybrid", r=20, r_linear=25, eps=1e-3, seed=2)
+    history = []
+    while not history or history[-1]["mode"] == "constant":
+        history.append(solver.step())
+        assert len(history) < 2000
+    assert not history[-1]["converged"] and [r["added"] for r in history[-4:]] == [0, 0, 0, 0]
+    T, U = len(solver.basis), solver._concat()[3].numel()
+    before = history[-2]["kernel_evaluations"]
+    # the last constant-time step scores its r = 20 draws, then the switch makes its one pass
+    assert history[-1]["kernel_evaluations"] == before + 20 * U + 500 * U
+    assert solver.cache.shape == (T, 500, 1)
+    count = solver.kernel.evaluations
+    torch.testing.assert_close(solver.training_scores(), solver._expansion_scores(x), rtol=1e-10, atol=1e-12)
+    solver.kernel.evaluations = count
+    state = solver.state_dict()
+    assert state["mode"] == "linear"
+    rest = solver.fit(max_iter=2000)
+    assert rest[-1]["converged"] and all(r["mode"] == "linear" for r in rest)
+    # linear-time cuts: r_linear draws each, and the exact exit test (the full-pass risk within eps of xi)
+    added = sum(r["added"] for r in rest)
+    assert added >= 1 and solver.kernel.evaluations == count + added * 500 * 25
+    assert solver.objective()["risk"] - solver._xi() <= 1e-3 + 1e-12
+    torch.testing.assert_close(solver.training_scores(), solver._expansion_scores(x), rtol=1e-10, atol=1e-12)
+    resumed = KernelCuttingPlane(x, y, 50.0, gamma=0.5, sampling="hybrid", r=20, r_linear=25, eps=1e-3)
+    resumed.load_state_dict(state)
+    assert resumed.mode == "linear" and resumed.fit(max_iter=2000)[-1]["converged"]
 
 
 def test_state_dict_resumes_the_same_trajectory():

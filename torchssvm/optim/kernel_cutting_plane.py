@@ -12,7 +12,7 @@ hinge is ``max(0, 1 - y f(x))`` with ``f = <w, phi>``, the SVM without bias at `
 A cut is a kernel expansion (note 004, section 2.2): basis examples ``l`` with label-difference rows
 ``E_l = F_{y_l} - F_{y^_l}`` and one coefficient ``a``, ``g = a sum_l phi(x_l) (x) E_l``, and an offset ``c``;
 ``w = sum_k alpha_k g_k`` solves the working-set QP (OP2) ``max sum alpha c - 1/2 alpha^T G alpha`` over
-``alpha >= 0, sum alpha <= C`` (`simplex_qp`, warm-started). Three ways to make the cut:
+``alpha >= 0, sum alpha <= C`` (`simplex_qp`, warm-started). Ways to make the cut:
 
 - ``sampling="exact"`` (Alg. 1): all N examples, basis = the violators I, ``a = 1/N``. Stops when the exact
   cut is violated by at most ``eps``; the QP value is then a certified lower bound (``gap``).
@@ -21,6 +21,12 @@ A cut is a kernel expansion (note 004, section 2.2): basis examples ``l`` with l
   violated by more than ``eps`` (at most ``max_resample`` times).
 - ``"constant"`` (Alg. 2): ``r`` uniform draws from all N, offset and ``g`` both sampled, ``a = 1/r``; stops
   after ``patience`` (p = 4) consecutive non-violated samples. Cost independent of N.
+- ``"hybrid"`` (ours, an instance of Alg. 4's template): constant-time cuts until Alg. 2's stop, then the cache
+  is built for the cuts so far (``N U`` evaluations, U their distinct basis points) and linear-time cuts with
+  ``r_linear`` draws continue from that ``w`` to Alg. 3's exact exit test. Constant-time's stop is decided by
+  a sampled violation whose noise (``sqrt(err / r)``, about 5e-3 on Checkers at r = 1500) is far above
+  ``eps``, so it stops early; the linear-time phase finishes the job in few iterations, each ``N r_linear``
+  evaluations, instead of the hundreds a cold linear-time run needs.
 
 Exact and linear keep the paper's cache (section 4.2.1): ``A[k] (N, S)`` = ``g_k . Psi(x_i, .)`` in label
 feature space, so scoring all examples and the new Gram row cost no kernel evaluation; a new cut costs
@@ -40,7 +46,7 @@ from .loop import log_scalars, run_steps
 from .mercer import MercerKernel
 from .simplex_qp import simplex_qp
 
-SAMPLINGS = ("exact", "linear", "constant")
+SAMPLINGS = ("exact", "linear", "constant", "hybrid")
 # Kernel blocks are consumed block by block (kernel, then a product with the expansion's rows) so that a block
 # is still in cache when it is read again: at 2^21 float64 entries (16 MiB) the constant-time step on Checkers
 # (r = 1500 draws against about 10^4 basis points) runs 2-3x faster on the 2-core EPYC than one (r, U) block.
@@ -57,8 +63,9 @@ class KernelCuttingPlane:
         y: ``(N,)``: ``-1/+1`` (binary) or ``0..K-1`` (multiclass, ``num_classes`` or ``max + 1`` classes).
         C: the average-slack C of OP1 (> 0).
         kernel, gamma: `MercerKernel` (``"rbf"`` with ``exp(-gamma ||x - x'||^2)``, or ``"linear"``).
-        sampling: ``"exact"``, ``"linear"`` or ``"constant"``.
-        r: draws per sampled cut.
+        sampling: ``"exact"``, ``"linear"``, ``"constant"`` or ``"hybrid"``.
+        r: draws per sampled cut (constant-time draws in ``"hybrid"``).
+        r_linear: the linear-time phase's draws per cut in ``"hybrid"`` (default: r).
         eps: violation tolerance (seed 004: 0.001).
         inactive_after: QP iterations with zero weight before a cut is dropped (0: never).
         patience: consecutive non-violated samples that stop constant-time (seed 004: 4).
@@ -78,8 +85,9 @@ class KernelCuttingPlane:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, C: float = 1.0, *, kernel: str = "rbf",
                  gamma: Optional[float] = None, num_classes: Optional[int] = None, sampling: str = "linear",
-                 r: int = 400, eps: float = 1e-3, inactive_after: int = 20, patience: int = 4,
-                 max_resample: int = 100, qp_tol: float = 1e-3, seed: int = 0, chunk: int = 4096, writer=None):
+                 r: int = 400, r_linear: Optional[int] = None, eps: float = 1e-3, inactive_after: int = 20,
+                 patience: int = 4, max_resample: int = 100, qp_tol: float = 1e-3, seed: int = 0, chunk: int = 4096,
+                 writer=None):
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] == 0 or not x.is_floating_point():
             raise ValueError("x must be a non-empty (N, D) float tensor")
         if not torch.isfinite(x).all():
@@ -93,8 +101,9 @@ class KernelCuttingPlane:
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
                     and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        for name, value, low in (("r", r, 1), ("inactive_after", inactive_after, 0), ("patience", patience, 1),
-                                 ("max_resample", max_resample, 1), ("chunk", chunk, 1)):
+        r_linear = r if r_linear is None else r_linear
+        for name, value, low in (("r", r, 1), ("r_linear", r_linear, 1), ("inactive_after", inactive_after, 0),
+                                 ("patience", patience, 1), ("max_resample", max_resample, 1), ("chunk", chunk, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         values = set(y.unique().tolist())
@@ -112,7 +121,9 @@ class KernelCuttingPlane:
         self.x, self.N, self.S = x, N, self.F.shape[0]
         self.kernel = MercerKernel(kernel, gamma)
         self.kernel.fit_scale(x)
-        self.C, self.sampling, self.r, self.eps = float(C), sampling, r, float(eps)
+        self.C, self.sampling, self.r, self.r_linear, self.eps = float(C), sampling, r, r_linear, float(eps)
+        # the cut oracle in use: "hybrid" starts constant-time and switches to linear-time (`_switch_to_linear`)
+        self.mode = "constant" if sampling == "hybrid" else sampling
         self.inactive_after, self.patience, self.max_resample = inactive_after, patience, max_resample
         self.qp_tol, self.chunk, self.writer = float(qp_tol), chunk, writer
         self.generator = torch.Generator().manual_seed(int(seed))
@@ -225,12 +236,13 @@ class KernelCuttingPlane:
     def _linear_time_draw(self, I: torch.Tensor):
         """Alg. 3's sample: ``r`` indices drawn with replacement from the violators ``I`` and the coefficient
         ``a = |I| / (N r)`` that makes ``g`` unbiased for the exact cut (examples outside I contribute 0)."""
-        draw = I[torch.randint(I.numel(), (self.r,), generator=self.generator).to(I.device)]
-        return draw, I.numel() / (self.N * self.r)
+        r = self.r_linear if self.sampling == "hybrid" else self.r
+        draw = I[torch.randint(I.numel(), (r,), generator=self.generator).to(I.device)]
+        return draw, I.numel() / (self.N * r)
 
     def training_scores(self) -> torch.Tensor:
         """``w . (phi(x_i) (x) e)`` of the training examples, ``(N, S')`` (from the cache when there is one)."""
-        if self.sampling != "constant" and self.basis:
+        if self.mode != "constant" and self.basis:
             return (self.cache * self.alpha.view(-1, 1, 1)).sum(0)
         count = self.kernel.evaluations
         fS = self._expansion_scores(self.x)
@@ -243,7 +255,7 @@ class KernelCuttingPlane:
         ``k(x_idx, all bases)``, computed for scoring) plus ``k(x_idx, x_idx)``."""
         t = self.offsets.shape[0]
         row = torch.zeros(t + 1, dtype=torch.float64, device=self.x.device)
-        if self.sampling == "constant":
+        if self.mode == "constant":
             if t:  # <g_k, g_new> = a a_k sum_{l in new, j in cut k} k(x_l, x_j) <E_l, E_j>
                 _, diffs, cut, _, inv = self._concat()
                 Z = Kblock.T @ E  # (U, S'): sum_l k(x_l, x_u) E_l per unique basis point u
@@ -274,6 +286,26 @@ class KernelCuttingPlane:
         self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(1)])
         self.age = torch.cat([self.age, self.age.new_zeros(1)])
 
+    def _switch_to_linear(self) -> None:
+        """``"hybrid"``: end the constant-time phase. The cache ``A[k] = g_k . (phi(x_i) (x) e)`` of every cut so
+        far comes from one pass of kernel blocks against the U distinct basis points, ``k(x, x_U) W`` with
+        ``W[u, (k, s)] = a_k sum of the rows E_l of cut k at point u`` (``N U`` evaluations, training cost)."""
+        S1 = self.F.shape[1]
+        T = len(self.basis)
+        cache = torch.zeros(T, self.N, S1, dtype=torch.float64, device=self.x.device)
+        if T:
+            _, diffs, cut, uniq, inv = self._concat()
+            W = torch.zeros(uniq.numel(), T, S1, dtype=torch.float64, device=self.x.device)
+            W.index_put_((inv, cut), diffs * self.coef[cut].unsqueeze(1), accumulate=True)
+            W = W.reshape(uniq.numel(), T * S1)
+            flat = torch.empty(self.N, T * S1, dtype=torch.float64, device=self.x.device)
+            xb = self.x[uniq]
+            step = self._block_rows(uniq.numel())
+            for s in range(0, self.N, step):
+                flat[s : s + step] = self.kernel(self.x[s : s + step], xb, torch.float64) @ W
+            cache = flat.view(self.N, T, S1).permute(1, 0, 2).contiguous()
+        self.cache, self.mode, self.quiet = cache, "linear", 0
+
     def _remove_inactive(self) -> int:
         if self.inactive_after == 0 or self.offsets.numel() == 0:
             return 0
@@ -288,7 +320,7 @@ class KernelCuttingPlane:
                 setattr(self, name, getattr(self, name)[keep])
             self.G = self.G[keep][:, keep]
             self._cat = None
-            if self.sampling != "constant":
+            if self.mode != "constant":
                 self.cache = self.cache[keep]
         return removed
 
@@ -332,7 +364,7 @@ class KernelCuttingPlane:
         report = {}
         added = False
         resamples = 0
-        if self.sampling == "constant":
+        if self.mode == "constant":
             draw = torch.randint(self.N, (self.r,), generator=self.generator).to(dev)
             fS, yhat, delta, Kviol = self._score_draws(draw)
             c = float(delta.mean())
@@ -346,6 +378,9 @@ class KernelCuttingPlane:
             else:
                 self.quiet += 1
             converged = self.quiet >= self.patience
+            if converged and self.sampling == "hybrid":
+                self._switch_to_linear()
+                converged = False
             report["train_error_sampled"] = float((delta > 0).double().mean())
         else:
             all_idx = torch.arange(self.N, device=dev)
@@ -362,7 +397,7 @@ class KernelCuttingPlane:
                 I = (delta > 0).nonzero().squeeze(1)
                 c = float(delta.mean())
                 E_all = self.F[self.truth] - self.F[yhat]
-                if self.sampling == "exact":
+                if self.mode == "exact":
                     self._add(I, E_all[I], 1.0 / self.N, c)
                 else:
                     best = None
@@ -386,7 +421,7 @@ class KernelCuttingPlane:
         r = {"violation": violation, "xi": xi, "added": int(added), "removed": removed,
              "cuts": int(self.offsets.numel()), "dual": dual, "qp_iterations": qp_iter, "resamples": resamples,
              "kernel_evaluations": self.kernel.evaluations, "time": self.seconds, "qp_seconds": self.qp_seconds,
-             "iteration": self.steps_done, "converged": bool(converged), **report}
+             "iteration": self.steps_done, "converged": bool(converged), "mode": self.mode, **report}
         if "primal" in r:
             r["gap"] = r["primal"] - dual
             r["gap_exact"] = self.sampling == "exact"
@@ -413,7 +448,7 @@ class KernelCuttingPlane:
         return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
                 "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
                 "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
-                "cache": self.cache.clone(), "quiet": self.quiet, "steps_done": self.steps_done,
+                "cache": self.cache.clone(), "mode": self.mode, "quiet": self.quiet, "steps_done": self.steps_done,
                 "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
                 "generator": self.generator.get_state()}
 
@@ -434,5 +469,6 @@ class KernelCuttingPlane:
         for k in ("coef", "offsets", "alpha", "age", "G", "cache"):
             setattr(self, k, state[k].to(dev).clone())
         self.quiet, self.steps_done = int(state["quiet"]), int(state["steps_done"])
+        self.mode = state.get("mode", self.mode)
         self.seconds, self.kernel.evaluations = float(state["seconds"]), int(state["kernel_evaluations"])
         self.generator.set_state(state["generator"])
