@@ -80,6 +80,30 @@ def test_constant_time_block_by_block_scoring_matches_one_block(monkeypatch):
     torch.testing.assert_close(many.G, one.G, rtol=1e-10, atol=1e-12)
 
 
+def test_cut_cache_slots_match_a_plain_list_of_rows():
+    """Adding, dropping (slots freed, never moved) and re-adding rows: the rows in cut order, the weighted sum
+    and the gathered entries equal those of a plain list."""
+    from torchssvm.optim.kernel_cutting_plane import CutCache
+
+    g = torch.Generator().manual_seed(3)
+    cache, plain = CutCache(11, 2, "cpu"), []
+    for step in range(40):
+        row = torch.randn(11, 2, generator=g, dtype=torch.float64)
+        cache.add(row)
+        plain.append(row)
+        if step % 3 == 2:
+            mask = torch.rand(len(plain), generator=g) > 0.4
+            cache.keep(mask)
+            plain = [r for r, k in zip(plain, mask.tolist()) if k]
+        rows = torch.stack(plain) if plain else torch.zeros(0, 11, 2, dtype=torch.float64)
+        assert torch.equal(cache.rows(), rows)
+        alpha = torch.rand(len(plain), generator=g, dtype=torch.float64)
+        torch.testing.assert_close(cache.scores(alpha), (alpha.view(-1, 1, 1) * rows).sum(0), rtol=1e-14, atol=1e-14)
+        idx = torch.tensor([4, 0, 4, 10])
+        assert torch.equal(cache.at(idx), rows[:, idx, :])
+    assert cache.buf.shape[0] <= 2 * max(8, len(plain) + 40)
+
+
 def svm_dual_optimum(x, y, C, gamma):
     """The SVM without bias, ``min 1/2 ||u||^2 + (C/N) sum hinge``, by its box-constrained dual solved with
     projected Newton: ``(optimum, beta)``."""
