@@ -11,7 +11,8 @@ the largest certified dual value brackets it. Pragam-b (with bias) solves a diff
 accuracy and time are compared, as in the paper.
 
 Kernel (``--part kernel``): the RBF SVM without bias (``C_svm = C / N``, gamma as given) by
-`KernelCuttingPlane` with exact cuts and linear-time / constant-time sampled cuts for each ``--rs``, against
+`KernelCuttingPlane` with exact cuts, linear-time / constant-time sampled cuts for each ``--rs`` and hybrid cuts
+for each ``--hybrid-rs`` (each sampled configuration once per ``--seeds`` seed; the report adds their means), against
 scikit-learn's SVC (libsvm, same kernel and C, with its bias) on the a9a training split (``--kernel-n``
 examples) and on the seeded Checkers board at ``--checkers-sizes``: training seconds and test error.
 
@@ -361,7 +362,13 @@ def report(all_data):
                 lines.append(f"| {row['dataset']} | {row['n_train']} | (budget {row['budget']:.0f} s per run) "
                              "| | | | | | |")
             if "code" in row:
-                lines.append(f"| {row['dataset']} | {row['n_train']} | (code at {row['code']}) | | | | | | |")
+                later = {}
+                for (sampling, r), runs in cut_groups(row).items():
+                    for code in dict.fromkeys(c.get("code", row["code"]) for c in runs):
+                        if code != row["code"]:
+                            later.setdefault(code, []).append("exact" if sampling == "exact" else f"{sampling} r={r}")
+                note = "".join(f"; {', '.join(names)} at {code}" for code, names in later.items())
+                lines.append(f"| {row['dataset']} | {row['n_train']} | (code at {row['code']}{note}) | | | | | | |")
             lines.append(f"| {row['dataset']} | {row['n_train']} | SVC (libsvm) | {s['seconds']:.1f} | "
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
             for (sampling, r), runs in cut_groups(row).items():
