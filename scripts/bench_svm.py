@@ -287,19 +287,22 @@ def plot_kernel(data, path):
     ax.loglog(ns, [r["svc"]["seconds"] for r in rows], "ko-", label="SVC (libsvm)")
     bx.semilogx(ns, [100 * r["svc"]["test_error"] for r in rows], "ko-", label="SVC (libsvm)")
     names = sorted({(c["sampling"], c["r"]) for r in rows for c in r["cuts"]})
-    for sampling, r in names:
+    styles = {"constant": "-", "linear": "--", "hybrid": "-.", "exact": ":"}
+    colors = plt.get_cmap("tab20").colors
+    for k, (sampling, r) in enumerate(names):
         pts = [(row["n_train"], mean_run(runs, row)) for row in rows for key, runs in cut_groups(row).items()
                if key == (sampling, r)]
-        label = f"{sampling} r={r}" if sampling == "hybrid" else f"{sampling}-time r={r}"
-        ax.loglog([n for n, _ in pts], [c["seconds"] for _, c in pts], "o-", label=label)
-        bx.semilogx([n for n, _ in pts], [100 * c["test_error"] for _, c in pts], "o-", label=label)
+        label = {"hybrid": f"hybrid r={r}", "exact": "exact cuts"}.get(sampling, f"{sampling}-time r={r}")
+        style = {"marker": "o", "linestyle": styles[sampling], "color": colors[k % len(colors)], "label": label}
+        ax.loglog([n for n, _ in pts], [c["seconds"] for _, c in pts], **style)
+        bx.semilogx([n for n, _ in pts], [100 * c["test_error"] for _, c in pts], **style)
     ax.set_xlabel("training examples N")
     ax.set_ylabel("training seconds (this machine)")
     ax.set_title("Checkers: training time")
     bx.set_xlabel("training examples N")
     bx.set_ylabel("test error (%)")
     bx.set_title("Checkers: test error")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
