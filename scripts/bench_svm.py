@@ -28,6 +28,7 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -175,11 +176,11 @@ def run_kernel(args):
         old = old_rows.get((dataset, N))
         if old is not None:  # --reuse-svc: keep the row's SVC run and its other cuts, add / replace these
             row = json.loads(json.dumps(old))
-            t_svc, err_svc = row["svc"]["seconds"], row["svc"]["test_error"]
             fresh = {(sampling, r, seed) for sampling, r in configs for seed in args.seeds}
             row["cuts"] = [c for c in row["cuts"] if (c["sampling"], c["r"], c.get("seed", 0)) not in fresh]
-            print(f"{dataset} N={N}: SVC reused ({t_svc:.1f} s, test error {err_svc:.4f})", flush=True)
-            return _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc)
+            print(f"{dataset} N={N}: SVC reused ({row['svc']['seconds']:.1f} s, test error "
+                  f"{row['svc']['test_error']:.4f})", flush=True)
+            return _run_cuts(row, x, y, xt, yt, configs)
         t0 = time.perf_counter()
         svc = SVC(C=C_svm, kernel="rbf", gamma=gamma, tol=1e-3, cache_size=2000).fit(x.numpy(), y.numpy())
         t_svc = time.perf_counter() - t0
@@ -189,10 +190,11 @@ def run_kernel(args):
                "svc": {"seconds": t_svc, "test_error": err_svc, "support_vectors": int(svc.n_support_.sum())},
                "cuts": []}
         print(f"{dataset} N={N}: SVC {t_svc:.1f} s, test error {err_svc:.4f}", flush=True)
-        return _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc)
+        return _run_cuts(row, x, y, xt, yt, configs)
 
-    def _run_cuts(row, x, y, xt, yt, C_svm, gamma, configs, t_svc, err_svc):
-        N = x.shape[0]
+    def _run_cuts(row, x, y, xt, yt, configs):
+        N, C_svm, gamma = x.shape[0], row["C_svm"], row["gamma"]
+        t_svc, err_svc = row["svc"]["seconds"], row["svc"]["test_error"]
         for (sampling, r), seed in itertools.product(configs, args.seeds):
             if sampling == "exact" and seed != args.seeds[0]:
                 continue  # exact cuts draw nothing: one run
@@ -227,6 +229,13 @@ def run_kernel(args):
     return results
 
 
+def run_name(sampling, r, r_linear=None):
+    """``"exact"``, ``"constant r=400"``, ``"hybrid r=1000 then 400"``."""
+    if sampling == "exact":
+        return "exact"
+    return f"{sampling} r={r}" + (f" then {r_linear}" if sampling == "hybrid" and r_linear is not None else "")
+
+
 def cut_groups(row):
     """The row's cut runs grouped by ``(sampling, r)`` in order of first appearance, each group a list of runs
     (one per seed)."""
@@ -240,11 +249,10 @@ def mean_run(runs, row):
     """Seed 004's protocol (3 seeds, means): the mean seconds and test error of ``runs``, with the speed-up of the
     mean time and the standard deviations."""
     k = len(runs)
-    sec = sum(c["seconds"] for c in runs) / k
-    err = sum(c["test_error"] for c in runs) / k
-    sd = (lambda v, m: math.sqrt(sum((x - m) ** 2 for x in v) / (k - 1)) if k > 1 else 0.0)  # noqa: E731
-    return {"seconds": sec, "test_error": err, "seconds_std": sd([c["seconds"] for c in runs], sec),
-            "test_error_std": sd([c["test_error"] for c in runs], err),
+    secs, errs = [c["seconds"] for c in runs], [c["test_error"] for c in runs]
+    sec, err = sum(secs) / k, sum(errs) / k
+    sd = (lambda v: statistics.stdev(v) if k > 1 else 0.0)  # noqa: E731
+    return {"seconds": sec, "test_error": err, "seconds_std": sd(secs), "test_error_std": sd(errs),
             "speedup_vs_svc": row["svc"]["seconds"] / sec, "error_minus_svc": err - row["svc"]["test_error"],
             "iterations": sum(c["iterations"] for c in runs) / k, "converged": all(c["converged"] for c in runs),
             "seeds": k}
@@ -369,15 +377,13 @@ def report(all_data):
                 for (sampling, r), runs in cut_groups(row).items():
                     for code in dict.fromkeys(c.get("code", row["code"]) for c in runs):
                         if code != row["code"]:
-                            later.setdefault(code, []).append("exact" if sampling == "exact" else f"{sampling} r={r}")
+                            later.setdefault(code, []).append(run_name(sampling, r))
                 note = "".join(f"; {', '.join(names)} at {code}" for code, names in later.items())
                 lines.append(f"| {row['dataset']} | {row['n_train']} | (code at {row['code']}{note}) | | | | | | |")
             lines.append(f"| {row['dataset']} | {row['n_train']} | SVC (libsvm) | {s['seconds']:.1f} | "
                          f"{100 * s['test_error']:.2f} | 0 | 1 | - | - |")
             for (sampling, r), runs in cut_groups(row).items():
-                name = "exact" if sampling == "exact" else f"{sampling} r={r}"
-                if sampling == "hybrid":
-                    name += f" then {runs[0]['r_linear']}"
+                name = run_name(sampling, r, runs[0].get("r_linear"))
                 for c in runs:
                     seed = f", seed {c['seed']}" if len(runs) > 1 else ""
                     lines.append(f"| {row['dataset']} | {row['n_train']} | {name}{seed} | {c['seconds']:.1f} | "

@@ -72,7 +72,7 @@ class CutCache:
         return self.buf[self.slot]
 
     def set(self, rows: torch.Tensor) -> None:
-        self.buf = rows.to(torch.float64).contiguous().clone()
+        self.buf = rows.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
         self.slot = torch.arange(rows.shape[0], device=rows.device)
         self.free = []
 
@@ -220,10 +220,15 @@ class KernelCuttingPlane:
             return out
         keep = rows.abs().sum(1) > 0
         idx, rows = idx[keep], rows[keep]
+        return self._kernel_product(x, idx, rows)
+
+    def _kernel_product(self, x: torch.Tensor, idx: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """``k(x, x_idx) @ W`` ``(q, W.shape[1])`` in float64, one cache-sized kernel block at a time."""
+        out = torch.empty(x.shape[0], W.shape[1], dtype=torch.float64, device=x.device)
         xb = self.x[idx]
         step = self._block_rows(idx.numel())
         for s in range(0, x.shape[0], step):
-            out[s : s + step] = self.kernel(x[s : s + step], xb, torch.float64) @ rows
+            out[s : s + step] = self.kernel(x[s : s + step], xb, torch.float64) @ W
         return out
 
     def _block_rows(self, width: int) -> int:
@@ -312,12 +317,7 @@ class KernelCuttingPlane:
             Kself = self.kernel(self.x[idx], self.x[idx], torch.float64)
             row[t] = a * a * float((Kself * (E @ E.T)).sum())
         else:
-            A_new = torch.empty(self.N, E.shape[1], dtype=torch.float64, device=self.x.device)
-            xb = self.x[idx]
-            step = self._block_rows(idx.numel())
-            for s in range(0, self.N, step):
-                A_new[s : s + step] = a * (self.kernel(self.x[s : s + step], xb, torch.float64) @ E)
-            self._cache.add(A_new)
+            self._cache.add(self._kernel_product(self.x, idx, a * E))
             # <g_k, g_new> = a sum_l <A_k[idx_l], E_l>
             row = a * (self._cache.at(idx) * E.unsqueeze(0)).sum((1, 2))
         G = torch.zeros(t + 1, t + 1, dtype=torch.float64, device=self.x.device)
@@ -342,19 +342,12 @@ class KernelCuttingPlane:
         """``"hybrid"``: end the constant-time phase. The cache ``A[k] = g_k . (phi(x_i) (x) e)`` of every cut so
         far comes from one pass of kernel blocks against the U distinct basis points, ``k(x, x_U) W`` with
         ``W[u, (k, s)] = a_k sum of the rows E_l of cut k at point u`` (``N U`` evaluations, training cost)."""
-        S1 = self.F.shape[1]
-        T = len(self.basis)
-        self._cache.set(torch.zeros(T, self.N, S1, dtype=torch.float64, device=self.x.device))
+        S1, T = self.F.shape[1], len(self.basis)
         if T:
             _, diffs, cut, uniq, inv = self._concat()
             W = torch.zeros(uniq.numel(), T, S1, dtype=torch.float64, device=self.x.device)
             W.index_put_((inv, cut), diffs * self.coef[cut].unsqueeze(1), accumulate=True)
-            W = W.reshape(uniq.numel(), T * S1)
-            flat = torch.empty(self.N, T * S1, dtype=torch.float64, device=self.x.device)
-            xb = self.x[uniq]
-            step = self._block_rows(uniq.numel())
-            for s in range(0, self.N, step):
-                flat[s : s + step] = self.kernel(self.x[s : s + step], xb, torch.float64) @ W
+            flat = self._kernel_product(self.x, uniq, W.reshape(uniq.numel(), T * S1))
             self._cache.set(flat.view(self.N, T, S1).permute(1, 0, 2))
         self.mode, self.quiet = "linear", 0
 
@@ -500,7 +493,7 @@ class KernelCuttingPlane:
         return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
                 "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
                 "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
-                "cache": self.cache.clone(), "mode": self.mode, "quiet": self.quiet, "steps_done": self.steps_done,
+                "cache": self.cache, "mode": self.mode, "quiet": self.quiet, "steps_done": self.steps_done,
                 "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
                 "generator": self.generator.get_state()}
 
