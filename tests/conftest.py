@@ -64,3 +64,13 @@ def brute_force_chain(unary, transition, start, end, length, loss=None):
     # reverse-lexicographic minimum: compare from the last position backwards
     key = (ties.flip(1) * (K ** torch.arange(length - 1, -1, -1))).sum(1)
     return ties[key.argmin()].tolist(), float(best)
+
+
+def linear_classes(n, d, K, noise, seed):
+    """Seeded multiclass data ``(x (n, d) float64, y (n,) long)``: ``y = argmax(x W + noise * N(0, I))`` with a
+    random ``W (d, K)``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    W = torch.randn(d, K, generator=g, dtype=torch.float64)
+    y = (x @ W + noise * torch.randn(n, K, generator=g, dtype=torch.float64)).argmax(1)
+    return x, y

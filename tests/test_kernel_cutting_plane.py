@@ -5,6 +5,7 @@ counts; state and errors."""
 
 import pytest
 import torch
+from conftest import linear_classes
 
 from torchssvm.optim import BMRM, FeatureTableProblem, HingeRisk, OneSlackCuttingPlane
 from torchssvm.optim.box_qp import box_qp
@@ -20,11 +21,7 @@ def binary_data(n=80, d=3, seed=0):
 
 
 def multiclass_data(n=60, d=3, K=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    W = torch.randn(d, K, generator=g, dtype=torch.float64)
-    y = (x @ W + 0.7 * torch.randn(n, K, generator=g, dtype=torch.float64)).argmax(1)
-    return x, y
+    return linear_classes(n, d, K, 0.7, seed)
 
 
 def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_at_minus_80():

@@ -5,17 +5,14 @@ input, resume and errors."""
 
 import pytest
 import torch
+from conftest import linear_classes
 
 from torchssvm.optim import BCFW, MulticlassPragam, Pragam
 from torchssvm.optim.problems import FeatureTableProblem
 
 
 def make_data(n=90, d=6, K=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, d, generator=g, dtype=torch.float64)
-    W = torch.randn(d, K, generator=g, dtype=torch.float64)
-    y = (X @ W + 0.8 * torch.randn(n, K, generator=g, dtype=torch.float64)).argmax(1)
-    return X, y
+    return linear_classes(n, d, K, 0.8, seed)
 
 
 def explicit_A(X, y, K):
