@@ -19,7 +19,13 @@ from .distance_transform_torch import distance_transform_1d_torch
 from .distance_transform_torch import distance_transform_2d as distance_transform_2d_torch
 from .simplex_torch import project_simplex_torch
 from .slack_chain_torch import slack_viterbi_torch
-from .tree_torch import TreeSchedule, spatial_tree_max_sum_torch, tree_max_sum_torch, tree_schedule
+from .tree_torch import (
+    TreeSchedule,
+    mixture_tree_max_sum_torch,
+    spatial_tree_max_sum_torch,
+    tree_max_sum_torch,
+    tree_schedule,
+)
 from .viterbi_torch import viterbi_torch
 
 BACKENDS = ("auto", "torch", "triton", "numba")
@@ -268,6 +274,29 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
 
 
 @torch.no_grad()
+def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int, child_scores=None,
+                         parent_scores=None, backend: str = "auto"):
+    """Max-sum on a pictorial-structure tree with T mixture types per edge; see `mixture_tree_max_sum_torch`
+    (returns positions ``(B, V)``, types ``(B, E)`` and values ``(B,)``). Raises a ValueError naming
+    ``weights`` if a quadratic weight is negative."""
+    sched = tree_schedule(parents)
+    check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
+    be = resolve_backend(backend, unary.device, has_numba=True)
+    if be == "numba":
+        from .distance_transform_numba import mixture_tree_max_sum_numba
+
+        return mixture_tree_max_sum_numba(unary, weights, rest, sched.parents, height, width, child_scores,
+                                          parent_scores)
+    gdt_2d = None
+    if be == "triton":
+        from .distance_transform_triton import distance_transform_1d_triton
+
+        gdt_2d = functools.partial(distance_transform_2d_torch, gdt_1d=distance_transform_1d_triton)
+    return mixture_tree_max_sum_torch(unary, weights, rest, sched.parents, height, width, child_scores,
+                                      parent_scores, gdt_2d=gdt_2d)
+
+
+@torch.no_grad()
 def distance_transform_1d(f, a, b, r, backend: str = "auto"):
     """``out[p] = max_q f[q] - a d^2 - b d``, ``d = p - q - r``, per row of ``f (R, n)``, with its argmax; see
     `distance_transform_torch`. ``a, b, r``: ``(R,)`` of f's dtype; ``a >= 0`` (a ValueError naming ``a``)."""
@@ -307,5 +336,6 @@ __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch"
            "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
            "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
+           "mixture_tree_max_sum", "mixture_tree_max_sum_torch",
            "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",
            "distance_transform_2d", "check_quadratic_weights"]

@@ -122,21 +122,32 @@ def _gdt_2d(f, ax, bx, rx, ay, by, ry, out, arg):
                    g, argx, col, ocol, acol, v, vf)
 
 @_jit(parallel=True)
-def _spatial_tree(unary, weights, rest, order, edge_child, edge_parent, child_ptr, child_edges, root,
-                 labels, value):
-    """Max-sum on a pictorial-structure tree, one image per iteration of the parallel loop.
+def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge_child, edge_parent, child_ptr,
+                 child_edges, root, labels, types, value):
+    """Max-sum on a pictorial-structure tree with T mixture types per edge, one image per iteration of the
+    parallel loop.
 
-    ``unary (B, V, H, W)``, ``weights (B, E, 4)``, ``rest (E, 2)``; ``order (E,)``: the edges, children's
-    levels first (`tree_torch.TreeSchedule.levels`); node v's child edges, increasing, are
-    ``child_edges[child_ptr[v]:child_ptr[v + 1]]``. Writes ``labels (B, V)`` and ``value (B,)``. A
-    node's belief is its unary plus its children's messages in increasing edge order, and the root's
-    label is its belief's first maximum, as in `tree_torch.tree_max_sum_generic`."""
+    ``unary (B, V, H, W)``, ``weights (B, E, T, 4)``, ``rest (E, T, 2)``; ``child_scores`` and
+    ``parent_scores`` ``(B, E, T, H, W)``, or an empty ``(0, 0, 0, 0, 0)`` array for none; ``order (E,)``: the
+    edges, children's levels first (`tree_torch.TreeSchedule.levels`); node v's child edges, increasing, are
+    ``child_edges[child_ptr[v]:child_ptr[v + 1]]``. Writes ``labels (B, V)``, ``types (B, E)`` and ``value
+    (B,)``. A node's belief is its unary plus its children's messages in increasing edge order, a message
+    is the first maximal type per parent position, and the root's label is its belief's first maximum, as
+    in `tree_torch.tree_max_sum_generic` and `tree_torch.mixture_tree_max_sum_torch`."""
     B, V, H, W = unary.shape
     E = order.shape[0]
+    T = rest.shape[1]
+    has_child = child_scores.shape[0] > 0
+    has_parent = parent_scores.shape[0] > 0
+    direct = T == 1 and not has_parent  # the transform writes the message itself
     for i in _prange(B):
         msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
         args = np.empty((max(E, 1), H, W), dtype=np.int64)
+        targs = np.zeros((max(E, 1), H, W), dtype=np.int64)
         bel = np.empty((H, W), dtype=unary.dtype)
+        f = np.empty((H, W), dtype=unary.dtype)
+        out = np.empty((H, W), dtype=unary.dtype)
+        arg = np.empty((H, W), dtype=np.int64)
         g = np.empty((H, W), dtype=unary.dtype)
         argx = np.empty((H, W), dtype=np.int64)
         col, ocol, acol = np.empty(H, dtype=unary.dtype), np.empty(H, dtype=unary.dtype), np.empty(H, np.int64)
@@ -154,10 +165,31 @@ def _spatial_tree(unary, weights, rest, order, edge_child, edge_parent, child_pt
             if j == E:
                 break
             e = order[j]
-            w = weights[i, e]
-            # cost w . (dx, dx^2, dy, dy^2), d = l_c - l_p - r: a = w_quadratic, b = -w_linear, r = -rest
-            _gdt_2d_one(bel, w[1], -w[0], -rest[e, 0], w[3], -w[2], -rest[e, 1], msgs[e], args[e],
-                       g, argx, col, ocol, acol, v, vf)
+            for t in range(T):
+                src = bel
+                if has_child:
+                    for y in range(H):
+                        for x in range(W):
+                            f[y, x] = bel[y, x] + child_scores[i, e, t, y, x]
+                    src = f
+                w = weights[i, e, t]
+                # cost w . (dx, dx^2, dy, dy^2), d = l_c - l_p - r: a = w_quadratic, b = -w_linear, r = -rest
+                if direct:
+                    _gdt_2d_one(src, w[1], -w[0], -rest[e, t, 0], w[3], -w[2], -rest[e, t, 1], msgs[e], args[e],
+                               g, argx, col, ocol, acol, v, vf)
+                    continue
+                _gdt_2d_one(src, w[1], -w[0], -rest[e, t, 0], w[3], -w[2], -rest[e, t, 1], out, arg,
+                           g, argx, col, ocol, acol, v, vf)
+                if has_parent:
+                    for y in range(H):
+                        for x in range(W):
+                            out[y, x] = out[y, x] + parent_scores[i, e, t, y, x]
+                for y in range(H):
+                    for x in range(W):
+                        if t == 0 or out[y, x] > msgs[e, y, x]:  # first maximal type, as torch.max
+                            msgs[e, y, x] = out[y, x]
+                            args[e, y, x] = arg[y, x]
+                            targs[e, y, x] = t
         best = 0
         bestv = bel[0, 0]
         for k in range(1, H * W):
@@ -169,6 +201,7 @@ def _spatial_tree(unary, weights, rest, order, edge_child, edge_parent, child_pt
             e = order[j]
             lp = labels[i, edge_parent[e]]
             labels[i, edge_child[e]] = args[e, lp // W, lp % W]
+            types[i, e] = targs[e, lp // W, lp % W]
 
 
 def _threads():
@@ -221,26 +254,44 @@ def distance_transform_2d_numba(f: torch.Tensor, ax, bx, rx, ay, by, ry):
 def spatial_tree_max_sum_numba(unary, weights, rest, parents, height: int, width: int):
     """Same contract as `tree_torch.spatial_tree_max_sum_torch`, the whole tree in one compiled call (messages,
     argmaxes and backtracking per image, images in parallel), bitwise equal to it. CPU, float32 or float64."""
+    E = unary.shape[1] - 1
+    positions, _, value = mixture_tree_max_sum_numba(unary, weights.unsqueeze(-2), rest.reshape(E, 1, 2), parents,
+                                                     height, width)
+    return positions, value
+
+
+def mixture_tree_max_sum_numba(unary, weights, rest, parents, height: int, width: int, child_scores=None,
+                               parent_scores=None):
+    """Same contract as `tree_torch.mixture_tree_max_sum_torch` (T mixture types per edge), the whole tree in
+    one compiled call, bitwise equal to it. CPU, float32 or float64."""
     from .tree_torch import tree_schedule
 
     _check(unary)
     sched = tree_schedule(parents)
     B, V, K = unary.shape
     E = V - 1
+    T = rest.shape[1]
     dt = unary.dtype
     labels = torch.empty(B, V, dtype=torch.long)
+    types = torch.zeros(B, E, dtype=torch.long)
     value = unary.new_empty(B)
     if B == 0:
-        return labels, value
+        return labels, types, value
     order = np.array([e for level in sched.levels for e in level], dtype=np.int64)
     ptr = np.zeros(V + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(c) for c in sched.child_edges])
     kids = np.array([e for c in sched.child_edges for e in c], dtype=np.int64)
     w = weights.detach().to(dt)
-    w = (w if w.dim() == 3 else w.unsqueeze(0)).expand(B, E, 4).contiguous()
+    w = (w if w.dim() == 4 else w.unsqueeze(0)).expand(B, E, T, 4).contiguous()
+
+    def scores(s):
+        if s is None:
+            return np.empty((0, 0, 0, 0, 0), dtype=np.float32 if dt == torch.float32 else np.float64)
+        return s.detach().to(dt).contiguous().view(B, E, T, height, width).numpy()
+
     _threads()
     _spatial_tree(unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),
-                  rest.detach().to(dt).contiguous().numpy(), order,
+                  rest.detach().to(dt).contiguous().numpy(), scores(child_scores), scores(parent_scores), order,
                   np.array(sched.edge_child, dtype=np.int64), np.array(sched.edge_parent, dtype=np.int64),
-                  ptr, kids, sched.root, labels.numpy(), value.numpy())
-    return labels, value
+                  ptr, kids, sched.root, labels.numpy(), types.numpy(), value.numpy())
+    return labels, types, value

@@ -214,3 +214,69 @@ def spatial_tree_max_sum_torch(unary, weights, rest, parents, height: int, width
     """
     op = spatial_level_op(weights, rest, height, width, gdt_2d or distance_transform_2d)
     return tree_max_sum_generic(unary, tree_schedule(parents), op)
+
+
+class _MixtureLevelOp:
+    """The level op of spatial nodes with T mixture types per edge (`mixture_tree_max_sum_torch`): per edge
+    and type one 2-D transform of the child's belief (plus the type's score at the child's position), the
+    type's score at the parent's position added, then the first maximal type per parent position. It
+    returns the maximizing child position for the level's messages and keeps the maximizing type per
+    parent position in ``self.types (B, E, H*W)`` for the read-out after backtracking."""
+
+    def __init__(self, weights, rest, child_scores, parent_scores, height: int, width: int, gdt_2d, B: int):
+        self.weights, self.rest = weights, rest
+        self.child_scores, self.parent_scores = child_scores, parent_scores
+        self.height, self.width, self.gdt_2d = height, width, gdt_2d
+        E = rest.shape[0]
+        self.types = torch.empty(B, max(E, 1), height * width, dtype=torch.long, device=rest.device)
+
+    def __call__(self, belief, eidx):
+        B, n, K = belief.shape
+        T = self.rest.shape[1]
+        w = self.weights[:, eidx] if self.weights.dim() == 4 else self.weights[eidx].unsqueeze(0)
+        w = w.expand(B, n, T, 4).reshape(B * n * T, 4)
+        r = self.rest[eidx].unsqueeze(0).expand(B, n, T, 2).reshape(B * n * T, 2)
+        f = belief.unsqueeze(2).expand(B, n, T, K)
+        if self.child_scores is not None:
+            f = f + self.child_scores[:, eidx]
+        # as `spatial_level_op`: a = w_quadratic, b = -w_linear, r_gdt = -r per axis
+        out, arg = self.gdt_2d(f.reshape(B * n * T, self.height, self.width),
+                               w[:, 1], -w[:, 0], -r[:, 0], w[:, 3], -w[:, 2], -r[:, 1])
+        out, arg = out.view(B, n, T, K), arg.view(B, n, T, K)
+        if self.parent_scores is not None:
+            out = out + self.parent_scores[:, eidx]
+        msg, best = out.max(dim=2)  # first maximal type
+        self.types[:, eidx] = best
+        return msg, arg.gather(2, best.unsqueeze(2)).squeeze(2)
+
+    def edge_types(self, positions: torch.Tensor, edge_parent) -> torch.Tensor:
+        """``(B, E)`` the type chosen on each edge given the backtracked ``positions (B, V)``."""
+        par = torch.tensor(edge_parent, dtype=torch.long, device=positions.device)
+        E = len(edge_parent)
+        return self.types[:, :E].gather(2, positions[:, par].unsqueeze(2)).squeeze(2)
+
+
+def mixture_tree_max_sum_torch(unary, weights, rest, parents, height: int, width: int, child_scores=None,
+                               parent_scores=None, gdt_2d=None):
+    """MAP positions and edge types of a batch of pictorial-structure trees with T mixture types per edge.
+
+    Args:
+        unary: ``(B, V, H*W)`` score of node v at position ``l = y * W + x``.
+        weights: ``(B, E, T, 4)`` or ``(E, T, 4)`` deformation weights of each edge and type,
+            ``w_xx, w_yy >= 0`` (not checked here).
+        rest: ``(E, T, 2)`` rest offsets of each edge and type.
+        child_scores, parent_scores: ``(B, E, T, H*W)`` or None: the score of type t on edge e at the position
+            of the edge's child (resp. parent).
+        parents: ``(V,)`` parent of each node, -1 for the root.
+
+    The score of positions ``l`` and types ``t (E,)`` is ``sum_v unary[v, l_v] + sum_e (child_scores[e, t_e,
+    l_c] + parent_scores[e, t_e, l_p] - w_{e, t_e} . Delta(l_c - l_p - r_{e, t_e}))``. O(V T H W) work per
+    example: T distance transforms per edge. Ties: the first maximal type, then the distance transform's
+    smallest child position (so T = 1 without scores equals `spatial_tree_max_sum_torch` bitwise). Returns
+    positions ``(B, V)`` long, types ``(B, E)`` long and the best scores ``(B,)``.
+    """
+    sched = tree_schedule(parents)
+    op = _MixtureLevelOp(weights, rest, child_scores, parent_scores, height, width,
+                         gdt_2d or distance_transform_2d, unary.shape[0])
+    positions, value = tree_max_sum_generic(unary, sched, op)
+    return positions, op.edge_types(positions, sched.edge_parent), value

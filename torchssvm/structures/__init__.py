@@ -3,9 +3,11 @@
 from .base import Structure
 from .chain import Chain, ChainPotentials
 from .hierarchy import Hierarchy
+from .mixture_tree import MixtureSpatialTree, MixtureTreePotentials
 from .multiclass import Multiclass
 from .multilabel import MultiLabel, MultiLabelPotentials
 from .tree import SpatialTree, SpatialTreePotentials, Tree, TreePotentials
 
 __all__ = ["Structure", "Chain", "ChainPotentials", "Hierarchy", "Multiclass", "MultiLabel", "MultiLabelPotentials",
-           "Tree", "TreePotentials", "SpatialTree", "SpatialTreePotentials"]
+           "Tree", "TreePotentials", "SpatialTree", "SpatialTreePotentials", "MixtureSpatialTree",
+           "MixtureTreePotentials"]
