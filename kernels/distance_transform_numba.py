@@ -128,7 +128,8 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
     parallel loop.
 
     ``unary (B, V, H, W)``, ``weights (B, E, T, 4)``, ``rest (E, T, 2)``; ``child_scores`` and
-    ``parent_scores`` ``(B, E, T, H, W)``, or an empty ``(0, 0, 0, 0, 0)`` array for none; ``order (E,)``: the
+    ``parent_scores`` ``(B, E, T, H, W)``, ``(B, E, T, 1, 1)`` (a type bias), or an empty ``(0, 0, 0, 0, 0)``
+    array for none; ``order (E,)``: the
     edges, children's levels first (`tree_torch.TreeSchedule.levels`); node v's child edges, increasing, are
     ``child_edges[child_ptr[v]:child_ptr[v + 1]]``. Writes ``labels (B, V)``, ``types (B, E)`` and ``value
     (B,)``. A node's belief is its unary plus its children's messages in increasing edge order, a message
@@ -139,6 +140,8 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
     T = rest.shape[1]
     has_child = child_scores.shape[0] > 0
     has_parent = parent_scores.shape[0] > 0
+    cstep = 1 if child_scores.shape[3] > 1 else 0  # 0: a type bias, (B, E, T, 1, 1)
+    pstep = 1 if parent_scores.shape[3] > 1 else 0
     direct = T == 1 and not has_parent  # the transform writes the message itself
     for i in _prange(B):
         msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
@@ -170,7 +173,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                 if has_child:
                     for y in range(H):
                         for x in range(W):
-                            f[y, x] = bel[y, x] + child_scores[i, e, t, y, x]
+                            f[y, x] = bel[y, x] + child_scores[i, e, t, y * cstep, x * cstep]
                     src = f
                 w = weights[i, e, t]
                 # cost w . (dx, dx^2, dy, dy^2), d = l_c - l_p - r: a = w_quadratic, b = -w_linear, r = -rest
@@ -183,7 +186,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                 if has_parent:
                     for y in range(H):
                         for x in range(W):
-                            out[y, x] = out[y, x] + parent_scores[i, e, t, y, x]
+                            out[y, x] = out[y, x] + parent_scores[i, e, t, y * pstep, x * pstep]
                 for y in range(H):
                     for x in range(W):
                         if t == 0 or out[y, x] > msgs[e, y, x]:  # first maximal type, as torch.max
@@ -287,7 +290,8 @@ def mixture_tree_max_sum_numba(unary, weights, rest, parents, height: int, width
     def scores(s):
         if s is None:
             return np.empty((0, 0, 0, 0, 0), dtype=np.float32 if dt == torch.float32 else np.float64)
-        return s.detach().to(dt).contiguous().view(B, E, T, height, width).numpy()
+        side = (height, width) if s.shape[3] > 1 else (1, 1)
+        return s.detach().to(dt).expand(B, E, T, -1).contiguous().view(B, E, T, *side).numpy()
 
     _threads()
     _spatial_tree(unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),

@@ -266,7 +266,8 @@ def mixture_tree_max_sum_torch(unary, weights, rest, parents, height: int, width
             ``w_xx, w_yy >= 0`` (not checked here).
         rest: ``(E, T, 2)`` rest offsets of each edge and type.
         child_scores, parent_scores: ``(B, E, T, H*W)`` or None: the score of type t on edge e at the position
-            of the edge's child (resp. parent).
+            of the edge's child (resp. parent); ``(B, E, T, 1)`` for a score that does not depend on the
+            position (a type bias).
         parents: ``(V,)`` parent of each node, -1 for the root.
 
     The score of positions ``l`` and types ``t (E,)`` is ``sum_v unary[v, l_v] + sum_e (child_scores[e, t_e,

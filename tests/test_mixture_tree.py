@@ -29,6 +29,8 @@ def random_mixture(g, B, parents, H, W, T, *, shared, scores, integer=True, dtyp
     rest = torch.randint(-2, 3, (E, T, 2), generator=g).to(dtype) / 2  # half-integers: exact
     child = draw(B, E, T, K) if scores in ("child", "both") else None
     parent = draw(B, E, T, K) if scores in ("parent", "both") else None
+    if scores == "bias":  # a type bias on one end, by position on the other
+        child, parent = draw(B, E, T, 1), draw(B, E, T, K)
     return unary, weights, rest, child, parent
 
 
@@ -48,17 +50,16 @@ def enumerate_scores(unary, weights, rest, child, parent, parents, H, W, b):
         dy = (Y[:, c] // W - Y[:, p] // W).double() - rest[e, t, 1].double()
         we = w[e, t].double()
         s = s - (we[:, 0] * dx + we[:, 1] * dx * dx + we[:, 2] * dy + we[:, 3] * dy * dy)
-        if child is not None:
-            s = s + child[b, e].double()[t, Y[:, c]]
-        if parent is not None:
-            s = s + parent[b, e].double()[t, Y[:, p]]
+        for scores, at in ((child, Y[:, c]), (parent, Y[:, p])):
+            if scores is not None:
+                s = s + scores[b, e].double()[t, at if scores.shape[-1] > 1 else 0]
     return Y, Ty, s
 
 
 # -- the oracle -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("scores", ["none", "child", "both"])
+@pytest.mark.parametrize("scores", ["none", "child", "both", "bias"])
 def test_mixture_oracle_matches_enumeration(backend, tree, scores):
     parents, H, W, T, B = TREES[tree], 2, 3, 2, 3
     g = torch.Generator().manual_seed(len(parents) * 10 + len(scores))
@@ -88,7 +89,7 @@ def test_twins_equal_torch_bitwise(backend, dtype, shared):
     (small integers on a 5x6 grid, T = 3, both score kinds)."""
     parents, H, W = [-1, 0, 0, 1, 1, 2, 5], 5, 6
     g = torch.Generator().manual_seed(3)
-    cases = (("both", True), ("parent", False), ("none", True))
+    cases = (("both", True), ("parent", False), ("none", True), ("bias", False))
     for scores, integer in cases[:1] if backend == "triton" else cases:
         args = random_mixture(g, 4, parents, H, W, 3, shared=shared, scores=scores, integer=integer, dtype=dtype)
         ref = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend="torch")
@@ -150,28 +151,31 @@ def test_loss_augmented_oracle_matches_enumeration(backend, loss):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_marginals_give_the_score(shared):
+@pytest.mark.parametrize("scores", ["both", "bias"])
+def test_marginals_give_the_score(shared, scores):
     parents, H, W, T = [1, -1, 1, 2, 2], 3, 3, 3
     mst = ts.MixtureSpatialTree(parents, H, W, T)
     g = torch.Generator().manual_seed(7)
-    args = random_mixture(g, 4, parents, H, W, T, shared=shared, scores="both", integer=False)
+    args = random_mixture(g, 4, parents, H, W, T, shared=shared, scores=scores, integer=False)
     y = torch.cat([torch.randint(0, 9, (4, 5), generator=g), torch.randint(0, T, (4, 4), generator=g)], 1)
     mu = mst.marginals(y, rest=args[2], dtype=torch.float64)
     w = args[1] if not shared else args[1].expand(4, *args[1].shape)
+    # a type bias (B, E, T, 1) pairs with the marginals summed over positions
+    child_mu = mu.child_scores.sum(3, keepdim=True) if args[3].shape[3] == 1 else mu.child_scores
     inner = ((mu.unary * args[0]).sum((1, 2)) + (mu.weights * w).sum((1, 2, 3))
-             + (mu.child_scores * args[3]).sum((1, 2, 3)) + (mu.parent_scores * args[4]).sum((1, 2, 3)))
+             + (child_mu * args[3]).sum((1, 2, 3)) + (mu.parent_scores * args[4]).sum((1, 2, 3)))
     torch.testing.assert_close(mst.score(MixtureTreePotentials(*args), y), inner)
     assert (mu.weights.ne(0).any(-1).sum(2) <= 1).all()  # only the chosen type carries the deformation
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_hinge_gradient_is_score_difference(shared):
+@pytest.mark.parametrize(("shared", "scores"), [(True, "both"), (False, "both"), (False, "bias")])
+def test_hinge_gradient_is_score_difference(shared, scores):
     """Piecewise linear: at a generic point a small step changes the hinge by exactly <grad, step>, for
     every potential tensor (finite differences in float64)."""
     parents, H, W, T, B = [1, -1, 1, 1], 3, 3, 2, 3
     mst = ts.MixtureSpatialTree(parents, H, W, T)
     g = torch.Generator().manual_seed(21)
-    unary, weights, rest, child, parent = random_mixture(g, B, parents, H, W, T, shared=shared, scores="both",
+    unary, weights, rest, child, parent = random_mixture(g, B, parents, H, W, T, shared=shared, scores=scores,
                                                          integer=False)
     target = torch.cat([torch.randint(0, 9, (B, 4), generator=g), torch.randint(0, T, (B, 3), generator=g)], 1)
     scale = torch.tensor([1.0, 1.5, 2.0], dtype=torch.float64)
@@ -223,6 +227,8 @@ def test_errors_name_the_argument():
         mst.decode(MixtureTreePotentials(u, w, torch.zeros(1, 2)))
     with pytest.raises(ValueError, match="child_scores must have shape"):
         mst.decode(MixtureTreePotentials(u, w, None, torch.zeros(1, 1, 2, 3)))
+    with pytest.raises(ValueError, match=r"child_scores must have shape \(1, 1, 2, 1\)"):
+        mst.decode(MixtureTreePotentials(u, w, None, torch.zeros(1, 1, 3, 1)))
     with pytest.raises(ValueError, match="parent_scores contains NaN"):
         mst.decode(MixtureTreePotentials(u, w, None, None, torch.full((1, 1, 2, 4), float("nan"))))
     scale = torch.ones(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -141,10 +141,29 @@ def _blob(centers: torch.Tensor, sigma: float, height: int, width: int) -> torch
     return torch.exp(-(dx * dx + dy * dy) / (2 * sigma * sigma))
 
 
+# The nodes whose edge from their parent bends a limb (the first segment below a shoulder, elbow, hip or
+# knee), and the fraction of ``limb_angle`` each uses.
+_BENDS = {"r_upper_arm": 1.0, "r_lower_arm": 1.0, "l_upper_arm": 1.0, "l_lower_arm": 1.0,
+          "r_thigh": 0.5, "r_shin": 0.5, "l_thigh": 0.5, "l_shin": 0.5}
+
+
+def _limb_angles(n: int, modes: int, max_angle: float, seed: int):
+    """``(n, V)`` float64 rotation of each node's edge relative to its parent's (radians), or None for upright
+    limbs (``modes == 1``)."""
+    if modes == 1:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.zeros(n, len(POSE_NODES), dtype=torch.float64)
+    grid = torch.linspace(-max_angle, max_angle, modes, dtype=torch.float64)
+    for name, frac in _BENDS.items():
+        angles[:, POSE_NODES.index(name)] = frac * grid[torch.randint(0, modes, (n,), generator=g)]
+    return angles
+
+
 def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, width: int = 32, num_features: int = 2,
                    jitter: float = 0.04, size_range: Tuple[float, float] = (0.55, 0.85), clutter: int = 3,
-                   miss_rate: float = 0.15, swap_rate: float = 0.3, noise: float = 0.15, seed: int = 0,
-                   dtype: torch.dtype = torch.float32) -> PoseDataset:
+                   miss_rate: float = 0.15, swap_rate: float = 0.3, noise: float = 0.15, limb_modes: int = 1,
+                   limb_angle: float = 0.8, seed: int = 0, dtype: torch.dtype = torch.float32) -> PoseDataset:
     """Seeded pose-like examples: a 26-node tree (`POSE_PARENTS`), true positions and detector score maps.
 
     Pose: a body size ``S`` (pixels) uniform in ``size_range`` times ``min(height, width)``; the root (neck)
@@ -158,6 +177,12 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     noise of standard deviation ``noise``; F=1 (if F = 2) a coarse detector, the same truth and confusion
     peaks with sigma 2.5 px, half the clutter and noise. So the unaries alone are ambiguous and the
     deformation model carries signal.
+
+    Articulation (``limb_modes`` m > 1): each limb bends at the shoulders and elbows by an angle drawn
+    uniformly from m modes evenly spaced in ``[-limb_angle, limb_angle]`` (radians), at the hips and knees
+    from half of that, each rotation carried down the limb; so an edge's displacements form up to m
+    clusters (the case for mixture types per edge, `edge_types` and `MixtureSpatialTree`). The modes are
+    drawn from their own generator, so ``limb_modes=1`` (upright limbs) gives the same data as before.
 
     ``rest`` is the mean true displacement of each edge over the split (what the paper derives from its
     training data); train with the training split's ``rest``. Train and test draw from different seeds
@@ -181,6 +206,8 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     miss_rate = _check_real("miss_rate", miss_rate, maximum=1.0)
     swap_rate = _check_real("swap_rate", swap_rate, maximum=1.0)
     noise = _check_real("noise", noise)
+    limb_modes = check_positive_int("limb_modes", limb_modes)
+    limb_angle = _check_real("limb_angle", limb_angle, maximum=math.pi)
     seed = check_positive_int("seed", seed, minimum=0)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -198,9 +225,15 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     pos[:, 0, 0] = left + span_x * torch.rand(n, **kw)
     pos[:, 0, 1] = canon[0, 1] * size + span_y * torch.rand(n, **kw)
     step = torch.randn(n, V, 2, **kw) * (jitter * size).view(n, 1, 1)
+    angle = _limb_angles(n, limb_modes, limb_angle, seed * 1000 + 10 + _SPLIT_OFFSET[split])
     for v in range(1, V):
         p = POSE_PARENTS[v]
-        pos[:, v] = pos[:, p] + size.view(n, 1) * (canon[v] - canon[p]) + step[:, v]
+        offset = canon[v] - canon[p]
+        if angle is not None:
+            angle[:, v] += angle[:, p]  # a joint's rotation carries down its limb
+            c, s_ = angle[:, v].cos(), angle[:, v].sin()
+            offset = torch.stack([c * offset[0] - s_ * offset[1], s_ * offset[0] + c * offset[1]], dim=1)
+        pos[:, v] = pos[:, p] + size.view(n, 1) * offset + step[:, v]
     xy = pos.round()
     xy[..., 0].clamp_(0, W - 1)
     xy[..., 1].clamp_(0, H - 1)
@@ -227,3 +260,79 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
         maps.append(m)
     features = torch.stack(maps, dim=2).to(dtype)
     return PoseDataset(POSE_PARENTS, POSE_NODES, features, positions, rest, scale, H, W, name=f"pose-{split}")
+
+
+class EdgeTypes(NamedTuple):
+    """Mixture types of the edges of a pose tree (`edge_types`).
+
+    - ``rest``: ``(E, T, 2)`` float64, the rest offset ``(dx, dy)`` of each edge's child from its parent per
+      type (the K-means centres of the paper's ``r_pq^t``).
+    - ``types``: ``(n, E)`` long, the type of each edge in each example's truth (its nearest centre).
+    """
+
+    rest: torch.Tensor
+    types: torch.Tensor
+
+
+def edge_types(dataset: PoseDataset, num_types: int, *, rest: Optional[torch.Tensor] = None, iters: int = 100,
+               seed: int = 0) -> EdgeTypes:
+    """Mixture types per edge by K-means on the true displacements (note 001 section 3.1: "the mean
+    displacements r_pq^t come from K-means on training displacements").
+
+    With ``rest`` None: per edge, K-means (k-means++ seeding from ``seed``, Lloyd iterations until no
+    assignment changes or ``iters``) on the ``(dx, dy)`` of the child from its parent over ``dataset``; the
+    types are sorted by their centre's ``(dx, dy)``, so the result does not depend on the seeding's order.
+    With ``rest (E, T, 2)`` given (the training set's centres): each example's types are its nearest centre
+    (ties: the smaller type), for a test set. Returns `EdgeTypes`; a ValueError names ``num_types`` when an
+    edge has fewer distinct displacements than types.
+    """
+    T = check_positive_int("num_types", num_types)
+    iters = check_positive_int("iters", iters)
+    par = torch.tensor(dataset.parents)
+    child = (par >= 0).nonzero().squeeze(1)
+    xy = dataset.xy().to(torch.float64)
+    disp = (xy[:, child] - xy[:, par[child]]).transpose(0, 1)  # (E, n, 2)
+    E = disp.shape[0]
+    if rest is not None:
+        if not isinstance(rest, torch.Tensor) or tuple(rest.shape) != (E, T, 2) or not torch.isfinite(rest).all():
+            raise ValueError(f"rest must be a finite ({E}, {T}, 2) tensor (the training set's edge types)")
+        return EdgeTypes(rest.to(torch.float64), _nearest(disp, rest.to(torch.float64)).transpose(0, 1))
+    g = torch.Generator().manual_seed(check_positive_int("seed", seed, minimum=0))
+    centres = torch.empty(E, T, 2, dtype=torch.float64)
+    for e in range(E):
+        points = disp[e]
+        distinct = points.unique(dim=0).shape[0]
+        if distinct < T:
+            raise ValueError(f"num_types = {T} exceeds the {distinct} distinct displacements of edge {e} "
+                             f"({dataset.names[int(child[e])]!r})")
+        centres[e] = _kmeans(points, T, iters, g)
+    return EdgeTypes(centres, _nearest(disp, centres).transpose(0, 1))
+
+
+def _nearest(disp: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """``(E, n)`` index of the nearest centre (first on ties) of displacements ``(E, n, 2)``."""
+    return torch.cdist(disp, centres).argmin(dim=2)
+
+
+def _kmeans(points: torch.Tensor, k: int, iters: int, g: torch.Generator) -> torch.Tensor:
+    """``(k, 2)`` centres of ``points (n, 2)``, sorted lexicographically by ``(dx, dy)``."""
+    n = points.shape[0]
+    centres = points[torch.randint(0, n, (1,), generator=g)]
+    while centres.shape[0] < k:  # k-means++: the next centre with probability proportional to d^2
+        d2 = torch.cdist(points, centres).min(dim=1).values ** 2
+        centres = torch.cat([centres, points[torch.multinomial(d2, 1, generator=g)]])
+    assign = None
+    for _ in range(iters):
+        new = torch.cdist(points, centres).argmin(dim=1)
+        if assign is not None and torch.equal(new, assign):
+            break
+        assign = new
+        for j in range(k):
+            members = points[assign == j]
+            if members.shape[0]:
+                centres[j] = members.mean(0)
+            else:  # an empty cluster restarts at the point farthest from its centre
+                far = (points - centres[assign]).norm(dim=1).argmax()
+                centres[j] = points[far]
+    order = sorted(range(k), key=lambda j: (float(centres[j, 0]), float(centres[j, 1])))
+    return centres[order]

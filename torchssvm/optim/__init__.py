@@ -33,6 +33,7 @@ from .problems import (
                        ChainProblem,
                        DualProblem,
                        FeatureTableProblem,
+                       MixtureSpatialTreeProblem,
                        MultiLabelProblem,
                        SlackRescaledProblem,
                        SpatialTreeProblem,
@@ -45,5 +46,6 @@ from .ssg import SSG
 __all__ = ["BCFW", "GDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
            "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
-           "SlackRescaledProblem", "SpatialTreeProblem", "make_problem", "RegularizationPath",
+           "SlackRescaledProblem", "SpatialTreeProblem", "MixtureSpatialTreeProblem", "make_problem",
+           "RegularizationPath",
            "regularization_path", "grid_search"]

@@ -37,7 +37,8 @@ class MixtureTreePotentials(NamedTuple):
     - ``rest``: ``(E, T, 2)`` rest offsets ``(r_x, r_y)`` of each edge's child from its parent per type, or
       None (zero). A constant: it receives no gradient.
     - ``child_scores``, ``parent_scores``: ``(B, E, T, H*W)`` or None: the score of type t on edge e at the
-      position of the edge's child (resp. parent), e.g. a type's appearance or a network's type logits.
+      position of the edge's child (resp. parent), e.g. a type's appearance or a network's type logits;
+      ``(B, E, T, 1)`` for a score that does not depend on the position (a type bias).
 
     As marginals (`MixtureSpatialTree.marginals`): unary one-hot ``(B, V, H*W)``, weights ``(B, E, T, 4)``
     holding ``-Delta(l_c - l_p - r_{e, t_e})`` at the chosen type and 0 elsewhere, rest None, and the type
@@ -92,7 +93,8 @@ class MixtureSpatialTree(SpatialTree):
             check_shape("rest", pot.rest, (E, T, 2))
         for name, s in scores.items():
             if s is not None:
-                check_shape(name, s, (B, E, T, K))
+                bias = s.dim() == 4 and s.shape[-1] == 1
+                check_shape(name, s, (B, E, T, 1 if bias else K), f"or ({B}, {E}, {T}, 1) for a type bias")
         check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest, **scores})
         check_quadratic_weights("weights[..., 1] and weights[..., 3]", pot.weights[..., 1::2])
         lengths = self._check_scale(lengths, B, pot.unary.device)
@@ -174,7 +176,8 @@ class MixtureSpatialTree(SpatialTree):
         par, ch = self._edges(y.device)
         for scores, at in ((pot.child_scores, pos[:, ch]), (pot.parent_scores, pos[:, par])):
             if scores is not None:
-                flat = scores.reshape(B, E, -1).gather(2, (types * self.num_labels + at).unsqueeze(2))
+                at = at if scores.shape[3] > 1 else torch.zeros_like(at)
+                flat = scores.reshape(B, E, -1).gather(2, (types * scores.shape[3] + at).unsqueeze(2))
                 s = s + flat.squeeze(2).sum(1).to(s.dtype)
         return s
 
@@ -212,7 +215,7 @@ class MixtureSpatialTree(SpatialTree):
         dtype = dtype or pot.unary.dtype
         weight = weight.to(dtype)
         pos, types = self._split(y)
-        B, E, T, K = y.shape[0], self.num_edges, self.num_types, self.num_labels
+        B, E, T = y.shape[0], self.num_edges, self.num_types
         out = [None] * 5
         if needs[0]:
             out[0] = self._unary_vjp(pos, weight, pot.unary, dtype)
@@ -224,9 +227,11 @@ class MixtureSpatialTree(SpatialTree):
         par, ch = self._edges(y.device)
         for slot, at in ((3, pos[:, ch]), (4, pos[:, par])):
             if needs[slot] and pot[slot] is not None:
-                g = torch.zeros(B, E, T * K, dtype=dtype, device=y.device)
-                g.scatter_(2, (types * K + at).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
-                out[slot] = g.view(B, E, T, K)
+                Ks = pot[slot].shape[3]  # K, or 1 for a type bias
+                at = at if Ks > 1 else torch.zeros_like(at)
+                g = torch.zeros(B, E, T * Ks, dtype=dtype, device=y.device)
+                g.scatter_(2, (types * Ks + at).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+                out[slot] = g.view(B, E, T, Ks)
         return tuple(out)
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .base import DualProblem
 from .chain import ChainProblem
+from .mixture_tree import MixtureSpatialTreeProblem, MixtureTreeTheta
 from .multilabel import MultiLabelProblem
 from .slack import SlackRescaledProblem
 from .table import FeatureTableProblem
@@ -44,4 +45,5 @@ def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
 
 
 __all__ = ["DualProblem", "ChainProblem", "FeatureTableProblem", "MultiLabelProblem",
-           "SlackRescaledProblem", "SpatialTreeProblem", "SpatialTreeTheta", "make_problem", "RESCALINGS"]
+           "SlackRescaledProblem", "SpatialTreeProblem", "SpatialTreeTheta", "MixtureSpatialTreeProblem",
+           "MixtureTreeTheta", "make_problem", "RESCALINGS"]

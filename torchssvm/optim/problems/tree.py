@@ -222,8 +222,8 @@ class SpatialTreeProblem(DualProblem):
         for s in range(0, feats.shape[0], chunk):
             pot = self._pot(w, feats[s:s + chunk])
             self._check_convex(pot)
-            y = st._max_oracle(pot, None, None, None, self.backend)[0]
-            t, sc = truth[s:s + chunk], scale[s:s + chunk]
+            y = st._max_oracle(pot, None, None, None, self.backend)[0][:, :self.V]  # positions (without types)
+            t, sc = truth[s:s + chunk, :self.V], scale[s:s + chunk]
             loss.append(st._task_loss(y, t, sc))
             (x1, y1), (x0, y0) = st._xy(y), st._xy(t)
             dist = ((x1 - x0) ** 2 + (y1 - y0) ** 2).to(self.dtype).sqrt()

@@ -1,0 +1,157 @@
+"""Pictorial structures with mixture types per edge (the LSP model of note 001 section 3.1) as a `DualProblem`.
+
+Each edge e has T types with their own rest offsets ``r_{e,t}`` (K-means centres of the training
+displacements, `torchssvm.data.edge_types`), their own deformation weights and a type bias. Parameters
+``w = [w_U (V, F) | w_T (E, T) | w_P (E, T, 4)]`` (row-major, ``d = V F + E T + 4 E T``); for positions ``l``
+and edge types ``t``
+
+    <w, phi(x_i, (l, t))> = sum_v sum_f w_U[v, f] x_i[v, f, l_v] + c sum_e w_T[e, t_e]
+                            - sum_e w_P[e, t_e] . Delta(l_c - l_p - r_{e, t_e}),
+
+with ``Delta`` in the length unit u (`SpatialTreeProblem`) and ``c`` the type feature's scale
+(``type_scale``). The paper's d = 2,676 is this layout for 26 nodes, 50 arcs (both orientations of 25
+edges) and 13 types, with CNN score maps for the unaries and the type scores; here the type score is a
+learned bias per edge and type (`MixtureSpatialTree` potentials with ``child_scores = c w_T`` as a
+``(B, E, T, 1)`` bias), one type per edge. Labels are ``(V + E)`` wide: the positions, then the edge types;
+the truth's types are the nearest centres (types are supervised, as in the paper). The loss depends on the
+positions only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+
+from ...data.pose import EdgeTypes, edge_types
+from ...structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
+from .tree import SpatialTreeProblem
+
+
+class MixtureTreeTheta(NamedTuple):
+    """What `MixtureSpatialTreeProblem.potentials` returns: ``w (d,)`` and the `MixtureTreePotentials` of the
+    batch (unary ``(B, V, H*W)``, shared weights ``(E, T, 4)``, rest ``(E, T, 2)``, type bias
+    ``(B, E, T, 1)``)."""
+
+    w: torch.Tensor
+    potentials: MixtureTreePotentials
+
+
+class MixtureSpatialTreeProblem(SpatialTreeProblem):
+    """Args:
+        dataset: a `PoseDataset` (as `SpatialTreeProblem`).
+        num_types: T >= 1 types per edge.
+        types: an `EdgeTypes` (``rest (E, T, 2)``, ``types (n, E)``) for ``dataset``; default
+            ``edge_types(dataset, num_types, seed=seed)`` (K-means on its displacements).
+        loss, unit, backend: as `SpatialTreeProblem`.
+        type_scale: the value c of the type feature (``phi`` holds ``c`` at ``(e, t_e)``, so the bias is
+            ``c w_T[e, t]``); default ``1 / sqrt(E)``, which bounds the type block of a corner's squared norm
+            by 2, the size of one or two nodes' unary features. Why: a corner whose types differ from the
+            truth's on every edge gains ``2 E c^2`` in ``||psi_i||^2``, the block curvature of BCFW (note 001
+            section 1.6); with c = 1 that is 50 on the pose tree, twice the unary block, and on articulated
+            `synthetic_pose` (32 x 32, 100 poses, T = 3, lam = 0.01) the gap after 60 passes was 0.28 with
+            c = 1 against 0.07 with c = 0.2.
+        seed: the K-means seeding when ``types`` is None.
+
+    ``evaluate(w, test_set)`` decodes the test set with these types' rest offsets (the paper's protocol: the
+    clustering comes from the training set).
+    """
+
+    def __init__(self, dataset, num_types: int, *, types: Optional[EdgeTypes] = None, loss: str = "truncated",
+                 unit: Optional[float] = None, type_scale: Optional[float] = None, backend: str = "auto",
+                 seed: int = 0):
+        super().__init__(dataset, loss=loss, unit=unit, backend=backend)
+        n, V, E, F = self.n, self.V, self.E, self.F
+        if types is None:
+            types = edge_types(dataset, num_types, seed=seed)
+        T = int(num_types)
+        if not isinstance(types, EdgeTypes) or tuple(types.rest.shape) != (E, T, 2) \
+                or tuple(types.types.shape) != (n, E):
+            raise ValueError(f"types must be an EdgeTypes with rest ({E}, {T}, 2) and types ({n}, {E}) "
+                             f"(torchssvm.data.edge_types)")
+        if not torch.isfinite(types.rest).all():
+            raise ValueError("types.rest holds NaN or Inf")
+        if types.types.is_floating_point() or int(types.types.min()) < 0 or int(types.types.max()) >= T:
+            raise ValueError(f"types.types must be integers in [0, {T})")
+        self.structure = MixtureSpatialTree(dataset.parents, dataset.height, dataset.width, T, loss=loss)
+        self.T = T
+        if type_scale is None:
+            type_scale = 1 / math.sqrt(max(E, 1))
+        if isinstance(type_scale, bool) or not isinstance(type_scale, (int, float)) \
+                or not (math.isfinite(type_scale) and type_scale > 0):
+            raise ValueError(f"type_scale must be a finite number > 0, got {type_scale!r}")
+        self.type_scale = float(type_scale)
+        self.rest = types.rest.to(self.device, self.dtype)
+        self.truth = torch.cat([self.truth, types.types.long().to(self.device)], 1)
+        self.label_width = V + E
+        self.d = self.m = V * F + E * T + 4 * E * T
+        self.weight = torch.zeros(self.d, dtype=self.dtype, device=self.device)
+
+    # -- parameters -----------------------------------------------------------------------------
+    def parameter_slices(self) -> dict:
+        VF, ET = self.V * self.F, self.E * self.T
+        return {"unary": (0, VF, (self.V, self.F)), "type": (VF, VF + ET, (self.E, self.T)),
+                "deformation": (VF + ET, self.d, (self.E, self.T, 4))}
+
+    def positivity_box(self) -> dict:
+        """``w_xx, w_yy >= 0`` on every edge and type (`SpatialTreeProblem.positivity_box`)."""
+        lower = torch.full((self.E, self.T, 4), -math.inf, dtype=self.dtype)
+        lower[..., 1::2] = 0.0
+        return {"deformation": (lower.reshape(-1), None)}
+
+    def weights(self, w: torch.Tensor):
+        """``(w_U (V, F), w_T (E, T), w_P (E, T, 4))`` views of ``w (d,)``."""
+        VF, ET = self.V * self.F, self.E * self.T
+        return w[:VF].view(self.V, self.F), w[VF:VF + ET].view(self.E, self.T), w[VF + ET:].view(self.E, self.T, 4)
+
+    # -- the contract ---------------------------------------------------------------------------
+    def _pot(self, w: torch.Tensor, features: torch.Tensor) -> MixtureTreePotentials:
+        wu, wt, wp = self.weights(w.to(self.dtype))
+        bias = (wt * self.type_scale).unsqueeze(0).unsqueeze(3).expand(features.shape[0], self.E, self.T, 1)
+        return MixtureTreePotentials(torch.einsum("bvfl,vf->bvl", features, wu), wp * self.per_pixel, self.rest,
+                                     bias)
+
+    def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> MixtureTreeTheta:
+        return MixtureTreeTheta(w, self._pot(w, self.features[idx]))
+
+    def _check_convex(self, pot: MixtureTreePotentials) -> None:
+        quad = pot.weights[..., 1::2]
+        bad = ((quad < 0) | torch.isnan(quad)).flatten(1).any(1)
+        if bool(bad.any()):
+            edges = bad.nonzero().squeeze(1).tolist()
+            raise ValueError(f"the quadratic deformation weights w_P[e, t, 1] (w_xx) and w_P[e, t, 3] (w_yy) must "
+                             f"be >= 0 for the distance-transform oracle; edges {edges} have min "
+                             f"{float(quad.min() * self.unit ** 2):.3g}. Train with box=problem.positivity_box().")
+
+    def labels_score(self, theta: MixtureTreeTheta, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        B, C, L = labels.shape
+        V, E = self.V, self.E
+        pot = theta.potentials
+        lab = labels.clamp_min(0).reshape(B * C, L)  # -1: an unused slot
+        s = pot.unary.gather(2, labels[..., :V].clamp_min(0).transpose(1, 2)).sum(1)  # (B, C)
+        types = lab[:, V:]
+        e = torch.arange(E, device=lab.device)
+        delta = self.structure._typed_deltas(lab, self.rest, self.dtype)
+        edge = pot.child_scores[0, :, :, 0][e, types] - (pot.weights[e, types] * delta).sum(2)  # (B C, E)
+        return s + edge.sum(1).view(B, C)
+
+    def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None):
+        """``phi(x_i, (l, t)) (B, d)`` of labels ``(B, V + E)`` (``features``: ``(B, V, F, H*W)``, default the
+        training features of ``idx``)."""
+        x = self.features[idx] if features is None else features.to(self.dtype)
+        B, V, E, T = labels.shape[0], self.V, self.E, self.T
+        unary = x.gather(3, labels[:, :V].reshape(B, V, 1, 1).expand(B, V, self.F, 1)).reshape(B, -1)
+        types = labels[:, V:]
+        onehot = torch.zeros(B, E, T, dtype=self.dtype, device=x.device).scatter_(2, types.unsqueeze(2),
+                                                                                  self.type_scale)
+        delta = self.structure._typed_deltas(labels, self.rest, self.dtype) * self.per_pixel
+        deform = torch.zeros(B, E, T, 4, dtype=self.dtype, device=x.device)
+        deform.scatter_(2, types.view(B, E, 1, 1).expand(B, E, 1, 4), -delta.unsqueeze(2))
+        return torch.cat([unary, onehot.reshape(B, -1), deform.reshape(B, -1)], 1)
+
+    def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return super().max_loss(idx)
+        truth = self.truth[idx, :self.V]
+        return self.structure._node_loss_table(truth, self.scale[idx]).max(2).values.sum(1)
