@@ -146,11 +146,12 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
     for i in _prange(B):
         msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
         args = np.empty((max(E, 1), H, W), dtype=np.int64)
-        targs = np.zeros((max(E, 1), H, W), dtype=np.int64)
+        targs = np.zeros((max(E, 1), H, W) if T > 1 else (1, 1, 1), dtype=np.int64)  # types: only for T > 1
         bel = np.empty((H, W), dtype=unary.dtype)
-        f = np.empty((H, W), dtype=unary.dtype)
-        out = np.empty((H, W), dtype=unary.dtype)
-        arg = np.empty((H, W), dtype=np.int64)
+        side = (H, W) if not direct else (1, 1)  # scratch of the type loop
+        f = np.empty((H, W) if has_child else (1, 1), dtype=unary.dtype)  # belief + child scores
+        out = np.empty(side, dtype=unary.dtype)
+        arg = np.empty(side, dtype=np.int64)
         g = np.empty((H, W), dtype=unary.dtype)
         argx = np.empty((H, W), dtype=np.int64)
         col, ocol, acol = np.empty(H, dtype=unary.dtype), np.empty(H, dtype=unary.dtype), np.empty(H, np.int64)
@@ -192,7 +193,8 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                         if t == 0 or out[y, x] > msgs[e, y, x]:  # first maximal type, as torch.max
                             msgs[e, y, x] = out[y, x]
                             args[e, y, x] = arg[y, x]
-                            targs[e, y, x] = t
+                            if T > 1:
+                                targs[e, y, x] = t
         best = 0
         bestv = bel[0, 0]
         for k in range(1, H * W):
@@ -204,7 +206,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
             e = order[j]
             lp = labels[i, edge_parent[e]]
             labels[i, edge_child[e]] = args[e, lp // W, lp % W]
-            types[i, e] = targs[e, lp // W, lp % W]
+            types[i, e] = targs[e, lp // W, lp % W] if T > 1 else 0
 
 
 def _threads():

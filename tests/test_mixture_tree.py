@@ -89,13 +89,15 @@ def test_twins_equal_torch_bitwise(backend, dtype, shared):
     (small integers on a 5x6 grid, T = 3, both score kinds)."""
     parents, H, W = [-1, 0, 0, 1, 1, 2, 5], 5, 6
     g = torch.Generator().manual_seed(3)
-    cases = (("both", True), ("parent", False), ("none", True), ("bias", False))
+    cases = (("both", True), ("parent", False), ("none", True), ("bias", False), ("child", False))
     for scores, integer in cases[:1] if backend == "triton" else cases:
-        args = random_mixture(g, 4, parents, H, W, 3, shared=shared, scores=scores, integer=integer, dtype=dtype)
-        ref = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend="torch")
-        out = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend=backend)
-        for a, b in zip(out, ref):
-            assert torch.equal(a, b)
+        for T in (3, 1):  # T = 1 takes the single-type path (the transform writes the message)
+            args = random_mixture(g, 4, parents, H, W, T, shared=shared, scores=scores, integer=integer,
+                                  dtype=dtype)
+            ref = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend="torch")
+            out = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend=backend)
+            for a, b in zip(out, ref):
+                assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
