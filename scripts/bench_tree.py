@@ -18,6 +18,12 @@ Before timing, the script asserts that both give the same labels and values (``t
 same problem made exact (unaries rounded to multiples of 1/64, rest offsets to half-integers, dyadic
 weights) at every grid where brute force runs.
 
+Mixture types per edge (`MixtureSpatialTree`, ``--types``, default 3 and 13; 13 is the paper's LSP count):
+the same oracle with T deformation types per edge on articulated `synthetic_pose` (3 limb modes), rest
+offsets from `data.edge_types` (K-means) and a type bias, at ``--mixture-grids`` (32, 64) and batch 16, per
+backend; each result checked first against brute force with explicit tables ``max_t (bias + table_t)`` at
+32x32, batch 1, T = 3 (equal values, and the returned positions and types attain them).
+
 Writes ``docs/benchmarks/tree.{json,md}`` (``tree_cuda.*`` with ``--device cuda``); ``tree_findings.md``
 (hand-written) is appended to the .md. Usage:
 
@@ -44,6 +50,8 @@ BRUTE_MAX_BATCH = 64  # brute force batches at 32x32 and below (batch 1 above)
 TARGET_CPU_MS = 5.0  # per image at 64x64, batched, 2-core CPU
 TARGET_GPU_MS = 0.1  # per image at 64x64, batched, GPU
 PAPER_S = 2.0  # the paper's MATLAB/C oracle, about 2 s per image
+MIXTURE_TYPES = (3, 13)
+MIXTURE_BATCH = 16
 
 
 def make_problem(side: int, n: int, device, seed: int = 0):
@@ -116,6 +124,9 @@ def main(argv=None) -> None:
     ap.add_argument("--brute-max-bytes", type=float, default=2e9,
                     help="largest brute-force table set to build (bytes, float32)")
     ap.add_argument("--quick", action="store_true", help="small grids and batches, one repeat (smoke test)")
+    ap.add_argument("--types", type=int, nargs="*", default=list(MIXTURE_TYPES),
+                    help="mixture types per edge to time (none: skip the mixture section)")
+    ap.add_argument("--mixture-grids", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the saved .json")
     args = ap.parse_args(argv)
@@ -124,10 +135,12 @@ def main(argv=None) -> None:
         saved = json.loads((args.out / f"{name}.json").read_text())
         write_report(args.out, name, report_lines(saved["rows"], saved["exact_checks"], saved["meta"],
                                                   args.device == "cuda", saved["meta"]["backends"],
-                                                  saved["meta"].get("brute_backends", saved["meta"]["backends"])))
+                                                  saved["meta"].get("brute_backends", saved["meta"]["backends"]))
+                     + mixture_lines(saved.get("mixture_rows", []), saved.get("mixture_checks", []), saved["rows"]))
         return
     if args.quick:
         args.grids, args.batches, args.repeats = [16, 32], [1, 4], 1
+        args.types, args.mixture_grids = [3], [16]
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device available")
@@ -191,6 +204,10 @@ def main(argv=None) -> None:
                 rows.append({"grid": side, "B": 1, "method": "brute force", "backend": be, "batch_ms": est,
                              "ms_per_image": est, "measured": False, "extrapolated_from": base})
 
+    mixture_rows, mixture_checks = [], []
+    if args.types:
+        mixture_rows, mixture_checks = run_mixtures(args, device, backends, cuda)
+
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     meta = {"machine": cpu_description(), "device": device_name, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "repeats": args.repeats,
@@ -198,9 +215,102 @@ def main(argv=None) -> None:
             "command": " ".join(["python scripts/bench_tree.py", *(argv if argv is not None else sys.argv[1:])])}
     name = "tree_cuda" if cuda else "tree"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "exact_checks": checks},
-                                                      indent=1))
-    write_report(args.out, name, report_lines(rows, checks, meta, cuda, backends, brute_backends))
+    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "exact_checks": checks,
+                                                       "mixture_rows": mixture_rows,
+                                                       "mixture_checks": mixture_checks}, indent=1))
+    write_report(args.out, name, report_lines(rows, checks, meta, cuda, backends, brute_backends)
+                 + mixture_lines(mixture_rows, mixture_checks, rows))
+
+
+def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0):
+    """A `MixtureSpatialTree` with T types per edge on ``side x side`` and the first n articulated
+    `synthetic_pose` examples (3 limb modes): potentials (float32 sharp-detector unaries, the shared weights of
+    `make_problem` for every type, K-means rest offsets rounded to half-integers, a dyadic type bias in
+    [-1/2, 1/2]), targets (positions and K-means types) and loss scales."""
+    from torchssvm.data.pose import POSE_PARENTS, edge_types, synthetic_pose
+    from torchssvm.structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
+
+    d = synthetic_pose("train", max(n, 64), height=side, width=side, num_features=1, limb_modes=3, seed=seed)
+    et = edge_types(d, T, seed=seed)
+    E = len(POSE_PARENTS) - 1
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.tensor([0.0, 1 / 16, 0.0, 1 / 16]).repeat(E, T, 1).to(device)
+    rest = ((et.rest * 2).round() / 2).float().to(device)
+    bias = (torch.randint(-8, 9, (1, E, T, 1), generator=g) / 16).float().expand(n, E, T, 1).to(device)
+    pot = MixtureTreePotentials(d.features[:n, :, 0].float().contiguous().to(device), weights, rest, bias)
+    target = torch.cat([d.positions[:n], et.types[:n]], 1).to(device)
+    return MixtureSpatialTree(POSE_PARENTS, side, side, T), pot, target, d.scale[:n].float().to(device)
+
+
+def check_mixture(side, T, device, backend) -> bool:
+    """The mixture oracle against brute force with explicit tables ``max_t (bias_t + table_t)`` on one
+    example made exact (dyadic unaries): equal values, and the returned positions and types attain them."""
+    from torchssvm.kernels import tree_max_sum
+
+    from torchssvm.structures.mixture_tree import MixtureTreePotentials
+
+    tree, pot, target, scale = make_mixture_problem(side, T, 1, device)
+    lw = torch.ones(1, dtype=torch.float64, device=device)
+    unary = (tree._augmented_unary(pot.unary, scale, target[:, :tree.num_nodes], lw) * 64).round() / 64
+    exact = MixtureTreePotentials(unary, pot.weights, pot.rest, pot.child_scores)
+    labels, value = tree._max_oracle(exact, None, None, None, backend)
+    tables = torch.stack([build_tables(tree, pot.weights[:, t], pot.rest[:, t]) + pot.child_scores[0, :, t]
+                          .view(-1, 1, 1) for t in range(T)]).amax(0)
+    _, ref = tree_max_sum(unary, tables, tree.parents, backend="torch")
+    assert torch.equal(value, ref), f"mixture values differ at {side}x{side}, T = {T} ({backend})"
+    attained = tree._score(exact, labels, None)
+    assert torch.equal(attained, value), f"the mixture labelling does not attain its value ({backend})"
+    return True
+
+
+def run_mixtures(args, device, backends, cuda):
+    rows, checks = [], []
+    for be in backends:
+        checks.append({"grid": 32, "T": 3, "backend": be, "exact_match": check_mixture(32, 3, device, be)})
+    for side in args.mixture_grids:
+        for T in args.types:
+            tree, pot, target, scale = make_mixture_problem(side, T, MIXTURE_BATCH, device)
+            for be in backends:
+                s = median_seconds(lambda: tree.max_oracle(pot, target, scale, backend=be),  # noqa: B023
+                                   args.repeats, cuda)
+                row = {"grid": side, "B": MIXTURE_BATCH, "T": T, "backend": be, "batch_ms": 1e3 * s,
+                       "ms_per_image": 1e3 * s / MIXTURE_BATCH}
+                rows.append(row)
+                print(row, flush=True)
+    return rows, checks
+
+
+def mixture_lines(mixture_rows, mixture_checks, rows):
+    if not mixture_rows:
+        return []
+    backends = list(dict.fromkeys(r["backend"] for r in mixture_rows))
+    lines = ["", "## Mixture types per edge", "",
+             f"`MixtureSpatialTree.max_oracle` with T types per edge (batch {mixture_rows[0]['B']}, articulated "
+             "`synthetic_pose` with 3 limb modes, K-means rest offsets, a type bias; same run). The one-type "
+             "figure is the main table's `SpatialTree` row at the same grid and batch; the ratio is the "
+             "mixture's time over it (T transforms per edge, so about T is the expectation).", "",
+             "| grid | T | " + " | ".join(f"{be} (ms/image) | {be} / one type" for be in backends) + " |",
+             "|---|---|" + "---|---|" * len(backends)]
+
+    def one_type(side, B, be):
+        for r in rows:
+            if (r["grid"], r["B"], r["method"], r["backend"]) == (side, B, "distance transform", be):
+                return r["ms_per_image"]
+        return None
+
+    for side in sorted({r["grid"] for r in mixture_rows}):
+        for T in sorted({r["T"] for r in mixture_rows}):
+            cells = []
+            for be in backends:
+                r = next((r for r in mixture_rows if (r["grid"], r["T"], r["backend"]) == (side, T, be)), None)
+                base = one_type(side, r["B"], be) if r else None
+                cells += [f"{r['ms_per_image']:.2f}" if r else "-",
+                          f"{r['ms_per_image'] / base:.1f}x" if r and base else "-"]
+            lines.append(f"| {side}x{side} | {T} | " + " | ".join(cells) + " |")
+    lines += ["", "Exactness: values equal to brute force with explicit tables `max_t (bias_t + table_t)`, and the "
+              "returned positions and types attain them, at: "
+              + ", ".join(f"{c['grid']}x{c['grid']} T = {c['T']} ({c['backend']})" for c in mixture_checks) + "."]
+    return lines
 
 
 def report_lines(rows, checks, meta, cuda, backends, brute_backends):

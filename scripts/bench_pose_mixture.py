@@ -1,0 +1,99 @@
+"""Benchmark: pictorial structures with T mixture types per edge against one type, trained by BCFW.
+
+On articulated `synthetic_pose` (limbs bent in ``--modes`` modes, so each limb edge's displacements form
+clusters), per T in ``--types``: `SpatialTreeProblem` (T = 1) or `MixtureSpatialTreeProblem` (K-means
+types on the training set), BCFW with the positivity box at ``--lam`` for ``--passes`` passes (seed 0),
+then the exact duality gap and primal, and the test set's LSP loss and PCK (positions decoded with the
+training set's types). Also the oracle's share: seconds per pass. One run on one machine.
+
+Writes ``docs/benchmarks/pose_mixture.{json,md}``; ``pose_mixture_findings.md`` (hand-written) is appended.
+Usage:
+
+    python scripts/bench_pose_mixture.py [--types 1 2 3] [--n 300] [--passes 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from _bench_machine import code_version, cpu_description, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "benchmarks"
+
+
+def main(argv=None) -> None:
+    import torchssvm as ts
+    from torchssvm.optim import BCFW, MixtureSpatialTreeProblem, SpatialTreeProblem
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--n", type=int, default=300, help="training poses")
+    ap.add_argument("--n-test", type=int, default=300)
+    ap.add_argument("--side", type=int, default=32, help="grid side")
+    ap.add_argument("--modes", type=int, default=2, help="limb modes of the generator")
+    ap.add_argument("--angle", type=float, default=1.5, help="limb_angle (radians)")
+    ap.add_argument("--miss-rate", type=float, default=0.5)
+    ap.add_argument("--lam", type=float, default=0.01)
+    ap.add_argument("--passes", type=int, default=40)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.report_only:
+        saved = json.loads((args.out / "pose_mixture.json").read_text())
+        write_report(args.out, "pose_mixture", report_lines(saved["meta"], saved["rows"]))
+        return
+    kw = {"height": args.side, "width": args.side, "limb_modes": args.modes, "limb_angle": args.angle,
+          "miss_rate": args.miss_rate, "seed": 0}
+    train = ts.data.synthetic_pose("train", args.n, **kw)
+    test = ts.data.synthetic_pose("test", args.n_test, **kw)
+    rows = []
+    for T in args.types:
+        t0 = time.perf_counter()
+        problem = SpatialTreeProblem(train) if T == 1 else MixtureSpatialTreeProblem(train, T)
+        solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=0, gap_check_every=10)
+        for _ in range(args.passes):
+            solver.step()
+        train_s = time.perf_counter() - t0
+        gap = solver.duality_gap()
+        ev = problem.evaluate(solver.w, test)
+        row = {"T": T, "d": problem.d, "gap": gap["gap"], "primal": gap["primal"], "test_lsp_loss": ev["lsp_loss"],
+               "test_pck": ev["pck"], "train_s": train_s, "s_per_pass": train_s / args.passes}
+        rows.append(row)
+        print(row, flush=True)
+    meta = {"machine": cpu_description(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "code": code_version(), "data": kw, "n": args.n, "n_test": args.n_test, "lam": args.lam,
+            "passes": args.passes,
+            "command": " ".join(["python scripts/bench_pose_mixture.py",
+                                 *(argv if argv is not None else sys.argv[1:])])}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pose_mixture.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_report(args.out, "pose_mixture", report_lines(meta, rows))
+
+
+def report_lines(meta, rows):
+    d = meta["data"]
+    lines = ["# Mixture types per edge against one type (BCFW on articulated synthetic poses)", "",
+             f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; code {meta['code']}. "
+             f"Command: `{meta['command']}`.", "",
+             f"Data: `synthetic_pose` {d['height']}x{d['width']}, limb_modes = {d['limb_modes']}, limb_angle = "
+             f"{d['limb_angle']}, miss_rate = {d['miss_rate']}, {meta['n']} training and {meta['n_test']} test poses. "
+             f"BCFW with the positivity box, lam = {meta['lam']}, {meta['passes']} passes, seed 0; T = 1 is "
+             "`SpatialTreeProblem`, T > 1 `MixtureSpatialTreeProblem` (K-means types of the training set, type "
+             "bias, per-type deformation). Test figures decode positions only (lower LSP loss and higher PCK are "
+             "better).", "",
+             "| T | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | {r['d']} | {r['gap']:.4f} | {r['primal']:.4f} | {r['test_lsp_loss']:.4f} | "
+                     f"{r['test_pck']:.4f} | {r['s_per_pass']:.2f} |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
