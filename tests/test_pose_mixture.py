@@ -197,3 +197,20 @@ def test_bcfw_with_positivity_box_is_feasible_and_certified(articulated):
     assert ev["pck"] > 0.5  # positions only: the types' rest offsets come from the training set
     y = p.decode(p.potentials(s.w, torch.arange(p.n)), torch.arange(p.n))
     assert y.shape == (p.n, p.V + p.E) and int(y[:, p.V:].max()) < p.T
+
+
+def test_cli_train_pose_with_types(capsys):
+    from torchssvm.cli import main
+
+    argv = ["train", "--data", "pose", "--types", "2", "--limb-modes", "3", "--num-train", "8", "--num-test", "4",
+            "--grid", "10", "--passes", "3", "--lam", "0.1", "--logdir", ""]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 types per edge" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("pass")]
+    assert len(lines) == 3
+    gaps = [float(ln.split("gap ")[1].split()[0]) for ln in lines]
+    assert 0 <= gaps[-1] < gaps[0]
+    assert all(float(ln.split("min w_quad ")[1].split()[0]) >= 0 for ln in lines)
+    with pytest.raises(ValueError, match="--types > 1 needs a dual solver"):
+        main(["train", "--data", "pose", "--types", "2", "--solver", "torch", "--logdir", ""])

@@ -21,9 +21,10 @@ DATASETS = ("synthetic", "ocr-large", "ocr-small", "conll2000-chunk", "pose")
 
 
 def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_count: int = 1, *,
-                  num_train: Optional[int] = None, num_test: Optional[int] = None, grid: int = 12):
+                  num_train: Optional[int] = None, num_test: Optional[int] = None, grid: int = 12,
+                  limb_modes: int = 1):
     """(train, test) `SequenceDataset`s for a ``--data`` name (`PoseDataset`s for ``"pose"``: ``num_train``,
-    ``num_test`` examples on a ``grid x grid`` board)."""
+    ``num_test`` examples on a ``grid x grid`` board, limbs bent in ``limb_modes`` modes)."""
     from . import data
 
     if name == "synthetic":
@@ -33,7 +34,7 @@ def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_coun
         variant = name.split("-", 1)[1]
         return data.ocr("train", variant, root=root), data.ocr("test", variant, root=root)
     if name == "pose":
-        kw = {"height": grid, "width": grid, "seed": seed}
+        kw = {"height": grid, "width": grid, "limb_modes": limb_modes, "seed": seed}
         return (data.synthetic_pose("train", 16 if num_train is None else num_train, **kw),
                 data.synthetic_pose("test", 16 if num_test is None else num_test, **kw))
     if name == "conll2000-chunk":
@@ -193,9 +194,10 @@ def train_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
 def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
                gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
                step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
-               positivity: bool = True, backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs",
-               run_name: str = "train-pose", seed: int = 0, out=None) -> dict:
-    """Train pictorial structures (`optim.SpatialTreeProblem` on `PoseDataset`s) with a dual solver and the
+               positivity: bool = True, types: int = 1, backend: str = "auto", device: str = "cpu",
+               logdir: Optional[str] = "runs", run_name: str = "train-pose", seed: int = 0, out=None) -> dict:
+    """Train pictorial structures (`optim.SpatialTreeProblem` on `PoseDataset`s; with ``types`` T > 1
+    `optim.MixtureSpatialTreeProblem`, T K-means deformation types per edge) with a dual solver and the
     positivity box on the quadratic deformation weights (note 001 section 2.7; ``positivity=False`` drops it,
     and the oracle then raises as soon as a quadratic weight turns negative).
 
@@ -209,7 +211,10 @@ def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
     dev = _check_device(device)
     train = dataclasses.replace(train, features=train.features.to(dev), positions=train.positions.to(dev),
                                 scale=train.scale.to(dev), rest=train.rest.to(dev))
-    problem = optim.SpatialTreeProblem(train, backend=backend)
+    if types > 1:
+        problem = optim.MixtureSpatialTreeProblem(train, types, backend=backend, seed=seed)
+    else:
+        problem = optim.SpatialTreeProblem(train, backend=backend)
     writer = make_writer(logdir, run_name) if logdir else None
     box = problem.positivity_box() if positivity else None
     common = {"box": box, "writer": writer}
@@ -232,7 +237,7 @@ def train_pose(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: 
             cert = s.duality_gap()
             gap_txt = f"gap {cert['gap']:.3e}  primal {cert['primal']:.5f}  dual {cert['dual']:.5f}"
         tr, te = problem.evaluate(w), problem.evaluate(w, test)
-        min_quad = float(problem.weights(w)[1][:, 1::2].min())
+        min_quad = float(problem.weights(w)[-1][..., 1::2].min())  # w_P: (E, 4), or (E, T, 4) with types
         metrics = {"pass": k, "passes": r["passes"], "seconds": r["time"], "train_lsp_loss": tr["lsp_loss"],
                    "test_lsp_loss": te["lsp_loss"], "train_pck": tr["pck"], "test_pck": te["pck"],
                    "min_quadratic_weight": min_quad,
@@ -349,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--num-train", type=int, default=None, help="pose: training examples (default 16)")
     train.add_argument("--num-test", type=int, default=None, help="pose: test examples (default 16)")
     train.add_argument("--grid", type=int, default=12, help="pose: the board is grid x grid positions")
+    train.add_argument("--types", type=int, default=1,
+                       help="pose: deformation types per edge (K-means on the training displacements; > 1 needs a "
+                            "dual solver)")
+    train.add_argument("--limb-modes", type=int, default=1, help="pose: limbs bent in this many modes")
     train.add_argument("--no-positivity", action="store_true",
                        help="pose: drop the box w_xx, w_yy >= 0 (the distance-transform oracle then fails)")
     _add_train_args(train, epochs=10, lr=0.01, lam=1e-2, batch_size=32)
@@ -362,11 +371,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name, root, min_count = "synthetic", None, 1
     else:
         name, root, min_count = args.data, args.root, args.min_count
-    pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid} if name == "pose" else {}
+    pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid,
+            "limb_modes": args.limb_modes} if name == "pose" else {}
     train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, **pose)
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
     if name == "pose":
         if args.solver == "torch":
+            if args.types != 1:
+                raise ValueError("--types > 1 needs a dual solver (--solver bcfw, fw or ssg), not --solver torch")
             if args.device != "cpu":
                 raise ValueError("--data pose --solver torch runs on the CPU only (device must be 'cpu')")
             metrics = train_pose_hinge(train, test, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
@@ -375,12 +387,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if "logdir" in metrics:
                 print(f"TensorBoard logs: {metrics['logdir']}  (tensorboard --logdir {args.logdir})")
             return 0
-        print(f"solver {args.solver}, lam {args.lam}, box {'none' if args.no_positivity else 'w_xx, w_yy >= 0'}")
+        print(f"solver {args.solver}, lam {args.lam}, box {'none' if args.no_positivity else 'w_xx, w_yy >= 0'}"
+              + (f", {args.types} types per edge" if args.types > 1 else ""))
         metrics = train_pose(train, test, solver=args.solver, lam=args.lam, passes=args.passes, gap_tol=args.gap_tol,
                              time_budget=args.time_budget, sampling=args.sampling, step=args.step,
                              cache_size=args.cache_size, batch_size=args.block_batch,
                              gap_check_every=args.gap_check_every, positivity=not args.no_positivity,
-                             backend=args.backend, device=args.device, logdir=args.logdir or None,
+                             types=args.types, backend=args.backend, device=args.device, logdir=args.logdir or None,
                              run_name=f"train-pose-{args.solver}", seed=args.seed)
         if "logdir" in metrics:
             print(f"TensorBoard logs: {metrics['logdir']}  (tensorboard --logdir {args.logdir})")
