@@ -1,10 +1,16 @@
 """Benchmark: pictorial structures with T mixture types per edge against one type, trained by BCFW.
 
 On articulated `synthetic_pose` (limbs bent in ``--modes`` modes, so each limb edge's displacements form
-clusters), per T in ``--types``: `SpatialTreeProblem` (T = 1) or `MixtureSpatialTreeProblem` (K-means
-types on the training set), BCFW with the positivity box at ``--lam`` for ``--passes`` passes (seed 0),
-then the exact duality gap and primal, and the test set's LSP loss and PCK (positions decoded with the
-training set's types). Also the oracle's share: seconds per pass. One run on one machine.
+clusters), per variant: `SpatialTreeProblem` (T = 1) or `MixtureSpatialTreeProblem` (K-means types on the
+training set), BCFW with the positivity box at ``--lam`` for ``--passes`` passes (seed 0), then the exact
+duality gap and primal, the test set's LSP loss and PCK (positions decoded with the training set's types),
+and seconds per pass. One run on one machine.
+
+Variants: ``T`` for each of ``--types`` (detector maps only), then with type evidence
+(`data.synthetic_type_maps`, T = ``--evidence-types``; the paper's pairwise CNN scores): ``1+evidence``
+(one type, the evidence maps summed over types as an extra unary channel of each edge's child: the same
+position evidence without the type), ``T+maps`` (the type maps as type scores, one weight per edge) and
+``T+evidence+maps`` (both). ``--evidence-types 0`` skips them.
 
 Writes ``docs/benchmarks/pose_mixture.{json,md}``; ``pose_mixture_findings.md`` (hand-written) is appended.
 Usage:
@@ -33,6 +39,7 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--evidence-types", type=int, default=3)
     ap.add_argument("--n", type=int, default=300, help="training poses")
     ap.add_argument("--n-test", type=int, default=300)
     ap.add_argument("--side", type=int, default=32, help="grid side")
@@ -52,18 +59,27 @@ def main(argv=None) -> None:
           "miss_rate": args.miss_rate, "seed": 0}
     train = ts.data.synthetic_pose("train", args.n, **kw)
     test = ts.data.synthetic_pose("test", args.n_test, **kw)
+    variants = [(str(T), T, train, test) for T in args.types]
+    if args.evidence_types:
+        T = args.evidence_types
+        types = ts.data.edge_types(train, T)
+        trm = ts.data.synthetic_type_maps(train, types)
+        tem = ts.data.synthetic_type_maps(test, ts.data.edge_types(test, T, rest=types.rest))
+        variants += [("1+evidence", 1, summed(trm, False), summed(tem, False)), (f"{T}+maps", T, trm, tem),
+                     (f"{T}+evidence+maps", T, summed(trm, True), summed(tem, True))]
     rows = []
-    for T in args.types:
+    for name, T, tr, te in variants:
         t0 = time.perf_counter()
-        problem = SpatialTreeProblem(train) if T == 1 else MixtureSpatialTreeProblem(train, T)
+        problem = SpatialTreeProblem(tr) if T == 1 else MixtureSpatialTreeProblem(tr, T)
         solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=0, gap_check_every=10)
         for _ in range(args.passes):
             solver.step()
         train_s = time.perf_counter() - t0
         gap = solver.duality_gap()
-        ev = problem.evaluate(solver.w, test)
-        row = {"T": T, "d": problem.d, "gap": gap["gap"], "primal": gap["primal"], "test_lsp_loss": ev["lsp_loss"],
-               "test_pck": ev["pck"], "train_s": train_s, "s_per_pass": train_s / args.passes}
+        ev = problem.evaluate(solver.w, te)
+        row = {"variant": name, "T": T, "d": problem.d, "gap": gap["gap"], "primal": gap["primal"],
+               "test_lsp_loss": ev["lsp_loss"], "test_pck": ev["pck"], "train_s": train_s,
+               "s_per_pass": train_s / args.passes}
         rows.append(row)
         print(row, flush=True)
     meta = {"machine": cpu_description(), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -76,6 +92,18 @@ def main(argv=None) -> None:
     write_report(args.out, "pose_mixture", report_lines(meta, rows))
 
 
+def summed(dataset, keep_maps: bool):
+    """``dataset`` with its type maps summed over types as one more unary channel of each edge's child (the
+    root gets zeros): the maps' position evidence without the type. ``keep_maps``: keep the type maps too."""
+    import dataclasses
+
+    n, V, _, K = dataset.features.shape
+    extra = torch.zeros(n, V, 1, K, dtype=dataset.features.dtype)
+    extra[:, 1:, 0] = dataset.type_maps.sum(2).to(extra.dtype)  # edge e's child is node e + 1
+    return dataclasses.replace(dataset, features=torch.cat([dataset.features, extra], 2),
+                               type_maps=dataset.type_maps if keep_maps else None)
+
+
 def report_lines(meta, rows):
     d = meta["data"]
     lines = ["# Mixture types per edge against one type (BCFW on articulated synthetic poses)", "",
@@ -85,13 +113,15 @@ def report_lines(meta, rows):
              f"{d['limb_angle']}, miss_rate = {d['miss_rate']}, {meta['n']} training and {meta['n_test']} test poses. "
              f"BCFW with the positivity box, lam = {meta['lam']}, {meta['passes']} passes, seed 0; T = 1 is "
              "`SpatialTreeProblem`, T > 1 `MixtureSpatialTreeProblem` (K-means types of the training set, type "
-             "bias, per-type deformation). Test figures decode positions only (lower LSP loss and higher PCK are "
-             "better).", "",
-             "| T | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
+             "bias, per-type deformation). Variants named `T` use the detector maps only; `+evidence` adds the type "
+             "evidence maps of `synthetic_type_maps` summed over types as a unary channel (position evidence "
+             "without the type), `+maps` gives the type maps to the mixture as type scores (one weight per edge). "
+             "Test figures decode positions only (lower LSP loss and higher PCK are better).", "",
+             "| variant | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['T']} | {r['d']} | {r['gap']:.4f} | {r['primal']:.4f} | {r['test_lsp_loss']:.4f} | "
-                     f"{r['test_pck']:.4f} | {r['s_per_pass']:.2f} |")
+        lines.append(f"| {r.get('variant', r['T'])} | {r['d']} | {r['gap']:.4f} | {r['primal']:.4f} | "
+                     f"{r['test_lsp_loss']:.4f} | {r['test_pck']:.4f} | {r['s_per_pass']:.2f} |")
     return lines
 
 

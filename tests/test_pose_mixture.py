@@ -2,6 +2,7 @@
 `MixtureSpatialTreeProblem` against the `DualProblem` contract (brute force over positions and types on a
 small tree) and under BCFW with the positivity box (feasible along training, exact gap identity)."""
 
+import dataclasses
 import itertools
 import math
 from types import SimpleNamespace
@@ -27,7 +28,7 @@ def articulated():
 def random_w(problem, seed=0, quad_scale=0.3):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(problem.d, generator=g, dtype=F64)
-    problem.weights(w)[2][..., 1::2] = quad_scale * torch.rand(problem.E, problem.T, 2, generator=g, dtype=F64)
+    problem.weights(w)[-1][..., 1::2] = quad_scale * torch.rand(problem.E, problem.T, 2, generator=g, dtype=F64)
     return w
 
 
@@ -189,7 +190,7 @@ def test_bcfw_with_positivity_box_is_feasible_and_certified(articulated):
         assert r["gap_exact"] and r["gap"] == pytest.approx(g["gap"], abs=1e-12)
         for _ in range(p.n):
             s._update(s._sample(1))
-            assert (p.weights(s.w)[2][..., 1::2] >= 0).all()
+            assert (p.weights(s.w)[-1][..., 1::2] >= 0).all()
             torch.testing.assert_close(s.w, torch.maximum(s.v, full_lower), rtol=0, atol=0)
             active += int((s.v != s.w).any())
     assert active > 0 and s.duality_gap()["gap"] < 0.5 * first
@@ -197,6 +198,66 @@ def test_bcfw_with_positivity_box_is_feasible_and_certified(articulated):
     assert ev["pck"] > 0.5  # positions only: the types' rest offsets come from the training set
     y = p.decode(p.potentials(s.w, torch.arange(p.n)), torch.arange(p.n))
     assert y.shape == (p.n, p.V + p.E) and int(y[:, p.V:].max()) < p.T
+
+
+
+def test_synthetic_type_maps_name_the_type_at_the_child(articulated):
+    train, _ = articulated
+    et = ts.data.edge_types(train, 3)
+    clean = ts.data.synthetic_type_maps(train, et, hit_rate=1.0, miss_rate=0.0, clutter=0, noise=0.0)
+    maps = clean.type_maps
+    assert maps.shape == (12, 25, 3, 144) and maps.dtype == torch.float32
+    child = train.positions[:, 1:]  # edge e's child is node e + 1
+    at = maps.gather(3, child.view(12, 25, 1, 1).expand(12, 25, 3, 1)).squeeze(3)  # (n, E, T) at the child
+    assert torch.equal(at.argmax(2), et.types)  # the named type is the true one
+    torch.testing.assert_close(at.sort(2).values[..., :2], 0.3 * at.max(2).values.unsqueeze(2).expand(12, 25, 2))
+    assert torch.equal(maps.argmax(3), child.unsqueeze(2).expand(12, 25, 3))  # every map peaks at the child
+    noisy = ts.data.synthetic_type_maps(train, et, hit_rate=0.0, miss_rate=0.0, clutter=0, noise=0.0).type_maps
+    named = noisy.gather(3, child.view(12, 25, 1, 1).expand(12, 25, 3, 1)).squeeze(3).argmax(2)
+    assert not (named == et.types).any()  # hit_rate 0: always another type
+    missed = ts.data.synthetic_type_maps(train, et, miss_rate=1.0, clutter=0, noise=0.0).type_maps
+    assert not missed.any()
+    assert torch.equal(ts.data.synthetic_type_maps(train, et, seed=4).type_maps,
+                       ts.data.synthetic_type_maps(train, et, seed=4).type_maps)
+    with pytest.raises(ValueError, match=r"types.types must have shape \(12, 25\)"):
+        ts.data.synthetic_type_maps(train, ts.data.EdgeTypes(et.rest, et.types[:3]))
+    with pytest.raises(ValueError, match="hit_rate must be finite"):
+        ts.data.synthetic_type_maps(train, et, hit_rate=1.5)
+
+
+def test_problem_with_type_maps_layout_and_identities(articulated):
+    train, test = articulated
+    et = ts.data.edge_types(train, 2)
+    trm = ts.data.synthetic_type_maps(train, et)
+    p = MixtureSpatialTreeProblem(trm, 2, types=et)
+    V, E, F, T = 26, 25, 2, 2
+    assert p.d == V * F + E * T + E + 4 * E * T and p.M == E
+    assert p.parameter_slices()["type_map"] == (V * F + E * T, V * F + E * T + E, (E,))
+    w = random_w(p, seed=3)
+    idx = torch.tensor([1, 7, 4])
+    theta = p.potentials(w, idx)
+    wu, wt, wm, wp = p.weights(w)
+    torch.testing.assert_close(theta.potentials.child_scores,
+                               p.type_scale * wt.view(1, E, T, 1) + wm.view(1, E, 1, 1) * trm.type_maps[idx].double())
+    labels = random_labels(p, 3, 4, seed=2)
+    labels[:, 0] = p.truth[idx]
+    flat = labels.reshape(12, V + E)
+    pot = theta.potentials
+    rep = MixtureTreePotentials(pot.unary.repeat_interleave(4, 0), pot.weights, pot.rest,
+                                pot.child_scores.repeat_interleave(4, 0))
+    score = p.structure.score(rep, flat).view(3, 4)
+    torch.testing.assert_close(p.labels_score(theta, idx, labels), score, rtol=0, atol=1e-12)
+    torch.testing.assert_close(p.joint_features(idx.repeat_interleave(4), flat) @ w, score.reshape(-1),
+                               rtol=0, atol=1e-12)
+    labels_hat, loss, H_val = p.oracle(theta, idx)  # the oracle's value is attained by its labelling
+    attained = loss + p.labels_score(theta, idx, labels_hat.unsqueeze(1)).squeeze(1) - score[:, 0]
+    torch.testing.assert_close(attained, H_val, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="dataset has no type_maps"):
+        p.evaluate(w, test)
+    tem = ts.data.synthetic_type_maps(test, ts.data.edge_types(test, 2, rest=et.rest))
+    assert 0 <= p.evaluate(w, tem)["pck"] <= 1
+    with pytest.raises(ValueError, match=r"dataset.type_maps must be a float \(6, 25, 2, 144\)"):
+        p.evaluate(w, dataclasses.replace(tem, type_maps=tem.type_maps[:, :, :1]))
 
 
 def test_cli_train_pose_with_types(capsys):

@@ -8,6 +8,7 @@ quadratic deformation weights) run end to end without the real data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -91,6 +92,8 @@ class PoseDataset:
     - ``rest``: ``(E, 2)`` float64, the mean displacement ``(dx, dy)`` of each edge's child from its parent
       over this split (the paper's ``r_pq``, from training data; edge e's child is node e + 1).
     - ``scale``: ``(n,)`` float64, the LSP loss scale s (distance between ``SCALE_NODES`` in the truth).
+    - ``type_maps``: ``(n, E, T, H*W)`` float or None: evidence for each edge's type at its child's position
+      (`synthetic_type_maps`; the paper's pairwise CNN scores ``phi^P``), used by `MixtureSpatialTreeProblem`.
     """
 
     parents: Tuple[int, ...]
@@ -102,6 +105,7 @@ class PoseDataset:
     height: int
     width: int
     name: str = ""
+    type_maps: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.positions.shape[0])
@@ -336,3 +340,49 @@ def _kmeans(points: torch.Tensor, k: int, iters: int, g: torch.Generator) -> tor
                 centres[j] = points[far]
     order = sorted(range(k), key=lambda j: (float(centres[j, 0]), float(centres[j, 1])))
     return centres[order]
+
+
+def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: float = 0.8, other: float = 0.3,
+                        miss_rate: float = 0.3, clutter: int = 1, noise: float = 0.15, seed: int = 0,
+                        dtype: torch.dtype = torch.float32) -> PoseDataset:
+    """``dataset`` with ``type_maps (n, E, T, H*W)``: simulated evidence for the type of every edge, as the
+    paper's pairwise CNN gives a score per arc type at each position (note 001 section 3.1, ``phi^P``).
+
+    Per example and edge, a noisy type classifier looks at the edge's child's true position: it names the
+    true type (``types.types``) with probability ``hit_rate``, another type uniformly otherwise. Every type's
+    map gets a Gaussian peak (sigma 1.5 px) there, of height h uniform in [0.5, 1] for the named type and
+    ``other * h`` for the rest, so the maps locate the child whatever the type and the type is in their
+    ratios; with probability ``miss_rate`` the classifier misses the part and no map has that peak. Every map
+    also gets ``clutter`` false peaks (height uniform in [0.3, 0.9]) at uniform random positions and Gaussian
+    pixel noise of standard deviation ``noise``. Drawn in float64 from ``seed`` (offset by the split), cast
+    to ``dtype``.
+    """
+    if not isinstance(types, EdgeTypes):
+        raise TypeError(f"types must be an EdgeTypes (edge_types), got {type(types).__name__}")
+    n, E = len(dataset), dataset.num_nodes - 1
+    T = int(types.rest.shape[1])
+    if tuple(types.types.shape) != (n, E):
+        raise ValueError(f"types.types must have shape ({n}, {E}) for this dataset, got {tuple(types.types.shape)}")
+    hit_rate = _check_real("hit_rate", hit_rate, maximum=1.0)
+    other = _check_real("other", other, maximum=1.0)
+    miss_rate = _check_real("miss_rate", miss_rate, maximum=1.0)
+    clutter = check_positive_int("clutter", clutter, minimum=0)
+    noise = _check_real("noise", noise)
+    seed = check_positive_int("seed", seed, minimum=0)
+    H, W = dataset.height, dataset.width
+    offset = 3 if dataset.name.endswith("test") else 4
+    g = torch.Generator().manual_seed(seed * 1000 + 20 + offset)
+    kw = {"dtype": torch.float64, "generator": g}
+    truth = types.types.long()
+    wrong = (truth + torch.randint(1, max(T, 2), (n, E), generator=g)) % T  # a uniformly drawn other type
+    named = torch.where(torch.rand(n, E, **kw) < hit_rate, truth, wrong if T > 1 else truth)
+    height = (0.5 + 0.5 * torch.rand(n, E, **kw)) * (torch.rand(n, E, **kw) >= miss_rate)
+    ratio = torch.full((n, E, T), other, dtype=torch.float64).scatter_(2, named.unsqueeze(2), 1.0)
+    child_xy = dataset.xy()[:, 1:].to(torch.float64)  # edge e's child is node e + 1
+    maps = (height.unsqueeze(2) * ratio).unsqueeze(3) * _blob(child_xy, 1.5, H, W).unsqueeze(2)
+    if clutter:
+        xy = torch.rand(n, E, T, clutter, 2, **kw) * torch.tensor([W - 1.0, H - 1.0], dtype=torch.float64)
+        heights = 0.3 + 0.6 * torch.rand(n, E, T, clutter, **kw)
+        maps = maps + (heights.unsqueeze(-1) * _blob(xy, 1.5, H, W)).sum(3)
+    maps = maps + noise * torch.randn(n, E, T, H * W, **kw)
+    return dataclasses.replace(dataset, type_maps=maps.to(dtype))

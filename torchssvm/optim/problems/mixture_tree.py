@@ -54,8 +54,13 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
             c = 1 against 0.07 with c = 0.2.
         seed: the K-means seeding when ``types`` is None.
 
+    Type evidence: when ``dataset.type_maps (n, E, T, H*W)`` is set (`torchssvm.data.synthetic_type_maps`,
+    or a network's type scores), each edge also gets one weight ``w_M[e]`` on it, the paper's
+    ``w_{T,pq} phi^P_{pq}(I, l, t)``: the type score is ``c w_T[e, t] + w_M[e] type_maps[e, t, l_c]`` at the
+    child's position, and ``w = [w_U | w_T | w_M (E,) | w_P]`` (``d`` grows by E).
+
     ``evaluate(w, test_set)`` decodes the test set with these types' rest offsets (the paper's protocol: the
-    clustering comes from the training set).
+    clustering comes from the training set) and the test set's ``type_maps`` when the problem has them.
     """
 
     def __init__(self, dataset, num_types: int, *, types: Optional[EdgeTypes] = None, loss: str = "truncated",
@@ -85,14 +90,42 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         self.rest = types.rest.to(self.device, self.dtype)
         self.truth = torch.cat([self.truth, types.types.long().to(self.device)], 1)
         self.label_width = V + E
-        self.d = self.m = V * F + E * T + 4 * E * T
+        maps = getattr(dataset, "type_maps", None)
+        self.type_maps = None if maps is None else self._check_maps(maps, n)
+        self.M = 0 if self.type_maps is None else E
+        self.d = self.m = V * F + E * T + self.M + 4 * E * T
         self.weight = torch.zeros(self.d, dtype=self.dtype, device=self.device)
+
+    def _check_maps(self, maps, n: int) -> torch.Tensor:
+        shape = (n, self.E, self.T, self.structure.num_labels)
+        if not isinstance(maps, torch.Tensor) or tuple(maps.shape) != shape or not maps.is_floating_point():
+            got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+            raise ValueError(f"dataset.type_maps must be a float {shape} tensor (or None), got {got}")
+        if not torch.isfinite(maps).all():
+            raise ValueError("dataset.type_maps holds NaN or Inf")
+        return maps.to(self.device, self.dtype)
+
+    def _inputs(self, dataset=None) -> tuple:
+        """``(features,)``, or ``(features, type_maps)`` when the problem has type maps."""
+        base = super()._inputs(dataset)
+        if self.type_maps is None:
+            return base
+        if dataset is None:
+            return base + (self.type_maps,)
+        maps = getattr(dataset, "type_maps", None)
+        if maps is None:
+            raise ValueError("dataset has no type_maps, but this problem was trained with them "
+                             "(torchssvm.data.synthetic_type_maps)")
+        return base + (self._check_maps(maps, base[0].shape[0]),)
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
-        VF, ET = self.V * self.F, self.E * self.T
-        return {"unary": (0, VF, (self.V, self.F)), "type": (VF, VF + ET, (self.E, self.T)),
-                "deformation": (VF + ET, self.d, (self.E, self.T, 4))}
+        VF, ET, M = self.V * self.F, self.E * self.T, self.M
+        out = {"unary": (0, VF, (self.V, self.F)), "type": (VF, VF + ET, (self.E, self.T))}
+        if M:
+            out["type_map"] = (VF + ET, VF + ET + M, (M,))
+        out["deformation"] = (VF + ET + M, self.d, (self.E, self.T, 4))
+        return out
 
     def positivity_box(self) -> dict:
         """``w_xx, w_yy >= 0`` on every edge and type (`SpatialTreeProblem.positivity_box`)."""
@@ -101,19 +134,22 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         return {"deformation": (lower.reshape(-1), None)}
 
     def weights(self, w: torch.Tensor):
-        """``(w_U (V, F), w_T (E, T), w_P (E, T, 4))`` views of ``w (d,)``."""
-        VF, ET = self.V * self.F, self.E * self.T
-        return w[:VF].view(self.V, self.F), w[VF:VF + ET].view(self.E, self.T), w[VF + ET:].view(self.E, self.T, 4)
+        """``(w_U (V, F), w_T (E, T), w_M (E,) or (0,) without type maps, w_P (E, T, 4))`` views of ``w (d,)``."""
+        VF, ET, M = self.V * self.F, self.E * self.T, self.M
+        return (w[:VF].view(self.V, self.F), w[VF:VF + ET].view(self.E, self.T), w[VF + ET:VF + ET + M],
+                w[VF + ET + M:].view(self.E, self.T, 4))
 
     # -- the contract ---------------------------------------------------------------------------
-    def _pot(self, w: torch.Tensor, features: torch.Tensor) -> MixtureTreePotentials:
-        wu, wt, wp = self.weights(w.to(self.dtype))
-        bias = (wt * self.type_scale).unsqueeze(0).unsqueeze(3).expand(features.shape[0], self.E, self.T, 1)
+    def _pot(self, w: torch.Tensor, features: torch.Tensor, maps: Optional[torch.Tensor] = None):
+        wu, wt, wm, wp = self.weights(w.to(self.dtype))
+        child = (wt * self.type_scale).unsqueeze(0).unsqueeze(3).expand(features.shape[0], self.E, self.T, 1)
+        if maps is not None:  # (B, E, T, H*W): position-dependent type scores
+            child = child + wm.view(1, -1, 1, 1) * maps
         return MixtureTreePotentials(torch.einsum("bvfl,vf->bvl", features, wu), wp * self.per_pixel, self.rest,
-                                     bias)
+                                     child)
 
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> MixtureTreeTheta:
-        return MixtureTreeTheta(w, self._pot(w, self.features[idx]))
+        return MixtureTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
 
     def _check_convex(self, pot: MixtureTreePotentials) -> None:
         quad = pot.weights[..., 1::2]
@@ -133,12 +169,18 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         types = lab[:, V:]
         e = torch.arange(E, device=lab.device)
         delta = self.structure._typed_deltas(lab, self.rest, self.dtype)
-        edge = pot.child_scores[0, :, :, 0][e, types] - (pot.weights[e, types] * delta).sum(2)  # (B C, E)
-        return s + edge.sum(1).view(B, C)
+        edge = -(pot.weights[e, types] * delta).sum(2)  # (B C, E)
+        cs = pot.child_scores  # (B, E, T, 1) a bias, or (B, E, T, H*W) with type maps
+        Ks = cs.shape[3]
+        at = lab[:, self.structure._edge_child.to(lab.device)] if Ks > 1 else torch.zeros_like(types)
+        flat = (types * Ks + at).view(B, C, E).transpose(1, 2)  # (B, E, C)
+        typed = cs.reshape(B, E, -1).gather(2, flat).sum(1)  # (B, C)
+        return s + edge.sum(1).view(B, C) + typed
 
-    def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None):
-        """``phi(x_i, (l, t)) (B, d)`` of labels ``(B, V + E)`` (``features``: ``(B, V, F, H*W)``, default the
-        training features of ``idx``)."""
+    def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None,
+                       type_maps: Optional[torch.Tensor] = None):
+        """``phi(x_i, (l, t)) (B, d)`` of labels ``(B, V + E)`` (``features``: ``(B, V, F, H*W)`` and
+        ``type_maps``: ``(B, E, T, H*W)``, default the training set's of ``idx``)."""
         x = self.features[idx] if features is None else features.to(self.dtype)
         B, V, E, T = labels.shape[0], self.V, self.E, self.T
         unary = x.gather(3, labels[:, :V].reshape(B, V, 1, 1).expand(B, V, self.F, 1)).reshape(B, -1)
@@ -148,7 +190,12 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         delta = self.structure._typed_deltas(labels, self.rest, self.dtype) * self.per_pixel
         deform = torch.zeros(B, E, T, 4, dtype=self.dtype, device=x.device)
         deform.scatter_(2, types.view(B, E, 1, 1).expand(B, E, 1, 4), -delta.unsqueeze(2))
-        return torch.cat([unary, onehot.reshape(B, -1), deform.reshape(B, -1)], 1)
+        parts = [unary, onehot.reshape(B, -1)]
+        if self.M:
+            maps = self.type_maps[idx] if type_maps is None else type_maps.to(self.dtype)
+            at = types * maps.shape[3] + labels[:, self.structure._edge_child.to(labels.device)]
+            parts.append(maps.reshape(B, E, -1).gather(2, at.unsqueeze(2)).squeeze(2))  # maps[e, t_e, l_c]
+        return torch.cat(parts + [deform.reshape(B, -1)], 1)
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
         if self.scale is None:

@@ -129,8 +129,19 @@ class SpatialTreeProblem(DualProblem):
         wu, wp = self.weights(w.to(self.dtype))
         return SpatialTreePotentials(torch.einsum("bvfl,vf->bvl", features, wu), wp * self.per_pixel, self.rest)
 
+    def _inputs(self, dataset=None) -> tuple:
+        """The per-example tensors `_pot` reads after ``w``: ``(features,)`` of the training set, or of
+        ``dataset`` (checked against the training set's shapes)."""
+        if dataset is None:
+            return (self.features,)
+        feats = dataset.features.to(self.device, self.dtype)
+        if feats.shape[1:] != self.features.shape[1:]:
+            want = ", ".join(map(str, self.features.shape[1:]))
+            raise ValueError(f"dataset.features must have shape (n, {want}), got {tuple(feats.shape)}")
+        return (feats,)
+
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> SpatialTreeTheta:
-        return SpatialTreeTheta(w, self._pot(w, self.features[idx]))
+        return SpatialTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
 
     def _check_convex(self, pot: SpatialTreePotentials) -> None:
         bad = (pot.weights[:, 1::2] < 0).any(1) | torch.isnan(pot.weights[:, 1::2]).any(1)
@@ -206,21 +217,18 @@ class SpatialTreeProblem(DualProblem):
     def evaluate(self, w: torch.Tensor, dataset=None, *, pck_threshold: float = 0.5, chunk: int = 256) -> dict:
         """MAP positions at ``w`` on ``dataset`` (default: the training set) with this problem's ``rest``:
         ``{"lsp_loss": mean truncated loss, "pck": fraction of nodes within pck_threshold * s of the truth}``."""
+        inputs = self._inputs(dataset)
         if dataset is None:
-            feats, truth, scale = self.features, self.truth, self.scale
+            truth, scale = self.truth, self.scale
         else:
-            feats = dataset.features.to(self.device, self.dtype)
             truth = dataset.positions.to(self.device).long()
             scale = dataset.scale.to(self.device, self.dtype)
-            if feats.shape[1:] != self.features.shape[1:]:
-                want = ", ".join(map(str, self.features.shape[1:]))
-                raise ValueError(f"dataset.features must have shape (n, {want}), got {tuple(feats.shape)}")
         if scale is None:
             raise ValueError("evaluate needs the LSP loss scale (a problem with loss='truncated')")
         loss, correct = [], []
         st = self.structure
-        for s in range(0, feats.shape[0], chunk):
-            pot = self._pot(w, feats[s:s + chunk])
+        for s in range(0, truth.shape[0], chunk):
+            pot = self._pot(w, *(t[s:s + chunk] for t in inputs))
             self._check_convex(pot)
             y = st._max_oracle(pot, None, None, None, self.backend)[0][:, :self.V]  # positions (without types)
             t, sc = truth[s:s + chunk, :self.V], scale[s:s + chunk]
