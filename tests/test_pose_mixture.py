@@ -110,6 +110,10 @@ def test_problem_layout_and_the_linear_identities(articulated):
     assert torch.equal(p.corner(idx, p.truth[idx]), torch.zeros(3, p.d, dtype=F64))
     loss = p.task_loss(idx, labels)
     assert (loss[:, 0] == 0).all() and (loss <= p.max_loss(idx).unsqueeze(1) + 1e-12).all()
+    bad = w.clone()
+    p.weights(bad)[-1][7, 2, 3] = -0.5  # w_yy of edge 7, type 2
+    with pytest.raises(ValueError, match=r"quadratic deformation weights.*edges \[7\].*positivity_box"):
+        p.decode(p.potentials(bad, idx), idx)
     same_pos = labels[:, :1].clone()
     same_pos[..., V:] = (same_pos[..., V:] + 1) % T  # other types, same positions: no loss
     assert (p.task_loss(idx, same_pos) == 0).all()

@@ -127,12 +127,6 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         out["deformation"] = (VF + ET + M, self.d, (self.E, self.T, 4))
         return out
 
-    def positivity_box(self) -> dict:
-        """``w_xx, w_yy >= 0`` on every edge and type (`SpatialTreeProblem.positivity_box`)."""
-        lower = torch.full((self.E, self.T, 4), -math.inf, dtype=self.dtype)
-        lower[..., 1::2] = 0.0
-        return {"deformation": (lower.reshape(-1), None)}
-
     def weights(self, w: torch.Tensor):
         """``(w_U (V, F), w_T (E, T), w_M (E,) or (0,) without type maps, w_P (E, T, 4))`` views of ``w (d,)``."""
         VF, ET, M = self.V * self.F, self.E * self.T, self.M
@@ -150,15 +144,6 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
 
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> MixtureTreeTheta:
         return MixtureTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
-
-    def _check_convex(self, pot: MixtureTreePotentials) -> None:
-        quad = pot.weights[..., 1::2]
-        bad = ((quad < 0) | torch.isnan(quad)).flatten(1).any(1)
-        if bool(bad.any()):
-            edges = bad.nonzero().squeeze(1).tolist()
-            raise ValueError(f"the quadratic deformation weights w_P[e, t, 1] (w_xx) and w_P[e, t, 3] (w_yy) must "
-                             f"be >= 0 for the distance-transform oracle; edges {edges} have min "
-                             f"{float(quad.min() * self.unit ** 2):.3g}. Train with box=problem.positivity_box().")
 
     def labels_score(self, theta: MixtureTreeTheta, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, L = labels.shape
@@ -196,9 +181,3 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
             at = types * maps.shape[3] + labels[:, self.structure._edge_child.to(labels.device)]
             parts.append(maps.reshape(B, E, -1).gather(2, at.unsqueeze(2)).squeeze(2))  # maps[e, t_e, l_c]
         return torch.cat(parts + [deform.reshape(B, -1)], 1)
-
-    def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
-        if self.scale is None:
-            return super().max_loss(idx)
-        truth = self.truth[idx, :self.V]
-        return self.structure._node_loss_table(truth, self.scale[idx]).max(2).values.sum(1)

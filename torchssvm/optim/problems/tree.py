@@ -111,9 +111,9 @@ class SpatialTreeProblem(DualProblem):
         """The box of note 001 section 2.7 that makes the deformation convex: ``w_xx, w_yy >= 0`` on every
         edge (columns 1 and 3 of ``w_P``), everything else free; pass it as ``BCFW(..., box=...)``. Only the
         quadratic weights need the bound (the reference code bounds all of ``w_P``, which
-        ``box={"deformation": (0.0, None)}`` gives)."""
-        lower = torch.full((self.E, 4), -math.inf, dtype=self.dtype)
-        lower[:, 1::2] = 0.0
+        ``box={"deformation": (0.0, None)}`` gives). With mixture types, on every edge and type."""
+        lower = torch.full(self.parameter_slices()["deformation"][2], -math.inf, dtype=self.dtype)
+        lower[..., 1::2] = 0.0
         return {"deformation": (lower.reshape(-1), None)}
 
     def weights(self, w: torch.Tensor):
@@ -143,14 +143,16 @@ class SpatialTreeProblem(DualProblem):
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> SpatialTreeTheta:
         return SpatialTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
 
-    def _check_convex(self, pot: SpatialTreePotentials) -> None:
-        bad = (pot.weights[:, 1::2] < 0).any(1) | torch.isnan(pot.weights[:, 1::2]).any(1)
+    def _check_convex(self, pot) -> None:
+        """A ValueError naming the edges whose quadratic weights (``w_P[..., 1]``, ``w_P[..., 3]`` of shared
+        ``(E, 4)`` or ``(E, T, 4)`` weights) are negative or NaN."""
+        quad = pot.weights[..., 1::2]
+        bad = ((quad < 0) | torch.isnan(quad)).flatten(1).any(1)
         if bool(bad.any()):
             edges = bad.nonzero().squeeze(1).tolist()
-            raise ValueError(f"the quadratic deformation weights w_P[e, 1] (w_xx) and w_P[e, 3] (w_yy) must be >= 0 "
-                             f"for the distance-transform oracle; edges {edges} have min "
-                             f"{float(pot.weights[:, 1::2].min() * self.unit ** 2):.3g}. "
-                             f"Train with box=problem.positivity_box().")
+            raise ValueError(f"the quadratic deformation weights w_P[..., 1] (w_xx) and w_P[..., 3] (w_yy) must be "
+                             f">= 0 for the distance-transform oracle; edges {edges} have min "
+                             f"{float(quad.min() * self.unit ** 2):.3g}. Train with box=problem.positivity_box().")
 
     def oracle(self, theta: SpatialTreeTheta, idx: torch.Tensor):
         pot = theta.potentials
@@ -205,7 +207,7 @@ class SpatialTreeProblem(DualProblem):
         w.add_(coef.to(self.dtype) @ z)
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
-        truth = self.truth[idx]
+        truth = self.truth[idx, :self.V]  # positions (mixture labels carry the edge types after them)
         if self.scale is None:
             return torch.full((idx.shape[0],), 1.0 if self.structure.num_labels > 1 else 0.0, dtype=self.dtype,
                               device=self.device)
