@@ -38,6 +38,23 @@ def random_labels(problem, B, C, seed=0):
     return torch.cat([pos, torch.randint(problem.T, (B, C, problem.E), generator=g)], 2)
 
 
+def check_scores(p, w, theta, idx, seed):
+    """4 labellings per example of ``idx`` (the truth first): `labels_score` equals the structure's score and
+    ``<w, phi>``. Returns the labels ``(B, 4, V + E)`` and their scores ``(B, 4)``."""
+    B, L = idx.shape[0], p.V + p.E
+    labels = random_labels(p, B, 4, seed=seed)
+    labels[:, 0] = p.truth[idx]
+    flat = labels.reshape(B * 4, L)
+    pot = theta.potentials
+    rep = MixtureTreePotentials(pot.unary.repeat_interleave(4, 0), pot.weights, pot.rest,
+                                pot.child_scores.repeat_interleave(4, 0))
+    score = p.structure.score(rep, flat).view(B, 4)
+    torch.testing.assert_close(p.labels_score(theta, idx, labels), score, rtol=0, atol=1e-12)
+    torch.testing.assert_close(p.joint_features(idx.repeat_interleave(4), flat) @ w, score.reshape(-1),
+                               rtol=0, atol=1e-12)
+    return labels, score
+
+
 # -- data ---------------------------------------------------------------------------------------------
 def test_limb_modes_bend_only_the_limbs():
     kw = {"n": 40, "height": 48, "width": 48, "seed": 3}
@@ -94,16 +111,7 @@ def test_problem_layout_and_the_linear_identities(articulated):
     w = random_w(p)
     idx = torch.tensor([5, 0, 11])
     theta = p.potentials(w, idx)
-    labels = random_labels(p, 3, 4, seed=1)
-    labels[:, 0] = p.truth[idx]
-    flat = labels.reshape(12, V + E)
-    pot = theta.potentials
-    rep = MixtureTreePotentials(pot.unary.repeat_interleave(4, 0), pot.weights, pot.rest,
-                                pot.child_scores.repeat_interleave(4, 0))
-    score = p.structure.score(rep, flat).view(3, 4)
-    torch.testing.assert_close(p.labels_score(theta, idx, labels), score, rtol=0, atol=1e-12)
-    torch.testing.assert_close(p.joint_features(idx.repeat_interleave(4), flat) @ w, score.reshape(-1),
-                               rtol=0, atol=1e-12)
+    labels, score = check_scores(p, w, theta, idx, seed=1)
     for c in range(4):
         torch.testing.assert_close(p.inner(theta, p.corner(idx, labels[:, c])), score[:, 0] - score[:, c],
                                    rtol=0, atol=1e-12)
@@ -243,16 +251,7 @@ def test_problem_with_type_maps_layout_and_identities(articulated):
     wu, wt, wm, wp = p.weights(w)
     torch.testing.assert_close(theta.potentials.child_scores,
                                p.type_scale * wt.view(1, E, T, 1) + wm.view(1, E, 1, 1) * trm.type_maps[idx].double())
-    labels = random_labels(p, 3, 4, seed=2)
-    labels[:, 0] = p.truth[idx]
-    flat = labels.reshape(12, V + E)
-    pot = theta.potentials
-    rep = MixtureTreePotentials(pot.unary.repeat_interleave(4, 0), pot.weights, pot.rest,
-                                pot.child_scores.repeat_interleave(4, 0))
-    score = p.structure.score(rep, flat).view(3, 4)
-    torch.testing.assert_close(p.labels_score(theta, idx, labels), score, rtol=0, atol=1e-12)
-    torch.testing.assert_close(p.joint_features(idx.repeat_interleave(4), flat) @ w, score.reshape(-1),
-                               rtol=0, atol=1e-12)
+    _, score = check_scores(p, w, theta, idx, seed=2)
     labels_hat, loss, H_val = p.oracle(theta, idx)  # the oracle's value is attained by its labelling
     attained = loss + p.labels_score(theta, idx, labels_hat.unsqueeze(1)).squeeze(1) - score[:, 0]
     torch.testing.assert_close(attained, H_val, rtol=0, atol=1e-10)

@@ -181,12 +181,6 @@ class MixtureSpatialTree(SpatialTree):
                 s = s + flat.squeeze(2).sum(1).to(s.dtype)
         return s
 
-    def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
-        y, y_hat = self._check_y(y, y_hat)
-        if lengths is not None:
-            lengths = self._check_scale(lengths, y.shape[0], y.device)
-        return self._task_loss(y_hat, y, lengths)
-
     def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
         V = self.num_nodes
         return super()._task_loss(y_hat[:, :V], y[:, :V], lengths)
