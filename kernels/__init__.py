@@ -21,6 +21,7 @@ from .simplex_torch import project_simplex_torch
 from .slack_chain_torch import slack_viterbi_torch
 from .tree_torch import (
     TreeSchedule,
+    cooccurrence_tree_max_sum_torch,
     mixture_tree_max_sum_torch,
     spatial_tree_max_sum_torch,
     tree_max_sum_torch,
@@ -275,10 +276,11 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
 
 @torch.no_grad()
 def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int, child_scores=None,
-                         parent_scores=None, backend: str = "auto"):
-    """Max-sum on a pictorial-structure tree with T mixture types per edge; see `mixture_tree_max_sum_torch`
-    (returns positions ``(B, V)``, types ``(B, E)`` and values ``(B,)``). Raises a ValueError naming
-    ``weights`` if a quadratic weight is negative."""
+                         parent_scores=None, cooccurrence=None, backend: str = "auto"):
+    """Max-sum on a pictorial-structure tree with T mixture types per edge; see `mixture_tree_max_sum_torch`,
+    and `cooccurrence_tree_max_sum_torch` for ``cooccurrence (B, E, T, T)`` or ``(E, T, T)`` (returns
+    positions ``(B, V)``, types ``(B, E)`` and values ``(B,)``). Raises a ValueError naming ``weights`` if a
+    quadratic weight is negative."""
     sched = tree_schedule(parents)
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
     be = resolve_backend(backend, unary.device, has_numba=True)
@@ -286,12 +288,15 @@ def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
         from .distance_transform_numba import mixture_tree_max_sum_numba
 
         return mixture_tree_max_sum_numba(unary, weights, rest, sched.parents, height, width, child_scores,
-                                          parent_scores)
+                                          parent_scores, cooccurrence)
     gdt_2d = None
     if be == "triton":
         from .distance_transform_triton import distance_transform_1d_triton
 
         gdt_2d = functools.partial(distance_transform_2d_torch, gdt_1d=distance_transform_1d_triton)
+    if cooccurrence is not None:
+        return cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, sched.parents, height, width,
+                                               child_scores, parent_scores, gdt_2d=gdt_2d)
     return mixture_tree_max_sum_torch(unary, weights, rest, sched.parents, height, width, child_scores,
                                       parent_scores, gdt_2d=gdt_2d)
 
@@ -336,6 +341,6 @@ __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch"
            "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
            "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
-           "mixture_tree_max_sum", "mixture_tree_max_sum_torch",
+           "mixture_tree_max_sum", "mixture_tree_max_sum_torch", "cooccurrence_tree_max_sum_torch",
            "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",
            "distance_transform_2d", "check_quadratic_weights"]

@@ -209,6 +209,87 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
             types[i, e] = targs[e, lp // W, lp % W] if T > 1 else 0
 
 
+@_jit(parallel=True)
+def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, order, edge_child, edge_parent,
+                       child_ptr, child_edges, root, labels, types, value):
+    """`_spatial_tree` with type co-occurrence ``cooc (B, E, T, T)``: messages ``(T, H, W)`` per edge indexed
+    by the type of the edge above the parent, ``m_e(s, l) = max_t cooc[e, s, t] + D_{e,t}(l)`` (first maximal
+    t), as `tree_torch.cooccurrence_tree_max_sum_torch`; the root reads row 0. Same argument conventions."""
+    B, V, H, W = unary.shape
+    E = order.shape[0]
+    T = rest.shape[1]
+    has_child = child_scores.shape[0] > 0
+    has_parent = parent_scores.shape[0] > 0
+    cstep = 1 if child_scores.shape[3] > 1 else 0
+    pstep = 1 if parent_scores.shape[3] > 1 else 0
+    for i in _prange(B):
+        msgs = np.empty((max(E, 1), T, H, W), dtype=unary.dtype)
+        pos_args = np.empty((max(E, 1), T, H, W), dtype=np.int64)
+        type_args = np.empty((max(E, 1), T, H, W), dtype=np.int64)
+        bel = np.empty((H, W), dtype=unary.dtype)
+        d = np.empty((T, H, W), dtype=unary.dtype)
+        g = np.empty((H, W), dtype=unary.dtype)
+        argx = np.empty((H, W), dtype=np.int64)
+        col, ocol, acol = np.empty(H, dtype=unary.dtype), np.empty(H, dtype=unary.dtype), np.empty(H, np.int64)
+        v, vf = np.empty(max(H, W), dtype=np.int64), np.empty(max(H, W), dtype=unary.dtype)
+        node_type = np.zeros(V, dtype=np.int64)
+        for j in range(E + 1):
+            node = root if j == E else edge_child[order[j]]
+            for t in range(1 if j == E else T):  # the root: row 0 only
+                for y in range(H):
+                    for x in range(W):
+                        bel[y, x] = unary[i, node, y, x]
+                for c in range(child_ptr[node], child_ptr[node + 1]):
+                    m = msgs[child_edges[c], t]
+                    for y in range(H):
+                        for x in range(W):
+                            bel[y, x] = bel[y, x] + m[y, x]
+                if j == E:
+                    break
+                e = order[j]
+                if has_child:
+                    for y in range(H):
+                        for x in range(W):
+                            bel[y, x] = bel[y, x] + child_scores[i, e, t, y * cstep, x * cstep]
+                w = weights[i, e, t]
+                _gdt_2d_one(bel, w[1], -w[0], -rest[e, t, 0], w[3], -w[2], -rest[e, t, 1], d[t], pos_args[e, t],
+                           g, argx, col, ocol, acol, v, vf)
+                if has_parent:
+                    for y in range(H):
+                        for x in range(W):
+                            d[t, y, x] = d[t, y, x] + parent_scores[i, e, t, y * pstep, x * pstep]
+            if j == E:
+                break
+            e = order[j]
+            for s in range(T):
+                for y in range(H):
+                    for x in range(W):
+                        best = cooc[i, e, s, 0] + d[0, y, x]
+                        arg = 0
+                        for t in range(1, T):
+                            val = cooc[i, e, s, t] + d[t, y, x]
+                            if val > best:  # the first maximal type, as torch.max
+                                best, arg = val, t
+                        msgs[e, s, y, x] = best
+                        type_args[e, s, y, x] = arg
+        best_k = 0
+        bestv = bel[0, 0]
+        for k in range(1, H * W):
+            if bel[k // W, k % W] > bestv:
+                best_k, bestv = k, bel[k // W, k % W]
+        value[i] = bestv
+        labels[i, root] = best_k
+        node_type[root] = 0
+        for j in range(E - 1, -1, -1):
+            e = order[j]
+            p = edge_parent[e]
+            lp = labels[i, p]
+            t = type_args[e, node_type[p], lp // W, lp % W]
+            labels[i, edge_child[e]] = pos_args[e, t, lp // W, lp % W]
+            node_type[edge_child[e]] = t
+            types[i, e] = t
+
+
 def _threads():
     nb = _numba.numba
     nb.set_num_threads(max(1, min(torch.get_num_threads(), nb.config.NUMBA_NUM_THREADS)))
@@ -266,9 +347,10 @@ def spatial_tree_max_sum_numba(unary, weights, rest, parents, height: int, width
 
 
 def mixture_tree_max_sum_numba(unary, weights, rest, parents, height: int, width: int, child_scores=None,
-                               parent_scores=None):
-    """Same contract as `tree_torch.mixture_tree_max_sum_torch` (T mixture types per edge), the whole tree in
-    one compiled call, bitwise equal to it. CPU, float32 or float64."""
+                               parent_scores=None, cooccurrence=None):
+    """Same contract as `tree_torch.mixture_tree_max_sum_torch` (T mixture types per edge), and with
+    ``cooccurrence`` as `tree_torch.cooccurrence_tree_max_sum_torch`; the whole tree in one compiled call,
+    bitwise equal to them. CPU, float32 or float64."""
     from .tree_torch import tree_schedule
 
     _check(unary)
@@ -296,8 +378,15 @@ def mixture_tree_max_sum_numba(unary, weights, rest, parents, height: int, width
         return s.detach().to(dt).expand(B, E, T, -1).contiguous().view(B, E, T, *side).numpy()
 
     _threads()
-    _spatial_tree(unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),
-                  rest.detach().to(dt).contiguous().numpy(), scores(child_scores), scores(parent_scores), order,
-                  np.array(sched.edge_child, dtype=np.int64), np.array(sched.edge_parent, dtype=np.int64),
-                  ptr, kids, sched.root, labels.numpy(), types.numpy(), value.numpy())
+    args = (unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),
+            rest.detach().to(dt).contiguous().numpy())
+    tail = (scores(child_scores), scores(parent_scores), order, np.array(sched.edge_child, dtype=np.int64),
+            np.array(sched.edge_parent, dtype=np.int64), ptr, kids, sched.root, labels.numpy(), types.numpy(),
+            value.numpy())
+    if cooccurrence is None:
+        _spatial_tree(*args, *tail)
+    else:
+        c = cooccurrence.detach().to(dt)
+        c = (c if c.dim() == 4 else c.unsqueeze(0)).expand(B, E, T, T).contiguous()
+        _cooccurrence_tree(*args, c.numpy(), *tail)
     return labels, types, value

@@ -281,3 +281,72 @@ def mixture_tree_max_sum_torch(unary, weights, rest, parents, height: int, width
                          gdt_2d or distance_transform_2d, unary.shape[0])
     positions, value = tree_max_sum_generic(unary, sched, op)
     return positions, op.edge_types(positions, sched.edge_parent), value
+
+
+def cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, parents, height: int, width: int,
+                                    child_scores=None, parent_scores=None, gdt_2d=None):
+    """`mixture_tree_max_sum_torch` with type co-occurrence scores: ``cooccurrence (B, E, T, T)`` or shared
+    ``(E, T, T)``, entry ``[e, s, t]`` scoring type t on edge e when the edge above e's parent has type s
+    (the root has no edge above it: edges out of the root read row 0). Yang & Ramanan's "flexible mixtures
+    of parts" with a part's type on the edge above it.
+
+    A node's state is its position and the type of the edge above it, so messages are ``(T, H*W)`` per edge:
+    ``m_e(s, l_p) = max_t cooccurrence[e, s, t] + D_{e,t}(l_p)``, with ``D_{e,t}`` the transform of the child's
+    belief under type t (its type scores included), as in `mixture_tree_max_sum_torch`. O(V T (T + transform)
+    H W) per example. Ties: the first maximal type, the transform's smallest child position, the root's first
+    maximum; with zero co-occurrence the result equals `mixture_tree_max_sum_torch` bitwise. Returns positions
+    ``(B, V)``, types ``(B, E)`` and the best scores ``(B,)``.
+    """
+    gdt_2d = gdt_2d or distance_transform_2d
+    sched = tree_schedule(parents)
+    B, V, K = unary.shape
+    E, T = rest.shape[0], rest.shape[1]
+    dev = unary.device
+    msgs = unary.new_zeros(B, E + 1, T, K)  # m_e(s, l_p); row E: a zero message for padded child slots
+    pos_args = torch.empty(B, max(E, 1), T, K, dtype=torch.long, device=dev)  # best l_c given (t, l_p)
+    type_args = torch.empty(B, max(E, 1), T, K, dtype=torch.long, device=dev)  # best t given (s, l_p)
+
+    def beliefs(nodes: Sequence[int]) -> torch.Tensor:  # (B, n, T, K): unary + messages in edge order
+        bel = unary[:, list(nodes)].unsqueeze(2).expand(B, len(nodes), T, K)
+        width_ = max(len(sched.child_edges[v]) for v in nodes)
+        if width_:
+            slots = [list(sched.child_edges[v]) + [E] * (width_ - len(sched.child_edges[v])) for v in nodes]
+            idx = torch.tensor(slots, dtype=torch.long, device=dev)
+            for j in range(width_):
+                bel = bel + msgs[:, idx[:, j]]
+        return bel
+
+    for level in sched.levels:
+        n = len(level)
+        eidx = torch.tensor(level, dtype=torch.long, device=dev)
+        f = beliefs([sched.edge_child[e] for e in level])
+        if child_scores is not None:
+            f = f + child_scores[:, eidx]
+        w = weights[:, eidx] if weights.dim() == 4 else weights[eidx].unsqueeze(0)
+        w = w.expand(B, n, T, 4).reshape(B * n * T, 4)
+        r = rest[eidx].unsqueeze(0).expand(B, n, T, 2).reshape(B * n * T, 2)
+        out, arg = gdt_2d(f.reshape(B * n * T, height, width), w[:, 1], -w[:, 0], -r[:, 0], w[:, 3], -w[:, 2],
+                          -r[:, 1])
+        out = out.view(B, n, T, K)
+        if parent_scores is not None:
+            out = out + parent_scores[:, eidx]
+        b = cooccurrence[:, eidx] if cooccurrence.dim() == 4 else cooccurrence[eidx].unsqueeze(0)
+        m, best = (b.unsqueeze(-1) + out.unsqueeze(2)).max(dim=3)  # (B, n, s, K): the first maximal t
+        msgs[:, eidx] = m
+        type_args[:, eidx] = best
+        pos_args[:, eidx] = arg.view(B, n, T, K)
+    value, root_label = beliefs([sched.root])[:, 0, 0].max(dim=1)
+    positions = torch.empty(B, V, dtype=torch.long, device=dev)
+    node_type = torch.zeros(B, V, dtype=torch.long, device=dev)  # the type of the edge above each node
+    types = torch.zeros(B, E, dtype=torch.long, device=dev)
+    positions[:, sched.root] = root_label
+    for level in reversed(sched.levels):
+        eidx = torch.tensor(level, dtype=torch.long, device=dev)
+        child = torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=dev)
+        parent = torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=dev)
+        lp = positions[:, parent]
+        t = type_args[:, eidx].flatten(2).gather(2, (node_type[:, parent] * K + lp).unsqueeze(2)).squeeze(2)
+        positions[:, child] = pos_args[:, eidx].flatten(2).gather(2, (t * K + lp).unsqueeze(2)).squeeze(2)
+        node_type[:, child] = t
+        types[:, eidx] = t
+    return positions, types, value

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 from conftest import needs_numba, needs_triton
-from torchssvm.kernels import mixture_tree_max_sum, spatial_tree_max_sum, tree_schedule
+from torchssvm.kernels import mixture_tree_max_sum, numba_available, spatial_tree_max_sum, tree_schedule
 
 import torchssvm as ts
 from torchssvm.structures.mixture_tree import MixtureTreePotentials
@@ -34,8 +34,9 @@ def random_mixture(g, B, parents, H, W, T, *, shared, scores, integer=True, dtyp
     return unary, weights, rest, child, parent
 
 
-def enumerate_scores(unary, weights, rest, child, parent, parents, H, W, b):
-    """Every (positions, types) labelling of example b and its score: ``(Y (N, V), types (N, E), s (N,))``."""
+def enumerate_scores(unary, weights, rest, child, parent, parents, H, W, b, cooc=None):
+    """Every (positions, types) labelling of example b and its score: ``(Y (N, V), types (N, E), s (N,))``;
+    ``cooc (E, T, T)`` adds ``cooc[e, type above e's parent (0 at the root), t_e]``."""
     V, K = unary.shape[1], H * W
     sched = tree_schedule(parents)
     E, T = rest.shape[0], rest.shape[1]
@@ -53,6 +54,9 @@ def enumerate_scores(unary, weights, rest, child, parent, parents, H, W, b):
         for scores, at in ((child, Y[:, c]), (parent, Y[:, p])):
             if scores is not None:
                 s = s + scores[b, e].double()[t, at if scores.shape[-1] > 1 else 0]
+        if cooc is not None:
+            above = sched.edge_child.index(p) if p != sched.root else None
+            s = s + cooc[e].double()[Ty[:, above] if above is not None else 0, t]
     return Y, Ty, s
 
 
@@ -113,6 +117,60 @@ def test_one_type_is_the_spatial_tree(backend, shared):
     pos, types, v1 = mixture_tree_max_sum(unary, w.unsqueeze(-2), rest.unsqueeze(1), data.parents, 16, 16,
                                           backend=backend)
     assert torch.equal(pos, labels) and torch.equal(v1, value) and not types.any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tree", ["path", "star"])
+def test_cooccurrence_oracle_matches_enumeration(backend, tree):
+    parents, H, W, T, B = TREES[tree], 2, 2, 3, 3
+    g = torch.Generator().manual_seed(40 + len(parents))
+    for integer in (True, False):
+        args = random_mixture(g, B, parents, H, W, T, shared=True, scores="both", integer=integer)
+        cooc = torch.randint(-3, 4, (len(parents) - 1, T, T), generator=g).double()
+        if not integer:
+            cooc = cooc + torch.rand(cooc.shape, generator=g, dtype=torch.float64)
+        pos, types, value = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], cooc, backend=backend)
+        for b in range(B):
+            Y, Ty, s = enumerate_scores(*args, parents, H, W, b, cooc)
+            assert float(value[b]) == pytest.approx(float(s.max()), abs=1e-9)
+            found = ((Y == pos[b]).all(1) & (Ty == types[b]).all(1)).nonzero().item()
+            assert float(s[found]) == pytest.approx(float(s.max()), abs=1e-9)
+            if not integer:
+                assert int(s.argmax()) == found
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
+def test_zero_cooccurrence_is_the_mixture_and_twins_agree(backend):
+    parents, H, W, T = [-1, 0, 0, 1, 1, 2, 5], 5, 6, 3
+    g = torch.Generator().manual_seed(9)
+    for dtype, shared in ((torch.float32, True), (torch.float64, False)):
+        args = random_mixture(g, 4, parents, H, W, T, shared=shared, scores="both", dtype=dtype)
+        zero = torch.zeros(6, T, T, dtype=dtype)
+        plain = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], backend=backend)
+        for a, b in zip(mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], zero, backend=backend), plain):
+            assert torch.equal(a, b)
+        cooc = torch.randint(-2, 3, (4, 6, T, T), generator=g).to(dtype)  # per example, integers: ties
+        ref = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], cooc, backend="torch")
+        for a, b in zip(mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], cooc, backend=backend), ref):
+            assert torch.equal(a, b)
+
+
+def test_cooccurrence_chains_the_types_of_a_limb():
+    """A path whose two edges prefer the same type: with a co-occurrence bonus for equal types the second
+    edge follows the first even where its own evidence slightly prefers the other type."""
+    parents, H, W = [-1, 0, 1], 1, 9
+    unary = torch.zeros(1, 3, W, dtype=torch.float64)
+    weights = torch.tensor([0.0, 0.0, 0.0, 0.0], dtype=torch.float64).expand(2, 2, 4)
+    rest = torch.zeros(2, 2, 2, dtype=torch.float64)
+    child = torch.tensor([[2.0, 0.0], [0.0, 0.5]], dtype=torch.float64).view(1, 2, 2, 1)  # edge 1 prefers type 1
+    _, types, _ = mixture_tree_max_sum(unary, weights, rest, parents, H, W, child, backend="torch")
+    assert types[0].tolist() == [0, 1]
+    cooc = torch.zeros(2, 2, 2, dtype=torch.float64)
+    cooc[1] = torch.eye(2)  # edge 1: +1 when its type equals edge 0's
+    for backend in ("torch",) + (("numba",) if numba_available() else ()):
+        _, types, value = mixture_tree_max_sum(unary, weights, rest, parents, H, W, child, None, cooc,
+                                               backend=backend)
+        assert types[0].tolist() == [0, 0] and float(value) == 3.0
 
 
 def test_types_pick_the_matching_rest_offset():
