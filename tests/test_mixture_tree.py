@@ -188,25 +188,28 @@ def test_types_pick_the_matching_rest_offset():
 
 # -- the structure ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
-@pytest.mark.parametrize("loss", ["truncated", "hamming"])
-def test_loss_augmented_oracle_matches_enumeration(backend, loss):
+@pytest.mark.parametrize(("loss", "cooccur"), [("truncated", False), ("hamming", False), ("truncated", True)])
+def test_loss_augmented_oracle_matches_enumeration(backend, loss, cooccur):
     parents, H, W, T, B = [-1, 0, 1, 0], 2, 3, 2, 3  # V = 4, s in {1, 2}: dyadic losses
     mst = ts.MixtureSpatialTree(parents, H, W, T, loss=loss)
     g = torch.Generator().manual_seed(12)
     args = random_mixture(g, B, parents, H, W, T, shared=True, scores="both", integer=False)
+    if cooccur:
+        args = (*args, torch.randn(3, T, T, generator=g, dtype=torch.float64))
     target = torch.cat([torch.randint(0, H * W, (B, 4), generator=g), torch.randint(0, T, (B, 3), generator=g)], 1)
     scale = torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64) if loss == "truncated" else None
     y_hat, value = mst.max_oracle(MixtureTreePotentials(*args), target, scale, loss_weight=2.0, backend=backend)
     assert y_hat.shape == (B, 7)
     for b in range(B):
-        Y, Ty, s = enumerate_scores(*args, parents, H, W, b)
+        Y, Ty, s = enumerate_scores(*args[:5], parents, H, W, b, *args[5:])
         lab = torch.cat([Y, Ty], 1)
         delta = mst.task_loss(lab, target[b:b + 1].expand(lab.shape[0], 7),
                               None if scale is None else scale[b:b + 1].expand(lab.shape[0]))
         aug = s + 2.0 * delta
         assert int(aug.argmax()) == ((Y == y_hat[b, :4]).all(1) & (Ty == y_hat[b, 4:]).all(1)).nonzero().item()
         assert float(value[b]) == pytest.approx(float(aug.max()), abs=1e-9)
-        pot_b = MixtureTreePotentials(args[0][b:b + 1], args[1], args[2], args[3][b:b + 1], args[4][b:b + 1])
+        pot_b = MixtureTreePotentials(args[0][b:b + 1], args[1], args[2], args[3][b:b + 1], args[4][b:b + 1],
+                                      *args[5:])
         assert float(mst.score(pot_b, y_hat[b:b + 1])) == pytest.approx(float(s[aug.argmax()]), abs=1e-9)
 
 
@@ -217,13 +220,17 @@ def test_marginals_give_the_score(shared, scores):
     mst = ts.MixtureSpatialTree(parents, H, W, T)
     g = torch.Generator().manual_seed(7)
     args = random_mixture(g, 4, parents, H, W, T, shared=shared, scores=scores, integer=False)
+    cooc = torch.randn(*((4, T, T) if shared else (4, 4, T, T)), generator=g, dtype=torch.float64)
+    args = (*args, cooc)
     y = torch.cat([torch.randint(0, 9, (4, 5), generator=g), torch.randint(0, T, (4, 4), generator=g)], 1)
     mu = mst.marginals(y, rest=args[2], dtype=torch.float64)
     w = args[1] if not shared else args[1].expand(4, *args[1].shape)
+    c = cooc if not shared else cooc.expand(4, *cooc.shape)
     # a type bias (B, E, T, 1) pairs with the marginals summed over positions
     child_mu = mu.child_scores.sum(3, keepdim=True) if args[3].shape[3] == 1 else mu.child_scores
     inner = ((mu.unary * args[0]).sum((1, 2)) + (mu.weights * w).sum((1, 2, 3))
-             + (child_mu * args[3]).sum((1, 2, 3)) + (mu.parent_scores * args[4]).sum((1, 2, 3)))
+             + (child_mu * args[3]).sum((1, 2, 3)) + (mu.parent_scores * args[4]).sum((1, 2, 3))
+             + (mu.cooccurrence * c).sum((1, 2, 3)))
     torch.testing.assert_close(mst.score(MixtureTreePotentials(*args), y), inner)
     assert (mu.weights.ne(0).any(-1).sum(2) <= 1).all()  # only the chosen type carries the deformation
 
@@ -237,13 +244,14 @@ def test_hinge_gradient_is_score_difference(shared, scores):
     g = torch.Generator().manual_seed(21)
     unary, weights, rest, child, parent = random_mixture(g, B, parents, H, W, T, shared=shared, scores=scores,
                                                          integer=False)
+    cooc = torch.randn(*((3, T, T) if shared else (B, 3, T, T)), generator=g, dtype=torch.float64)
     target = torch.cat([torch.randint(0, 9, (B, 4), generator=g), torch.randint(0, T, (B, 3), generator=g)], 1)
     scale = torch.tensor([1.0, 1.5, 2.0], dtype=torch.float64)
     crit = ts.StructuredHingeLoss(mst, reduction="sum")
-    tensors = [unary, weights, child, parent]
+    tensors = [unary, weights, child, parent, cooc]
 
-    def make(u, w, c, p):
-        return MixtureTreePotentials(u, w, rest, c, p)
+    def make(u, w, c, p, b):
+        return MixtureTreePotentials(u, w, rest, c, p, b)
 
     params = [t.clone().requires_grad_() for t in tensors]
     loss = crit(make(*params), target, scale)
@@ -300,6 +308,10 @@ def test_errors_name_the_argument():
         mst.decode(MixtureTreePotentials(u, w), target=torch.tensor([[4, 1, 0]]), lengths=scale)
     with pytest.raises(ValueError, match="loss scale s"):
         mst.decode(MixtureTreePotentials(u, w), target=torch.tensor([[0, 1, 0]]))
+    with pytest.raises(ValueError, match=r"cooccurrence must have shape \(1, 2, 2\) \(shared\)"):
+        mst.decode(MixtureTreePotentials(u, w, None, None, None, torch.zeros(1, 2, 3)))
+    with pytest.raises(ValueError, match=r"cooccurrence must have shape \(1, 1, 2, 2\)"):
+        mst.decode(MixtureTreePotentials(u, w, None, None, None, torch.zeros(2, 1, 2, 2)))
     with pytest.raises(TypeError, match="MixtureTreePotentials"):
         mst.decode(u)
     with pytest.raises(ValueError, match=r"y must have shape"):

@@ -7,10 +7,14 @@ every part an appearance type. `MixtureSpatialTree` covers both with one type pe
 and its child node are the same thing) scored at either end:
 
 ``s(l, t) = sum_v unary[v, l_v] + sum_e (child_scores[e, t_e, l_c] + parent_scores[e, t_e, l_p]
-            - w_{e, t_e} . Delta(l_c - l_p - r_{e, t_e}))``,  ``Delta(dx, dy) = (dx, dx^2, dy, dy^2)``.
+            - w_{e, t_e} . Delta(l_c - l_p - r_{e, t_e}) + cooccurrence[e, t_{a(e)}, t_e])``,
+``Delta(dx, dy) = (dx, dx^2, dy, dy^2)``, with ``a(e)`` the edge above e's parent (type 0 at the root): the
+optional co-occurrence term couples the types of consecutive edges, as Yang & Ramanan's co-occurrence
+biases couple the types of neighbouring parts.
 
 Decoding maximizes jointly over positions and types: per edge, T distance transforms of the child's belief
-and a first-maximum over types per parent position (`kernels.mixture_tree_max_sum`), O(V T H W) per example.
+and a first-maximum over types per parent position (`kernels.mixture_tree_max_sum`), O(V T H W) per example;
+with co-occurrence the messages also depend on the parent's own type, O(V T^2 H W).
 The paper's model with a type on both orientations of an edge is this one with the ``T^2`` type pairs as
 types (two quadratics in the same displacement add up to one, and each orientation's type score sits at
 one end).
@@ -39,10 +43,13 @@ class MixtureTreePotentials(NamedTuple):
     - ``child_scores``, ``parent_scores``: ``(B, E, T, H*W)`` or None: the score of type t on edge e at the
       position of the edge's child (resp. parent), e.g. a type's appearance or a network's type logits;
       ``(B, E, T, 1)`` for a score that does not depend on the position (a type bias).
+    - ``cooccurrence``: ``(B, E, T, T)``, ``(E, T, T)`` or None: ``[e, s, t]`` scores type t on edge e when
+      the edge above e's parent has type s (edges out of the root read row s = 0).
 
     As marginals (`MixtureSpatialTree.marginals`): unary one-hot ``(B, V, H*W)``, weights ``(B, E, T, 4)``
-    holding ``-Delta(l_c - l_p - r_{e, t_e})`` at the chosen type and 0 elsewhere, rest None, and the type
-    scores one-hot ``(B, E, T, H*W)`` at ``(t_e, l_c)`` (resp. ``(t_e, l_p)``).
+    holding ``-Delta(l_c - l_p - r_{e, t_e})`` at the chosen type and 0 elsewhere, rest None, the type
+    scores one-hot ``(B, E, T, H*W)`` at ``(t_e, l_c)`` (resp. ``(t_e, l_p)``) and the co-occurrence one-hot
+    ``(B, E, T, T)`` at ``(t_{a(e)}, t_e)``.
     """
 
     unary: torch.Tensor
@@ -50,6 +57,7 @@ class MixtureTreePotentials(NamedTuple):
     rest: Optional[torch.Tensor] = None
     child_scores: Optional[torch.Tensor] = None
     parent_scores: Optional[torch.Tensor] = None
+    cooccurrence: Optional[torch.Tensor] = None
 
 
 class MixtureSpatialTree(SpatialTree):
@@ -67,12 +75,15 @@ class MixtureSpatialTree(SpatialTree):
         loss: ``"truncated"`` or ``"hamming"`` (`SpatialTree`).
     """
 
-    potential_names = ("unary", "weights", "rest", "child_scores", "parent_scores")
+    potential_names = ("unary", "weights", "rest", "child_scores", "parent_scores", "cooccurrence")
 
     def __init__(self, parents: Sequence[int], height: int, width: int, num_types: int, *, loss: str = "truncated"):
         self.num_types = check_positive_int("num_types", num_types)
         super().__init__(parents, height, width, loss=loss)
         self.label_width = self.num_nodes + self.num_edges
+        # the edge above each edge's parent (-1 at the root), for the co-occurrence term
+        edge_of = {c: e for e, c in enumerate(self.schedule.edge_child)}
+        self._above = torch.tensor([edge_of.get(p, -1) for p in self.schedule.edge_parent], dtype=torch.long)
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
@@ -81,7 +92,8 @@ class MixtureSpatialTree(SpatialTree):
         E, T, K = self.num_edges, self.num_types, self.num_labels
         check_tensor("weights", pot.weights, floating=True)
         scores = {"child_scores": pot.child_scores, "parent_scores": pot.parent_scores}
-        self._check_common({"weights": pot.weights, "rest": pot.rest, **scores}, pot.unary)
+        self._check_common({"weights": pot.weights, "rest": pot.rest, "cooccurrence": pot.cooccurrence, **scores},
+                           pot.unary)
         if pot.weights.dim() == 3:
             check_shape("weights", pot.weights, (E, T, 4), "shared")
         elif pot.weights.dim() == 4:
@@ -95,7 +107,12 @@ class MixtureSpatialTree(SpatialTree):
             if s is not None:
                 bias = s.dim() == 4 and s.shape[-1] == 1
                 check_shape(name, s, (B, E, T, 1 if bias else K), f"or ({B}, {E}, {T}, 1) for a type bias")
-        check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest, **scores})
+        if pot.cooccurrence is not None:
+            shared = pot.cooccurrence.dim() == 3
+            check_shape("cooccurrence", pot.cooccurrence, (E, T, T) if shared else (B, E, T, T),
+                        "shared" if shared else f"per example, or ({E}, {T}, {T}) shared")
+        check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest, "cooccurrence": pot.cooccurrence,
+                      **scores})
         check_quadratic_weights("weights[..., 1] and weights[..., 3]", pot.weights[..., 1::2])
         lengths = self._check_scale(lengths, B, pot.unary.device)
         if target is not None:
@@ -122,10 +139,10 @@ class MixtureSpatialTree(SpatialTree):
     def _as_potentials(self, potentials) -> MixtureTreePotentials:
         if isinstance(potentials, MixtureTreePotentials):
             return potentials
-        if isinstance(potentials, (tuple, list)) and 2 <= len(potentials) <= 5:
+        if isinstance(potentials, (tuple, list)) and 2 <= len(potentials) <= 6:
             return MixtureTreePotentials(*potentials)
         raise TypeError("potentials must be a MixtureTreePotentials(unary, weights, rest=None, child_scores=None, "
-                        f"parent_scores=None), got {type(potentials).__name__}")
+                        f"parent_scores=None, cooccurrence=None), got {type(potentials).__name__}")
 
     def _rest(self, pot, dtype, device):
         if pot.rest is None:
@@ -134,6 +151,11 @@ class MixtureSpatialTree(SpatialTree):
 
     def _split(self, y):
         return y[:, :self.num_nodes], y[:, self.num_nodes:]
+
+    def _types_above(self, types: torch.Tensor) -> torch.Tensor:
+        """``(B, E)`` the type of the edge above each edge's parent (0 for edges out of the root)."""
+        above = self._above.to(types.device)
+        return torch.where(above >= 0, types[:, above.clamp_min(0)], torch.zeros_like(types))
 
     def _typed_deltas(self, y, rest, dtype) -> torch.Tensor:
         """``(B, E, 4)`` ``Delta(l_c - l_p - r_{e, t_e})`` of labels ``y (B, V + E)``."""
@@ -158,7 +180,7 @@ class MixtureSpatialTree(SpatialTree):
 
         pos, types, value = mixture_tree_max_sum(unary, pot.weights.detach().to(dt), self._rest(pot, dt, dev),
                                                  self.parents, self.height, self.width, scores(pot.child_scores),
-                                                 scores(pot.parent_scores), backend=backend)
+                                                 scores(pot.parent_scores), scores(pot.cooccurrence), backend=backend)
         return torch.cat([pos, types], 1), value
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
@@ -179,6 +201,10 @@ class MixtureSpatialTree(SpatialTree):
                 at = at if scores.shape[3] > 1 else torch.zeros_like(at)
                 flat = scores.reshape(B, E, -1).gather(2, (types * scores.shape[3] + at).unsqueeze(2))
                 s = s + flat.squeeze(2).sum(1).to(s.dtype)
+        if pot.cooccurrence is not None:
+            pair = self._types_above(types) * self.num_types + types  # (B, E)
+            c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
+            s = s + c.gather(2, pair.unsqueeze(2)).squeeze(2).sum(1).to(s.dtype)
         return s
 
     def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
@@ -195,10 +221,11 @@ class MixtureSpatialTree(SpatialTree):
         E, T, K = self.num_edges, self.num_types, self.num_labels
         like = torch.zeros(0, dtype=dtype, device=y.device)
         pot = MixtureTreePotentials(like.new_empty(B, self.num_nodes, K), like.new_empty(B, E, T, 4),
-                                    rest, like.new_empty(B, E, T, K), like.new_empty(B, E, T, K))
+                                    rest, like.new_empty(B, E, T, K), like.new_empty(B, E, T, K),
+                                    like.new_empty(B, E, T, T))
         ones = torch.ones(B, dtype=dtype, device=y.device)
-        out = self.marginal_vjp(y, ones, pot, lengths, (True, True, False, True, True), dtype)
-        return MixtureTreePotentials(out[0], out[1], None, out[3], out[4])
+        out = self.marginal_vjp(y, ones, pot, lengths, (True, True, False, True, True, True), dtype)
+        return MixtureTreePotentials(out[0], out[1], None, out[3], out[4], out[5])
 
     # -- autograd plumbing -----------------------------------------------------------------------
     def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> MixtureTreePotentials:
@@ -210,7 +237,7 @@ class MixtureSpatialTree(SpatialTree):
         weight = weight.to(dtype)
         pos, types = self._split(y)
         B, E, T = y.shape[0], self.num_edges, self.num_types
-        out = [None] * 5
+        out = [None] * 6
         if needs[0]:
             out[0] = self._unary_vjp(pos, weight, pot.unary, dtype)
         if needs[1] and pot.weights is not None:
@@ -226,6 +253,11 @@ class MixtureSpatialTree(SpatialTree):
                 g = torch.zeros(B, E, T * Ks, dtype=dtype, device=y.device)
                 g.scatter_(2, (types * Ks + at).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
                 out[slot] = g.view(B, E, T, Ks)
+        if len(needs) > 5 and needs[5] and pot.cooccurrence is not None:
+            g = torch.zeros(B, E, T * T, dtype=dtype, device=y.device)
+            pair = self._types_above(types) * T + types
+            g.scatter_(2, pair.unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+            out[5] = g.view(B, E, T, T).sum(0) if pot.cooccurrence.dim() == 3 else g.view(B, E, T, T)
         return tuple(out)
 
     def __repr__(self) -> str:
