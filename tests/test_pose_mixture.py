@@ -47,7 +47,7 @@ def check_scores(p, w, theta, idx, seed):
     flat = labels.reshape(B * 4, L)
     pot = theta.potentials
     rep = MixtureTreePotentials(pot.unary.repeat_interleave(4, 0), pot.weights, pot.rest,
-                                pot.child_scores.repeat_interleave(4, 0))
+                                pot.child_scores.repeat_interleave(4, 0), None, pot.cooccurrence)
     score = p.structure.score(rep, flat).view(B, 4)
     torch.testing.assert_close(p.labels_score(theta, idx, labels), score, rtol=0, atol=1e-12)
     torch.testing.assert_close(p.joint_features(idx.repeat_interleave(4), flat) @ w, score.reshape(-1),
@@ -213,6 +213,40 @@ def test_bcfw_with_positivity_box_is_feasible_and_certified(articulated):
 
 
 
+def test_problem_with_cooccurrence_layout_identities_and_brute_force(articulated):
+    train, _ = articulated
+    p = MixtureSpatialTreeProblem(train, 2, cooccurrence=True)
+    V, E, F, T = 26, 25, 2, 2
+    assert p.d == V * F + E * T + E * T * T + 4 * E * T
+    assert p.parameter_slices()["cooccurrence"] == (V * F + E * T, V * F + E * T + E * T * T, (E, T, T))
+    w = random_w(p, seed=4)
+    idx = torch.tensor([3, 9])
+    theta = p.potentials(w, idx)
+    torch.testing.assert_close(theta.potentials.cooccurrence, p.type_scale * p.weights(w)[3])
+    check_scores(p, w, theta, idx, seed=3)
+    with pytest.raises(TypeError, match="cooccurrence must be a bool"):
+        MixtureSpatialTreeProblem(train, 2, cooccurrence=1)
+    # the oracle against enumeration on a small tree: positions and types, co-occurrence included
+    g = torch.Generator().manual_seed(11)
+    n, H, W = 2, 2, 3
+    ds = SimpleNamespace(parents=(-1, 0, 1), height=H, width=W, names=("a", "b", "c"),
+                         features=torch.randn(n, 3, 1, H * W, generator=g, dtype=F64),
+                         positions=torch.randint(H * W, (n, 3), generator=g),
+                         rest=torch.zeros(2, 2, dtype=F64), scale=1 + torch.rand(n, generator=g, dtype=F64))
+    types = ts.data.EdgeTypes(torch.randn(2, T, 2, generator=g, dtype=F64), torch.randint(T, (n, 2), generator=g))
+    p = MixtureSpatialTreeProblem(ds, T, types=types, cooccurrence=True)
+    w = random_w(p, seed=5, quad_scale=0.5)
+    idx = torch.arange(n)
+    theta = p.potentials(w, idx)
+    _, _, H_val = p.oracle(theta, idx)
+    labels = torch.tensor([list(y) + list(t) for y in itertools.product(range(H * W), repeat=3)
+                           for t in itertools.product(range(T), repeat=2)])
+    every = labels.unsqueeze(0).expand(n, *labels.shape)
+    brute = (p.task_loss(idx, every) + p.labels_score(theta, idx, every)
+             - p.labels_score(theta, idx, p.truth.unsqueeze(1))).max(1).values
+    torch.testing.assert_close(H_val, brute, rtol=0, atol=1e-10)
+
+
 def test_synthetic_type_maps_name_the_type_at_the_child(articulated):
     train, _ = articulated
     et = ts.data.edge_types(train, 3)
@@ -248,7 +282,8 @@ def test_problem_with_type_maps_layout_and_identities(articulated):
     w = random_w(p, seed=3)
     idx = torch.tensor([1, 7, 4])
     theta = p.potentials(w, idx)
-    wu, wt, wm, wp = p.weights(w)
+    wu, wt, wm, wc, wp = p.weights(w)
+    assert wc.numel() == 0
     torch.testing.assert_close(theta.potentials.child_scores,
                                p.type_scale * wt.view(1, E, T, 1) + wm.view(1, E, 1, 1) * trm.type_maps[idx].double())
     _, score = check_scores(p, w, theta, idx, seed=2)

@@ -52,6 +52,10 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
             section 1.6); with c = 1 that is 50 on the pose tree, twice the unary block, and on articulated
             `synthetic_pose` (32 x 32, 100 poses, T = 3, lam = 0.01) the gap after 60 passes was 0.28 with
             c = 1 against 0.07 with c = 0.2.
+        cooccurrence: learn a co-occurrence score ``c w_C[e, s, t]`` of type t on edge e and type s on the
+            edge above e's parent (row 0 for edges out of the root; `MixtureSpatialTree`), so that the types
+            of consecutive edges, e.g. the two halves of a bent limb, are chosen together; ``w_C (E, T, T)``
+            comes after ``w_T`` and ``w_M``, with the type feature's scale c.
         seed: the K-means seeding when ``types`` is None.
 
     Type evidence: when ``dataset.type_maps (n, E, T, H*W)`` is set (`torchssvm.data.synthetic_type_maps`,
@@ -63,9 +67,9 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
     clustering comes from the training set) and the test set's ``type_maps`` when the problem has them.
     """
 
-    def __init__(self, dataset, num_types: int, *, types: Optional[EdgeTypes] = None, loss: str = "truncated",
-                 unit: Optional[float] = None, type_scale: Optional[float] = None, backend: str = "auto",
-                 seed: int = 0):
+    def __init__(self, dataset, num_types: int, *, types: Optional[EdgeTypes] = None, cooccurrence: bool = False,
+                 loss: str = "truncated", unit: Optional[float] = None, type_scale: Optional[float] = None,
+                 backend: str = "auto", seed: int = 0):
         super().__init__(dataset, loss=loss, unit=unit, backend=backend)
         n, V, E, F = self.n, self.V, self.E, self.F
         if types is None:
@@ -93,7 +97,10 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         maps = getattr(dataset, "type_maps", None)
         self.type_maps = None if maps is None else self._check_maps(maps, n)
         self.M = 0 if self.type_maps is None else E
-        self.d = self.m = V * F + E * T + self.M + 4 * E * T
+        if not isinstance(cooccurrence, bool):
+            raise TypeError(f"cooccurrence must be a bool, got {type(cooccurrence).__name__}")
+        self.C = E * T * T if cooccurrence else 0
+        self.d = self.m = V * F + E * T + self.M + self.C + 4 * E * T
         self.weight = torch.zeros(self.d, dtype=self.dtype, device=self.device)
 
     def _check_maps(self, maps, n: int) -> torch.Tensor:
@@ -120,27 +127,32 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
-        VF, ET, M = self.V * self.F, self.E * self.T, self.M
+        VF, ET, M, C = self.V * self.F, self.E * self.T, self.M, self.C
         out = {"unary": (0, VF, (self.V, self.F)), "type": (VF, VF + ET, (self.E, self.T))}
         if M:
             out["type_map"] = (VF + ET, VF + ET + M, (M,))
-        out["deformation"] = (VF + ET + M, self.d, (self.E, self.T, 4))
+        if C:
+            out["cooccurrence"] = (VF + ET + M, VF + ET + M + C, (self.E, self.T, self.T))
+        out["deformation"] = (VF + ET + M + C, self.d, (self.E, self.T, 4))
         return out
 
     def weights(self, w: torch.Tensor):
-        """``(w_U (V, F), w_T (E, T), w_M (E,) or (0,) without type maps, w_P (E, T, 4))`` views of ``w (d,)``."""
-        VF, ET, M = self.V * self.F, self.E * self.T, self.M
-        return (w[:VF].view(self.V, self.F), w[VF:VF + ET].view(self.E, self.T), w[VF + ET:VF + ET + M],
-                w[VF + ET + M:].view(self.E, self.T, 4))
+        """``(w_U (V, F), w_T (E, T), w_M (E,), w_C (E, T, T), w_P (E, T, 4))`` views of ``w (d,)``; ``w_M`` and
+        ``w_C`` are empty without type maps (resp. co-occurrence)."""
+        E, T = self.E, self.T
+        VF, ET, M, C = self.V * self.F, E * T, self.M, self.C
+        a = VF + ET + M
+        return (w[:VF].view(self.V, self.F), w[VF:VF + ET].view(E, T), w[VF + ET:a],
+                w[a:a + C].view(E, T, T) if C else w[a:a], w[a + C:].view(E, T, 4))
 
     # -- the contract ---------------------------------------------------------------------------
     def _pot(self, w: torch.Tensor, features: torch.Tensor, maps: Optional[torch.Tensor] = None):
-        wu, wt, wm, wp = self.weights(w.to(self.dtype))
+        wu, wt, wm, wc, wp = self.weights(w.to(self.dtype))
         child = (wt * self.type_scale).unsqueeze(0).unsqueeze(3).expand(features.shape[0], self.E, self.T, 1)
         if maps is not None:  # (B, E, T, H*W): position-dependent type scores
             child = child + wm.view(1, -1, 1, 1) * maps
         return MixtureTreePotentials(torch.einsum("bvfl,vf->bvl", features, wu), wp * self.per_pixel, self.rest,
-                                     child)
+                                     child, None, wc * self.type_scale if self.C else None)
 
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> MixtureTreeTheta:
         return MixtureTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
@@ -160,6 +172,9 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         at = lab[:, self.structure._edge_child.to(lab.device)] if Ks > 1 else torch.zeros_like(types)
         flat = (types * Ks + at).view(B, C, E).transpose(1, 2)  # (B, E, C)
         typed = cs.reshape(B, E, -1).gather(2, flat).sum(1)  # (B, C)
+        if self.C:  # shared (E, T, T) scores of (type above, own type)
+            pair = self.structure._types_above(types) * self.T + types  # (B C, E)
+            typed = typed + pot.cooccurrence.reshape(E, -1)[e, pair].sum(1).view(B, C)
         return s + edge.sum(1).view(B, C) + typed
 
     def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None,
@@ -180,4 +195,8 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
             maps = self.type_maps[idx] if type_maps is None else type_maps.to(self.dtype)
             at = types * maps.shape[3] + labels[:, self.structure._edge_child.to(labels.device)]
             parts.append(maps.reshape(B, E, -1).gather(2, at.unsqueeze(2)).squeeze(2))  # maps[e, t_e, l_c]
+        if self.C:
+            pair = self.structure._types_above(types) * T + types
+            cooc = torch.zeros(B, E, T * T, dtype=self.dtype, device=x.device)
+            parts.append(cooc.scatter_(2, pair.unsqueeze(2), self.type_scale).reshape(B, -1))
         return torch.cat(parts + [deform.reshape(B, -1)], 1)
