@@ -10,7 +10,9 @@ Variants: ``T`` for each of ``--types`` (detector maps only), then with type evi
 (`data.synthetic_type_maps`, T = ``--evidence-types``; the paper's pairwise CNN scores): ``1+evidence``
 (one type, the evidence maps summed over types as an extra unary channel of each edge's child: the same
 position evidence without the type), ``T+maps`` (the type maps as type scores, one weight per edge) and
-``T+evidence+maps`` (both). ``--evidence-types 0`` skips them.
+``T+evidence+maps`` (both). ``--evidence-types 0`` skips them. With co-occurrence of consecutive edges'
+types (`MixtureSpatialTreeProblem(cooccurrence=True)`): ``T+cooccurrence`` (detector maps only) and
+``T+evidence+maps+cooccurrence``; ``--no-cooccurrence`` skips them.
 
 Writes ``docs/benchmarks/pose_mixture.{json,md}``; ``pose_mixture_findings.md`` (hand-written) is appended.
 Usage:
@@ -40,6 +42,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--evidence-types", type=int, default=3)
+    ap.add_argument("--no-cooccurrence", action="store_true")
     ap.add_argument("--n", type=int, default=300, help="training poses")
     ap.add_argument("--n-test", type=int, default=300)
     ap.add_argument("--side", type=int, default=32, help="grid side")
@@ -59,18 +62,22 @@ def main(argv=None) -> None:
           "miss_rate": args.miss_rate, "seed": 0}
     train = ts.data.synthetic_pose("train", args.n, **kw)
     test = ts.data.synthetic_pose("test", args.n_test, **kw)
-    variants = [(str(T), T, train, test) for T in args.types]
+    variants = [(str(T), T, False, train, test) for T in args.types]
     if args.evidence_types:
         T = args.evidence_types
         types = ts.data.edge_types(train, T)
         trm = ts.data.synthetic_type_maps(train, types)
         tem = ts.data.synthetic_type_maps(test, ts.data.edge_types(test, T, rest=types.rest))
-        variants += [("1+evidence", 1, summed(trm, False), summed(tem, False)), (f"{T}+maps", T, trm, tem),
-                     (f"{T}+evidence+maps", T, summed(trm, True), summed(tem, True))]
+        variants += [("1+evidence", 1, False, summed(trm, False), summed(tem, False)),
+                     (f"{T}+maps", T, False, trm, tem),
+                     (f"{T}+evidence+maps", T, False, summed(trm, True), summed(tem, True))]
+        if not args.no_cooccurrence:
+            variants += [(f"{T}+cooccurrence", T, True, train, test),
+                         (f"{T}+evidence+maps+cooccurrence", T, True, summed(trm, True), summed(tem, True))]
     rows = []
-    for name, T, tr, te in variants:
+    for name, T, cooc, tr, te in variants:
         t0 = time.perf_counter()
-        problem = SpatialTreeProblem(tr) if T == 1 else MixtureSpatialTreeProblem(tr, T)
+        problem = SpatialTreeProblem(tr) if T == 1 else MixtureSpatialTreeProblem(tr, T, cooccurrence=cooc)
         solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=0, gap_check_every=10)
         for _ in range(args.passes):
             solver.step()
@@ -115,8 +122,9 @@ def report_lines(meta, rows):
              "`SpatialTreeProblem`, T > 1 `MixtureSpatialTreeProblem` (K-means types of the training set, type "
              "bias, per-type deformation). Variants named `T` use the detector maps only; `+evidence` adds the type "
              "evidence maps of `synthetic_type_maps` summed over types as a unary channel (position evidence "
-             "without the type), `+maps` gives the type maps to the mixture as type scores (one weight per edge). "
-             "Test figures decode positions only (lower LSP loss and higher PCK are better).", "",
+             "without the type), `+maps` gives the type maps to the mixture as type scores (one weight per "
+             "edge), `+cooccurrence` learns a co-occurrence score of consecutive edges' types. Test figures "
+             "decode positions only (lower LSP loss and higher PCK are better).", "",
              "| variant | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
