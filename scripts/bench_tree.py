@@ -20,9 +20,10 @@ weights) at every grid where brute force runs.
 
 Mixture types per edge (`MixtureSpatialTree`, ``--types``, default 3 and 13; 13 is the paper's LSP count):
 the same oracle with T deformation types per edge on articulated `synthetic_pose` (3 limb modes), rest
-offsets from `data.edge_types` (K-means) and a type bias, at ``--mixture-grids`` (32, 64) and batch 16, per
-backend; each result checked first against brute force with explicit tables ``max_t (bias + table_t)`` at
-32x32, batch 1, T = 3 (equal values, and the returned positions and types attain them).
+offsets from `data.edge_types` (K-means) and a type bias, without and with type co-occurrence scores, at
+``--mixture-grids`` (32, 64) and batch 16, per backend. Each backend is checked first against brute force
+with explicit tables ``max_t (bias + table_t)`` at 32x32, batch 1, T = 3 (equal values, and the returned
+positions and types attain them).
 
 Writes ``docs/benchmarks/tree.{json,md}`` (``tree_cuda.*`` with ``--device cuda``); ``tree_findings.md``
 (hand-written) is appended to the .md. Usage:
@@ -222,11 +223,12 @@ def main(argv=None) -> None:
                  + mixture_lines(mixture_rows, mixture_checks, rows))
 
 
-def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0):
+def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0, cooccurrence: bool = False):
     """A `MixtureSpatialTree` with T types per edge on ``side x side`` and the first n articulated
     `synthetic_pose` examples (3 limb modes): potentials (float32 sharp-detector unaries, the shared weights of
     `make_problem` for every type, K-means rest offsets rounded to half-integers, a dyadic type bias in
-    [-1/2, 1/2]), targets (positions and K-means types) and loss scales."""
+    [-1/2, 1/2], and with ``cooccurrence`` shared dyadic co-occurrence scores in [-1/2, 1/2]), targets
+    (positions and K-means types) and loss scales."""
     from torchssvm.data.pose import POSE_PARENTS, edge_types, synthetic_pose
     from torchssvm.structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
 
@@ -237,7 +239,9 @@ def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0):
     weights = torch.tensor([0.0, 1 / 16, 0.0, 1 / 16]).repeat(E, T, 1).to(device)
     rest = ((et.rest * 2).round() / 2).float().to(device)
     bias = (torch.randint(-8, 9, (1, E, T, 1), generator=g) / 16).float().expand(n, E, T, 1).to(device)
-    pot = MixtureTreePotentials(d.features[:n, :, 0].float().contiguous().to(device), weights, rest, bias)
+    cooc = (torch.randint(-8, 9, (E, T, T), generator=g) / 16).float().to(device) if cooccurrence else None
+    pot = MixtureTreePotentials(d.features[:n, :, 0].float().contiguous().to(device), weights, rest, bias, None,
+                                cooc)
     target = torch.cat([d.positions[:n], et.types[:n]], 1).to(device)
     return MixtureSpatialTree(POSE_PARENTS, side, side, T), pot, target, d.scale[:n].float().to(device)
 
@@ -269,14 +273,15 @@ def run_mixtures(args, device, backends, cuda):
         checks.append({"grid": 32, "T": 3, "backend": be, "exact_match": check_mixture(32, 3, device, be)})
     for side in args.mixture_grids:
         for T in args.types:
-            tree, pot, target, scale = make_mixture_problem(side, T, MIXTURE_BATCH, device)
-            for be in backends:
-                s = median_seconds(lambda: tree.max_oracle(pot, target, scale, backend=be),  # noqa: B023
-                                   args.repeats, cuda)
-                row = {"grid": side, "B": MIXTURE_BATCH, "T": T, "backend": be, "batch_ms": 1e3 * s,
-                       "ms_per_image": 1e3 * s / MIXTURE_BATCH}
-                rows.append(row)
-                print(row, flush=True)
+            for cooc in (False, True):
+                tree, pot, target, scale = make_mixture_problem(side, T, MIXTURE_BATCH, device, cooccurrence=cooc)
+                for be in backends:
+                    s = median_seconds(lambda: tree.max_oracle(pot, target, scale, backend=be),  # noqa: B023
+                                       args.repeats, cuda)
+                    row = {"grid": side, "B": MIXTURE_BATCH, "T": T, "cooccurrence": cooc, "backend": be,
+                           "batch_ms": 1e3 * s, "ms_per_image": 1e3 * s / MIXTURE_BATCH}
+                    rows.append(row)
+                    print(row, flush=True)
     return rows, checks
 
 
@@ -288,9 +293,11 @@ def mixture_lines(mixture_rows, mixture_checks, rows):
              f"`MixtureSpatialTree.max_oracle` with T types per edge (batch {mixture_rows[0]['B']}, articulated "
              "`synthetic_pose` with 3 limb modes, K-means rest offsets, a type bias; same run). The one-type "
              "figure is the main table's `SpatialTree` row at the same grid and batch; the ratio is the "
-             "mixture's time over it (T transforms per edge, so about T is the expectation).", "",
-             "| grid | T | " + " | ".join(f"{be} (ms/image) | {be} / one type" for be in backends) + " |",
-             "|---|---|" + "---|---|" * len(backends)]
+             "mixture's time over it (T transforms per edge, so about T is the expectation). Co-occurrence: "
+             "type co-occurrence scores of consecutive edges, messages per type of the parent's edge "
+             "(T^2 extra work per position and edge).", "",
+             "| grid | T | co-occurrence | " + " | ".join(f"{be} (ms/image) | {be} / one type" for be in backends)
+             + " |", "|---|---|---|" + "---|---|" * len(backends)]
 
     def one_type(side, B, be):
         for r in rows:
@@ -300,16 +307,20 @@ def mixture_lines(mixture_rows, mixture_checks, rows):
 
     for side in sorted({r["grid"] for r in mixture_rows}):
         for T in sorted({r["T"] for r in mixture_rows}):
-            cells = []
-            for be in backends:
-                r = next((r for r in mixture_rows if (r["grid"], r["T"], r["backend"]) == (side, T, be)), None)
-                base = one_type(side, r["B"], be) if r else None
-                cells += [f"{r['ms_per_image']:.2f}" if r else "-",
-                          f"{r['ms_per_image'] / base:.1f}x" if r and base else "-"]
-            lines.append(f"| {side}x{side} | {T} | " + " | ".join(cells) + " |")
+            for cooc in sorted({r.get("cooccurrence", False) for r in mixture_rows}):
+                cells = []
+                for be in backends:
+                    r = next((r for r in mixture_rows if (r["grid"], r["T"], r.get("cooccurrence", False),
+                                                          r["backend"]) == (side, T, cooc, be)), None)
+                    base = one_type(side, r["B"], be) if r else None
+                    cells += [f"{r['ms_per_image']:.2f}" if r else "-",
+                              f"{r['ms_per_image'] / base:.1f}x" if r and base else "-"]
+                lines.append(f"| {side}x{side} | {T} | {'yes' if cooc else 'no'} | " + " | ".join(cells) + " |")
     lines += ["", "Exactness: values equal to brute force with explicit tables `max_t (bias_t + table_t)`, and the "
               "returned positions and types attain them, at: "
-              + ", ".join(f"{c['grid']}x{c['grid']} T = {c['T']} ({c['backend']})" for c in mixture_checks) + "."]
+              + ", ".join(f"{c['grid']}x{c['grid']} T = {c['T']} ({c['backend']})" for c in mixture_checks)
+              + ". Co-occurrence has no explicit-table form over positions alone; `tests/test_mixture_tree.py` "
+              "checks it against enumeration over positions and types."]
     return lines
 
 
