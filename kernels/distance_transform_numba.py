@@ -121,6 +121,21 @@ def _gdt_2d(f, ax, bx, rx, ay, by, ry, out, arg):
         _gdt_2d_one(f[i], ax[i], bx[i], rx[i], ay[i], by[i], ry[i], out[i], arg[i],
                    g, argx, col, ocol, acol, v, vf)
 
+@_jit()
+def _node_belief(bel, unary_node, msgs, child_edges, lo, hi):
+    """A node's belief into ``bel (H, W)``: ``unary_node`` plus the messages ``msgs[child_edges[c]]`` for c in
+    ``[lo, hi)``, added in that (increasing edge) order, as `tree_torch.tree_max_sum_generic` adds them."""
+    H, W = bel.shape
+    for y in range(H):
+        for x in range(W):
+            bel[y, x] = unary_node[y, x]
+    for c in range(lo, hi):
+        m = msgs[child_edges[c]]
+        for y in range(H):
+            for x in range(W):
+                bel[y, x] = bel[y, x] + m[y, x]
+
+
 @_jit(parallel=True)
 def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge_child, edge_parent, child_ptr,
                  child_edges, root, labels, types, value):
@@ -158,14 +173,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
         v, vf = np.empty(max(H, W), dtype=np.int64), np.empty(max(H, W), dtype=unary.dtype)
         for j in range(E + 1):
             node = root if j == E else edge_child[order[j]]
-            for y in range(H):
-                for x in range(W):
-                    bel[y, x] = unary[i, node, y, x]
-            for c in range(child_ptr[node], child_ptr[node + 1]):
-                m = msgs[child_edges[c]]
-                for y in range(H):
-                    for x in range(W):
-                        bel[y, x] = bel[y, x] + m[y, x]
+            _node_belief(bel, unary[i, node], msgs, child_edges, child_ptr[node], child_ptr[node + 1])
             if j == E:
                 break
             e = order[j]
@@ -236,14 +244,7 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
         for j in range(E + 1):
             node = root if j == E else edge_child[order[j]]
             for t in range(1 if j == E else T):  # the root: row 0 only
-                for y in range(H):
-                    for x in range(W):
-                        bel[y, x] = unary[i, node, y, x]
-                for c in range(child_ptr[node], child_ptr[node + 1]):
-                    m = msgs[child_edges[c], t]
-                    for y in range(H):
-                        for x in range(W):
-                            bel[y, x] = bel[y, x] + m[y, x]
+                _node_belief(bel, unary[i, node], msgs[:, t], child_edges, child_ptr[node], child_ptr[node + 1])
                 if j == E:
                     break
                 e = order[j]

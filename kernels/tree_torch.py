@@ -105,6 +105,13 @@ def tree_schedule(parents: Sequence[int]) -> TreeSchedule:
 LevelOp = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
+def level_nodes(sched: TreeSchedule, level: Sequence[int], device):
+    """``(edges, children, parents)`` of a level as long tensors on ``device``."""
+    return (torch.tensor(level, dtype=torch.long, device=device),
+            torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=device),
+            torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=device))
+
+
 def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: LevelOp):
     """Max-sum on the tree of ``sched`` with node scores ``unary (B, V, K)`` and edge messages from
     ``level_op``; returns ``(labels (B, V) long, value (B,))``. Shared by every form and backend."""
@@ -135,9 +142,7 @@ def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: Lev
     labels = torch.empty(B, V, dtype=torch.long, device=dev)
     labels[:, sched.root] = root_label
     for level in reversed(sched.levels):
-        eidx = torch.tensor(level, dtype=torch.long, device=dev)
-        child = torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=dev)
-        parent = torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=dev)
+        eidx, child, parent = level_nodes(sched, level, dev)
         labels[:, child] = args[:, eidx].gather(2, labels[:, parent].unsqueeze(2)).squeeze(2)
     return labels, value
 
@@ -341,9 +346,7 @@ def cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, parents,
     types = torch.zeros(B, E, dtype=torch.long, device=dev)
     positions[:, sched.root] = root_label
     for level in reversed(sched.levels):
-        eidx = torch.tensor(level, dtype=torch.long, device=dev)
-        child = torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=dev)
-        parent = torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=dev)
+        eidx, child, parent = level_nodes(sched, level, dev)
         lp = positions[:, parent]
         t = type_args[:, eidx].flatten(2).gather(2, (node_type[:, parent] * K + lp).unsqueeze(2)).squeeze(2)
         positions[:, child] = pos_args[:, eidx].flatten(2).gather(2, (t * K + lp).unsqueeze(2)).squeeze(2)
