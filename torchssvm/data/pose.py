@@ -278,10 +278,11 @@ class EdgeTypes(NamedTuple):
     types: torch.Tensor
 
 
-def edge_types(dataset: PoseDataset, num_types: int, *, rest: Optional[torch.Tensor] = None, iters: int = 100,
+def edge_types(dataset, num_types: int, *, rest: Optional[torch.Tensor] = None, iters: int = 100,
                seed: int = 0) -> EdgeTypes:
     """Mixture types per edge by K-means on the true displacements (note 001 section 3.1: "the mean
-    displacements r_pq^t come from K-means on training displacements").
+    displacements r_pq^t come from K-means on training displacements"). ``dataset``: a `PoseDataset`, or any
+    object with ``parents``, ``positions (n, V)`` and ``width``.
 
     With ``rest`` None: per edge, K-means (k-means++ seeding from ``seed``, Lloyd iterations until no
     assignment changes or ``iters``) on the ``(dx, dy)`` of the child from its parent over ``dataset``; the
@@ -294,7 +295,8 @@ def edge_types(dataset: PoseDataset, num_types: int, *, rest: Optional[torch.Ten
     iters = check_positive_int("iters", iters)
     par = torch.tensor(dataset.parents)
     child = (par >= 0).nonzero().squeeze(1)
-    xy = dataset.xy().to(torch.float64)
+    pos = dataset.positions.long()
+    xy = torch.stack([pos % dataset.width, torch.div(pos, dataset.width, rounding_mode="floor")], 2).to(torch.float64)
     disp = (xy[:, child] - xy[:, par[child]]).transpose(0, 1)  # (E, n, 2)
     E = disp.shape[0]
     if rest is not None:
@@ -307,8 +309,9 @@ def edge_types(dataset: PoseDataset, num_types: int, *, rest: Optional[torch.Ten
         points = disp[e]
         distinct = points.unique(dim=0).shape[0]
         if distinct < T:
-            raise ValueError(f"num_types = {T} exceeds the {distinct} distinct displacements of edge {e} "
-                             f"({dataset.names[int(child[e])]!r})")
+            names = getattr(dataset, "names", None)
+            raise ValueError(f"num_types = {T} exceeds the {distinct} distinct displacements of edge {e}"
+                             + (f" ({names[int(child[e])]!r})" if names else ""))
         centres[e] = _kmeans(points, T, iters, g)
     return EdgeTypes(centres, _nearest(disp, centres).transpose(0, 1))
 
