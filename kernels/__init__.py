@@ -274,6 +274,29 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     return spatial_tree_max_sum_torch(unary, weights, rest, sched.parents, height, width)
 
 
+def _check_mixture_args(unary, weights, rest, child_scores, parent_scores, cooccurrence, V, height, width):
+    """Shapes and devices of `mixture_tree_max_sum`'s tensors (the compiled twin reads them unchecked); a
+    ValueError names the argument."""
+    if unary.dim() != 3 or unary.shape[1] != V or unary.shape[2] != height * width:
+        raise ValueError(f"unary must have shape (B, {V}, {height * width}), got {tuple(unary.shape)}")
+    B, E = unary.shape[0], V - 1
+    if weights.dim() not in (3, 4) or weights.shape[-3] != E or weights.shape[-1] != 4 \
+            or (weights.dim() == 4 and weights.shape[0] != B):
+        raise ValueError(f"weights must have shape ({E}, T, 4) or ({B}, {E}, T, 4), got {tuple(weights.shape)}")
+    T = weights.shape[-2]
+    shapes = {"rest": (rest, [(E, T, 2)]),
+              "child_scores": (child_scores, [(B, E, T, height * width), (B, E, T, 1)]),
+              "parent_scores": (parent_scores, [(B, E, T, height * width), (B, E, T, 1)]),
+              "cooccurrence": (cooccurrence, [(E, T, T), (B, E, T, T)])}
+    for name, (t, allowed) in shapes.items():
+        if t is None:
+            continue
+        if tuple(t.shape) not in allowed:
+            raise ValueError(f"{name} must have shape {' or '.join(map(str, allowed))}, got {tuple(t.shape)}")
+        if t.device != unary.device:
+            raise ValueError(f"{name} must be on unary's device {unary.device}, got {t.device}")
+
+
 @torch.no_grad()
 def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int, child_scores=None,
                          parent_scores=None, cooccurrence=None, backend: str = "auto"):
@@ -282,6 +305,8 @@ def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     positions ``(B, V)``, types ``(B, E)`` and values ``(B,)``). Raises a ValueError naming ``weights`` if a
     quadratic weight is negative."""
     sched = tree_schedule(parents)
+    _check_mixture_args(unary, weights, rest, child_scores, parent_scores, cooccurrence, len(sched.parents),
+                        height, width)
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
     be = resolve_backend(backend, unary.device, has_numba=True)
     if be == "numba":

@@ -155,8 +155,9 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
     T = rest.shape[1]
     has_child = child_scores.shape[0] > 0
     has_parent = parent_scores.shape[0] > 0
-    cstep = 1 if child_scores.shape[3] > 1 else 0  # 0: a type bias, (B, E, T, 1, 1)
-    pstep = 1 if parent_scores.shape[3] > 1 else 0
+    # per axis: 0 where the scores do not vary (a type bias, (B, E, T, 1, 1)), so a 1-row grid's maps still read x
+    cy, cx = (1 if child_scores.shape[3] > 1 else 0), (1 if child_scores.shape[4] > 1 else 0)
+    py, px = (1 if parent_scores.shape[3] > 1 else 0), (1 if parent_scores.shape[4] > 1 else 0)
     direct = T == 1 and not has_parent  # the transform writes the message itself
     for i in _prange(B):
         msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
@@ -182,7 +183,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                 if has_child:
                     for y in range(H):
                         for x in range(W):
-                            f[y, x] = bel[y, x] + child_scores[i, e, t, y * cstep, x * cstep]
+                            f[y, x] = bel[y, x] + child_scores[i, e, t, y * cy, x * cx]
                     src = f
                 w = weights[i, e, t]
                 # cost w . (dx, dx^2, dy, dy^2), d = l_c - l_p - r: a = w_quadratic, b = -w_linear, r = -rest
@@ -195,7 +196,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                 if has_parent:
                     for y in range(H):
                         for x in range(W):
-                            out[y, x] = out[y, x] + parent_scores[i, e, t, y * pstep, x * pstep]
+                            out[y, x] = out[y, x] + parent_scores[i, e, t, y * py, x * px]
                 for y in range(H):
                     for x in range(W):
                         if t == 0 or out[y, x] > msgs[e, y, x]:  # first maximal type, as torch.max
@@ -228,8 +229,8 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
     T = rest.shape[1]
     has_child = child_scores.shape[0] > 0
     has_parent = parent_scores.shape[0] > 0
-    cstep = 1 if child_scores.shape[3] > 1 else 0
-    pstep = 1 if parent_scores.shape[3] > 1 else 0
+    cy, cx = (1 if child_scores.shape[3] > 1 else 0), (1 if child_scores.shape[4] > 1 else 0)
+    py, px = (1 if parent_scores.shape[3] > 1 else 0), (1 if parent_scores.shape[4] > 1 else 0)
     for i in _prange(B):
         msgs = np.empty((max(E, 1), T, H, W), dtype=unary.dtype)
         pos_args = np.empty((max(E, 1), T, H, W), dtype=np.int64)
@@ -251,14 +252,14 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
                 if has_child:
                     for y in range(H):
                         for x in range(W):
-                            bel[y, x] = bel[y, x] + child_scores[i, e, t, y * cstep, x * cstep]
+                            bel[y, x] = bel[y, x] + child_scores[i, e, t, y * cy, x * cx]
                 w = weights[i, e, t]
                 _gdt_2d_one(bel, w[1], -w[0], -rest[e, t, 0], w[3], -w[2], -rest[e, t, 1], d[t], pos_args[e, t],
                            g, argx, col, ocol, acol, v, vf)
                 if has_parent:
                     for y in range(H):
                         for x in range(W):
-                            d[t, y, x] = d[t, y, x] + parent_scores[i, e, t, y * pstep, x * pstep]
+                            d[t, y, x] = d[t, y, x] + parent_scores[i, e, t, y * py, x * px]
             if j == E:
                 break
             e = order[j]

@@ -173,6 +173,37 @@ def test_cooccurrence_chains_the_types_of_a_limb():
         assert types[0].tolist() == [0, 0] and float(value) == 3.0
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
+def test_one_row_grid_reads_every_column_of_the_maps(backend):
+    """A 1 x W grid: per-position type scores are (B, E, T, W) maps, not biases (numba once read column 0)."""
+    parents, H, W, T, B = [-1, 0, 0], 1, 4, 2, 3
+    g = torch.Generator().manual_seed(13)
+    args = random_mixture(g, B, parents, H, W, T, shared=False, scores="both", integer=False)
+    cooc = torch.randn(2, T, T, generator=g, dtype=torch.float64)
+    for extra in ((), (cooc,)):
+        pos, types, value = mixture_tree_max_sum(*args[:3], parents, H, W, *args[3:], *extra, backend=backend)
+        for b in range(B):
+            Y, Ty, s = enumerate_scores(*args, parents, H, W, b, *extra)
+            assert int(s.argmax()) == ((Y == pos[b]).all(1) & (Ty == types[b]).all(1)).nonzero().item()
+            assert float(value[b]) == pytest.approx(float(s.max()), abs=1e-9)
+
+
+def test_kernel_arguments_are_checked_by_name():
+    parents, H, W = [-1, 0, 0], 3, 3
+    u, w = torch.zeros(1, 3, 9), torch.zeros(2, 2, 4)
+    with pytest.raises(ValueError, match=r"rest must have shape \(2, 2, 2\)"):
+        mixture_tree_max_sum(u, w, torch.zeros(1, 2, 2), parents, H, W, backend="torch")
+    with pytest.raises(ValueError, match="weights must have shape"):
+        mixture_tree_max_sum(u, torch.zeros(3, 2, 4), torch.zeros(2, 2, 2), parents, H, W, backend="torch")
+    with pytest.raises(ValueError, match="unary must have shape"):
+        mixture_tree_max_sum(torch.zeros(1, 3, 8), w, torch.zeros(2, 2, 2), parents, H, W, backend="torch")
+    with pytest.raises(ValueError, match="child_scores must have shape"):
+        mixture_tree_max_sum(u, w, torch.zeros(2, 2, 2), parents, H, W, torch.zeros(1, 2, 2, 3), backend="torch")
+    with pytest.raises(ValueError, match="cooccurrence must have shape"):
+        mixture_tree_max_sum(u, w, torch.zeros(2, 2, 2), parents, H, W, None, None, torch.zeros(2, 2, 3),
+                             backend="torch")
+
+
 def test_types_pick_the_matching_rest_offset():
     """Two types per edge, rest offsets (+3, 0) and (-3, 0): a chain whose true displacements alternate
     is decoded with the alternating types, which one shared offset cannot express."""

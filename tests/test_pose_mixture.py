@@ -226,6 +226,8 @@ def test_problem_with_cooccurrence_layout_identities_and_brute_force(articulated
     check_scores(p, w, theta, idx, seed=3)
     with pytest.raises(TypeError, match="cooccurrence must be a bool"):
         MixtureSpatialTreeProblem(train, 2, cooccurrence=1)
+    with pytest.raises((TypeError, ValueError), match="num_types"):
+        MixtureSpatialTreeProblem(train, 2.7)
     # the oracle against enumeration on a small tree: positions and types, co-occurrence included
     g = torch.Generator().manual_seed(11)
     n, H, W = 2, 2, 3
@@ -313,3 +315,5 @@ def test_cli_train_pose_with_types(capsys):
     assert all(float(ln.split("min w_quad ")[1].split()[0]) >= 0 for ln in lines)
     with pytest.raises(ValueError, match="--types > 1 needs a dual solver"):
         main(["train", "--data", "pose", "--types", "2", "--solver", "torch", "--logdir", ""])
+    with pytest.raises(ValueError, match="--types must be >= 1"):
+        main(["train", "--data", "pose", "--types", "0", "--logdir", ""])

@@ -376,6 +376,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, **pose)
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
     if name == "pose":
+        if args.types < 1:
+            raise ValueError(f"--types must be >= 1, got {args.types}")
         if args.solver == "torch":
             if args.types != 1:
                 raise ValueError("--types > 1 needs a dual solver (--solver bcfw, fw or ssg), not --solver torch")

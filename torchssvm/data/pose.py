@@ -295,14 +295,15 @@ def edge_types(dataset, num_types: int, *, rest: Optional[torch.Tensor] = None, 
     iters = check_positive_int("iters", iters)
     par = torch.tensor(dataset.parents)
     child = (par >= 0).nonzero().squeeze(1)
-    pos = dataset.positions.long()
+    pos = dataset.positions.long().cpu()  # K-means on the CPU: the result is small
     xy = torch.stack([pos % dataset.width, torch.div(pos, dataset.width, rounding_mode="floor")], 2).to(torch.float64)
     disp = (xy[:, child] - xy[:, par[child]]).transpose(0, 1)  # (E, n, 2)
     E = disp.shape[0]
     if rest is not None:
         if not isinstance(rest, torch.Tensor) or tuple(rest.shape) != (E, T, 2) or not torch.isfinite(rest).all():
             raise ValueError(f"rest must be a finite ({E}, {T}, 2) tensor (the training set's edge types)")
-        return EdgeTypes(rest.to(torch.float64), _nearest(disp, rest.to(torch.float64)).transpose(0, 1))
+        rest = rest.detach().to("cpu", torch.float64)
+        return EdgeTypes(rest, _nearest(disp, rest).transpose(0, 1))
     g = torch.Generator().manual_seed(check_positive_int("seed", seed, minimum=0))
     centres = torch.empty(E, T, 2, dtype=torch.float64)
     for e in range(E):
@@ -334,13 +335,15 @@ def _kmeans(points: torch.Tensor, k: int, iters: int, g: torch.Generator) -> tor
         if assign is not None and torch.equal(new, assign):
             break
         assign = new
+        dist = (points - centres[assign]).norm(dim=1)
         for j in range(k):
             members = points[assign == j]
             if members.shape[0]:
                 centres[j] = members.mean(0)
-            else:  # an empty cluster restarts at the point farthest from its centre
-                far = (points - centres[assign]).norm(dim=1).argmax()
+            else:  # an empty cluster restarts at the point farthest from its centre, each at a different one
+                far = dist.argmax()
                 centres[j] = points[far]
+                dist[points.eq(points[far]).all(1)] = -1.0
     order = sorted(range(k), key=lambda j: (float(centres[j, 0]), float(centres[j, 1])))
     return centres[order]
 
@@ -381,7 +384,8 @@ def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: flo
     named = torch.where(torch.rand(n, E, **kw) < hit_rate, truth, wrong if T > 1 else truth)
     height = (0.5 + 0.5 * torch.rand(n, E, **kw)) * (torch.rand(n, E, **kw) >= miss_rate)
     ratio = torch.full((n, E, T), other, dtype=torch.float64).scatter_(2, named.unsqueeze(2), 1.0)
-    child_xy = dataset.xy()[:, 1:].to(torch.float64)  # edge e's child is node e + 1
+    child = [v for v, p in enumerate(dataset.parents) if p != -1]  # edge e's child, as in `Tree`
+    child_xy = dataset.xy()[:, child].to(torch.float64)
     maps = (height.unsqueeze(2) * ratio).unsqueeze(3) * _blob(child_xy, 1.5, H, W).unsqueeze(2)
     if clutter:
         xy = torch.rand(n, E, T, clutter, 2, **kw) * torch.tensor([W - 1.0, H - 1.0], dtype=torch.float64)

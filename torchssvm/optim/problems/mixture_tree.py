@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..._validation import check_positive_int
 from ...data.pose import EdgeTypes, edge_types
 from ...structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
 from .tree import SpatialTreeProblem
@@ -72,9 +73,9 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
                  backend: str = "auto", seed: int = 0):
         super().__init__(dataset, loss=loss, unit=unit, backend=backend)
         n, V, E, F = self.n, self.V, self.E, self.F
+        T = check_positive_int("num_types", num_types)
         if types is None:
-            types = edge_types(dataset, num_types, seed=seed)
-        T = int(num_types)
+            types = edge_types(dataset, T, seed=seed)
         if not isinstance(types, EdgeTypes) or tuple(types.rest.shape) != (E, T, 2) \
                 or tuple(types.types.shape) != (n, E):
             raise ValueError(f"types must be an EdgeTypes with rest ({E}, {T}, 2) and types ({n}, {E}) "
