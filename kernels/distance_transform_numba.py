@@ -136,6 +136,16 @@ def _node_belief(bel, unary_node, msgs, child_edges, lo, hi):
                 bel[y, x] = bel[y, x] + m[y, x]
 
 
+@_jit()
+def _score_layout(child_scores, parent_scores):
+    """Whether each score array is present, and per axis a stride of 1 where it varies and 0 where it does
+    not (a type bias ``(B, E, T, 1, 1)``), so a 1-row grid's maps still read x: ``(has_child, has_parent, cy,
+    cx, py, px)``."""
+    return (child_scores.shape[0] > 0, parent_scores.shape[0] > 0,
+            1 if child_scores.shape[3] > 1 else 0, 1 if child_scores.shape[4] > 1 else 0,
+            1 if parent_scores.shape[3] > 1 else 0, 1 if parent_scores.shape[4] > 1 else 0)
+
+
 @_jit(parallel=True)
 def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge_child, edge_parent, child_ptr,
                  child_edges, root, labels, types, value):
@@ -153,11 +163,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
     B, V, H, W = unary.shape
     E = order.shape[0]
     T = rest.shape[1]
-    has_child = child_scores.shape[0] > 0
-    has_parent = parent_scores.shape[0] > 0
-    # per axis: 0 where the scores do not vary (a type bias, (B, E, T, 1, 1)), so a 1-row grid's maps still read x
-    cy, cx = (1 if child_scores.shape[3] > 1 else 0), (1 if child_scores.shape[4] > 1 else 0)
-    py, px = (1 if parent_scores.shape[3] > 1 else 0), (1 if parent_scores.shape[4] > 1 else 0)
+    has_child, has_parent, cy, cx, py, px = _score_layout(child_scores, parent_scores)
     direct = T == 1 and not has_parent  # the transform writes the message itself
     for i in _prange(B):
         msgs = np.empty((max(E, 1), H, W), dtype=unary.dtype)
@@ -227,10 +233,7 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
     B, V, H, W = unary.shape
     E = order.shape[0]
     T = rest.shape[1]
-    has_child = child_scores.shape[0] > 0
-    has_parent = parent_scores.shape[0] > 0
-    cy, cx = (1 if child_scores.shape[3] > 1 else 0), (1 if child_scores.shape[4] > 1 else 0)
-    py, px = (1 if parent_scores.shape[3] > 1 else 0), (1 if parent_scores.shape[4] > 1 else 0)
+    has_child, has_parent, cy, cx, py, px = _score_layout(child_scores, parent_scores)
     for i in _prange(B):
         msgs = np.empty((max(E, 1), T, H, W), dtype=unary.dtype)
         pos_args = np.empty((max(E, 1), T, H, W), dtype=np.int64)
