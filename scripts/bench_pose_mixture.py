@@ -36,9 +36,6 @@ OUT = ROOT / "docs" / "benchmarks"
 
 
 def main(argv=None) -> None:
-    import torchssvm as ts
-    from torchssvm.optim import BCFW, MixtureSpatialTreeProblem, SpatialTreeProblem
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--evidence-types", type=int, default=3)
@@ -51,6 +48,8 @@ def main(argv=None) -> None:
     ap.add_argument("--miss-rate", type=float, default=0.5)
     ap.add_argument("--lam", type=float, default=0.01)
     ap.add_argument("--passes", type=int, default=40)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="data and solver seeds; with several, the report adds means and paired differences")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
@@ -59,9 +58,27 @@ def main(argv=None) -> None:
         write_report(args.out, "pose_mixture", report_lines(saved["meta"], saved["rows"]))
         return
     kw = {"height": args.side, "width": args.side, "limb_modes": args.modes, "limb_angle": args.angle,
-          "miss_rate": args.miss_rate, "seed": 0}
-    train = ts.data.synthetic_pose("train", args.n, **kw)
-    test = ts.data.synthetic_pose("test", args.n_test, **kw)
+          "miss_rate": args.miss_rate}
+    rows = []
+    for seed in args.seeds:
+        rows += run_seed(args, kw, seed)
+    meta = {"machine": cpu_description(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "code": code_version(), "data": kw, "n": args.n, "n_test": args.n_test, "lam": args.lam,
+            "passes": args.passes, "seeds": args.seeds,
+            "command": " ".join(["python scripts/bench_pose_mixture.py",
+                                 *(argv if argv is not None else sys.argv[1:])])}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pose_mixture.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_report(args.out, "pose_mixture", report_lines(meta, rows))
+
+
+def run_seed(args, kw, seed: int):
+    """Every variant on the data of ``seed`` (training and test sets), BCFW seeded with ``seed``."""
+    import torchssvm as ts
+    from torchssvm.optim import BCFW, MixtureSpatialTreeProblem, SpatialTreeProblem
+
+    train = ts.data.synthetic_pose("train", args.n, seed=seed, **kw)
+    test = ts.data.synthetic_pose("test", args.n_test, seed=seed, **kw)
     variants = [(str(T), T, False, train, test) for T in args.types]
     if args.evidence_types:
         T = args.evidence_types
@@ -78,25 +95,18 @@ def main(argv=None) -> None:
     for name, T, cooc, tr, te in variants:
         t0 = time.perf_counter()
         problem = SpatialTreeProblem(tr) if T == 1 else MixtureSpatialTreeProblem(tr, T, cooccurrence=cooc)
-        solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=0, gap_check_every=10)
+        solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=seed, gap_check_every=10)
         for _ in range(args.passes):
             solver.step()
         train_s = time.perf_counter() - t0
         gap = solver.duality_gap()
         ev = problem.evaluate(solver.w, te)
-        row = {"variant": name, "T": T, "d": problem.d, "gap": gap["gap"], "primal": gap["primal"],
+        row = {"variant": name, "seed": seed, "T": T, "d": problem.d, "gap": gap["gap"], "primal": gap["primal"],
                "test_lsp_loss": ev["lsp_loss"], "test_pck": ev["pck"], "train_s": train_s,
                "s_per_pass": train_s / args.passes}
         rows.append(row)
         print(row, flush=True)
-    meta = {"machine": cpu_description(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "code": code_version(), "data": kw, "n": args.n, "n_test": args.n_test, "lam": args.lam,
-            "passes": args.passes,
-            "command": " ".join(["python scripts/bench_pose_mixture.py",
-                                 *(argv if argv is not None else sys.argv[1:])])}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pose_mixture.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    write_report(args.out, "pose_mixture", report_lines(meta, rows))
+    return rows
 
 
 def summed(dataset, keep_maps: bool):
@@ -113,23 +123,64 @@ def summed(dataset, keep_maps: bool):
 
 def report_lines(meta, rows):
     d = meta["data"]
+    seeds = ", ".join(str(s) for s in meta.get("seeds", [0]))
     lines = ["# Mixture types per edge against one type (BCFW on articulated synthetic poses)", "",
              f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; code {meta['code']}. "
              f"Command: `{meta['command']}`.", "",
              f"Data: `synthetic_pose` {d['height']}x{d['width']}, limb_modes = {d['limb_modes']}, limb_angle = "
              f"{d['limb_angle']}, miss_rate = {d['miss_rate']}, {meta['n']} training and {meta['n_test']} test poses. "
-             f"BCFW with the positivity box, lam = {meta['lam']}, {meta['passes']} passes, seed 0; T = 1 is "
+             f"BCFW with the positivity box, lam = {meta['lam']}, {meta['passes']} passes; seeds {seeds} (data and "
+             "solver); T = 1 is "
              "`SpatialTreeProblem`, T > 1 `MixtureSpatialTreeProblem` (K-means types of the training set, type "
              "bias, per-type deformation). Variants named `T` use the detector maps only; `+evidence` adds the type "
              "evidence maps of `synthetic_type_maps` summed over types as a unary channel (position evidence "
              "without the type), `+maps` gives the type maps to the mixture as type scores (one weight per "
              "edge), `+cooccurrence` learns a co-occurrence score of consecutive edges' types. Test figures "
              "decode positions only (lower LSP loss and higher PCK are better).", "",
-             "| variant | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
-             "|---|---|---|---|---|---|---|"]
+             "| variant | seed | d | duality gap | primal | test LSP loss | test PCK | s per pass |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.get('variant', r['T'])} | {r['d']} | {r['gap']:.4f} | {r['primal']:.4f} | "
-                     f"{r['test_lsp_loss']:.4f} | {r['test_pck']:.4f} | {r['s_per_pass']:.2f} |")
+        lines.append(f"| {r.get('variant', r['T'])} | {r.get('seed', 0)} | {r['d']} | {r['gap']:.4f} | "
+                     f"{r['primal']:.4f} | {r['test_lsp_loss']:.4f} | {r['test_pck']:.4f} | {r['s_per_pass']:.2f} |")
+    if len(meta.get("seeds", [0])) > 1:
+        lines += [""] + summary_lines(rows)
+    return lines
+
+
+def reference_variant(name: str) -> str:
+    """The one-type model a variant is compared with: the same position evidence, no type."""
+    return "1+evidence" if ("evidence" in name or "maps" in name) else "1"
+
+
+def summary_lines(rows):
+    """Per variant over seeds: mean and standard deviation of the test LSP loss, and the paired relative
+    change against its one-type reference (`reference_variant`) on the same seed's data."""
+    import statistics
+
+    by = {}
+    for r in rows:
+        by.setdefault(r["variant"], {})[r["seed"]] = r
+    lines = ["## Over seeds", "",
+             "Paired change: the variant's test LSP loss relative to its reference's on the same seed (negative: "
+             "the variant is better); 'better on' counts the seeds where it is lower.", "",
+             "| variant | reference | test LSP loss, mean +- sd | test PCK, mean | duality gap, mean | "
+             "paired change, mean (min, max) | better on |",
+             "|---|---|---|---|---|---|---|"]
+    for name, per_seed in by.items():
+        ref = reference_variant(name)
+        losses = [r["test_lsp_loss"] for r in per_seed.values()]
+        sd = statistics.stdev(losses) if len(losses) > 1 else 0.0
+        pck = statistics.fmean(r["test_pck"] for r in per_seed.values())
+        gap = statistics.fmean(r["gap"] for r in per_seed.values())
+        common = [s for s in per_seed if s in by.get(ref, {})]
+        if name == ref or not common:
+            change, better = "-", "-"
+        else:
+            rel = [per_seed[s]["test_lsp_loss"] / by[ref][s]["test_lsp_loss"] - 1 for s in common]
+            change = f"{100 * statistics.fmean(rel):+.1f}% ({100 * min(rel):+.1f}%, {100 * max(rel):+.1f}%)"
+            better = f"{sum(x < 0 for x in rel)} of {len(rel)}"
+        lines.append(f"| {name} | {ref if name != ref else '-'} | {statistics.fmean(losses):.4f} +- {sd:.4f} | "
+                     f"{pck:.4f} | {gap:.4f} | {change} | {better} |")
     return lines
 
 

@@ -8,7 +8,7 @@ Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never 
 
 - ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
   solve and a batched search along the projection arc per iteration, no Python loop over B (on CPU,
-  for B <= 128, the same iteration in numpy, whose per-operation overhead is several times lower). It
+  for B <= 64, the same iteration in numpy, whose per-operation overhead is several times lower). It
   returns the QP's optimum to ``tol`` (in a few iterations on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
@@ -24,9 +24,10 @@ METHODS = ("newton", "sweeps")
 
 
 # On CPU, problems up to this size run the numpy twin of the iteration: torch's per-operation overhead
-# dominates there (2x faster at B = 64). Above it numpy's BLAS goes multi-threaded, and its spinning
-# threads compete with torch's for the cores (measured: every torch op after it 2-4x slower on 2 cores).
-_NUMPY_MAX_B = 128
+# dominates there (a CoNLL pass at B = 64 is 1.3x faster with it). Above it numpy's OpenBLAS solve goes
+# multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise
+# steps, cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores.
+_NUMPY_MAX_B = 64
 
 
 def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
