@@ -14,7 +14,9 @@ position evidence without the type), ``T+maps`` (the type maps as type scores, o
 types (`MixtureSpatialTreeProblem(cooccurrence=True)`): ``T+cooccurrence`` (detector maps only) and
 ``T+evidence+maps+cooccurrence``; ``--no-cooccurrence`` skips them.
 
-Writes ``docs/benchmarks/pose_mixture.{json,md}``; ``pose_mixture_findings.md`` (hand-written) is appended.
+Writes ``docs/benchmarks/pose_mixture.{json,md}`` (``--name``: another name); ``pose_mixture_findings.md``
+(hand-written) is appended. ``--seeds`` runs every variant per seed (data and solver) and adds means and
+paired differences against the one-type model with the same position evidence; ``--only`` picks variants.
 Usage:
 
     python scripts/bench_pose_mixture.py [--types 1 2 3] [--n 300] [--passes 40]
@@ -52,10 +54,12 @@ def main(argv=None) -> None:
                     help="data and solver seeds; with several, the report adds means and paired differences")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--only", nargs="+", default=None, help="run only these variants (names as in the report)")
+    ap.add_argument("--name", default="pose_mixture", help="report name: writes NAME.json and NAME.md")
     args = ap.parse_args(argv)
     if args.report_only:
-        saved = json.loads((args.out / "pose_mixture.json").read_text())
-        write_report(args.out, "pose_mixture", report_lines(saved["meta"], saved["rows"]))
+        saved = json.loads((args.out / f"{args.name}.json").read_text())
+        write_report(args.out, args.name, report_lines(saved["meta"], saved["rows"]))
         return
     kw = {"height": args.side, "width": args.side, "limb_modes": args.modes, "limb_angle": args.angle,
           "miss_rate": args.miss_rate}
@@ -68,8 +72,8 @@ def main(argv=None) -> None:
             "command": " ".join(["python scripts/bench_pose_mixture.py",
                                  *(argv if argv is not None else sys.argv[1:])])}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pose_mixture.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    write_report(args.out, "pose_mixture", report_lines(meta, rows))
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_report(args.out, args.name, report_lines(meta, rows))
 
 
 def run_seed(args, kw, seed: int):
@@ -93,6 +97,8 @@ def run_seed(args, kw, seed: int):
                          (f"{T}+evidence+maps+cooccurrence", T, True, summed(trm, True), summed(tem, True))]
     rows = []
     for name, T, cooc, tr, te in variants:
+        if args.only is not None and name not in args.only:
+            continue
         t0 = time.perf_counter()
         problem = SpatialTreeProblem(tr) if T == 1 else MixtureSpatialTreeProblem(tr, T, cooccurrence=cooc)
         solver = BCFW(problem, lam=args.lam, box=problem.positivity_box(), seed=seed, gap_check_every=10)
