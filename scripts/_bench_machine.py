@@ -71,3 +71,14 @@ def write_report(out: Path, name: str, lines: List[str]) -> Path:
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def style_gap_axes(axes, ylabel: str = "duality gap") -> None:
+    """Log-scale duality gap against effective passes (first axis) and solver seconds (second), with a
+    grid and the legend on the first: the two panels of every convergence plot."""
+    for ax, key in zip(axes, ("effective passes", "solver seconds")):
+        ax.set_yscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description
+from _bench_machine import cpu_description, style_gap_axes
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -103,12 +103,7 @@ def report(results: dict, out: Path) -> None:
                                f"{'-' if ratio is None else f'{ratio:.2f}'} (target <= 1.5: "
                                f"{'met' if ratio is not None and ratio <= 1.5 else 'not met'}); seconds per pass "
                                f"{speed:.1f}x lower (target >= 10x: {'met' if speed >= 10 else 'not met'}).")
-        for ax, key in zip(axes, ("effective passes", "solver seconds")):
-            ax.set_yscale("log")
-            ax.set_xlabel(key)
-            ax.set_ylabel("duality gap")
-            ax.grid(alpha=0.3)
-        axes[0].legend()
+        style_gap_axes(axes)
         fig.suptitle(f"{name}, lambda = {lam:g}: BCFW by batch size ({meta['device']})")
         fig.tight_layout()
         fig.savefig(out / f"bcfw_speed_{name}{meta['suffix']}.png", dpi=110)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from _bench_machine import style_gap_axes
 from _bench_machine import write_report as write_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,12 +137,7 @@ def variant_lines(runs, out: Path, tols=(1e-2, 3e-3, 1e-3, 3e-4)):
         label = f"{r['step']}, cache {r['cache_size']}"
         axes[0].plot([p for p, _, _ in c], [g for _, _, g in c], marker=".", label=label)
         axes[1].plot([t for _, t, _ in c], [g for _, _, g in c], marker=".", label=label)
-    for ax, key in zip(axes, ("effective passes", "solver seconds")):
-        ax.set_yscale("log")
-        ax.set_xlabel(key)
-        ax.set_ylabel("duality gap")
-        ax.grid(alpha=0.3)
-    axes[0].legend()
+    style_gap_axes(axes)
     fig.tight_layout()
     fig.savefig(out / "conll2000_variants.png", dpi=110)
     plt.close(fig)

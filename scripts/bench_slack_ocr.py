@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description, write_report
+from _bench_machine import cpu_description, style_gap_axes, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -92,12 +92,7 @@ def main() -> None:
         for ax, key in zip(axes, ("passes", "time")):
             ax.plot([t[key] for t in tr], [t["gap"] for t in tr], color=f"C{i}",
                     label=f"{loss} (lam {final[loss]['lam']:g})")
-    for ax, key in zip(axes, ("effective passes", "solver seconds")):
-        ax.set_yscale("log")
-        ax.set_xlabel(key)
-        ax.set_ylabel("certified duality gap")
-        ax.grid(alpha=0.3)
-    axes[0].legend()
+    style_gap_axes(axes, "certified duality gap")
     fig.suptitle(f"OCR-{args.split}: BCFW (B = 64) on the margin- and slack-rescaled SSVM")
     fig.tight_layout()
     fig.savefig(args.out / "slack_ocr.png", dpi=110)
