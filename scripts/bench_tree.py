@@ -23,18 +23,20 @@ the same oracle with T deformation types per edge on articulated `synthetic_pose
 offsets from `data.edge_types` (K-means) and a type bias, without and with type co-occurrence scores, at
 ``--mixture-grids`` (32, 64) and batch 16, per backend. Each backend is checked first against brute force
 with explicit tables ``max_t (bias + table_t)`` at 32x32, batch 1, T = 3 (equal values, and the returned
-positions and types attain them).
+positions and types attain them). ``--pair-types t`` adds T = t^2 types without co-occurrence, one per pair of
+t K-means types: the paper's exact two-orientation model (t = 13: 169 types per edge).
 
 Writes ``docs/benchmarks/tree.{json,md}`` (``tree_cuda.*`` with ``--device cuda``); ``tree_findings.md``
 (hand-written) is appended to the .md. Usage:
 
-    python scripts/bench_tree.py [--device cuda] [--quick] [--report-only]
+    python scripts/bench_tree.py [--device cuda] [--quick] [--report-only] [--pair-types 13]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -128,6 +130,9 @@ def main(argv=None) -> None:
     ap.add_argument("--types", type=int, nargs="*", default=list(MIXTURE_TYPES),
                     help="mixture types per edge to time (none: skip the mixture section)")
     ap.add_argument("--mixture-grids", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--no-cooccurrence", action="store_true", help="time the mixtures without co-occurrence only")
+    ap.add_argument("--pair-types", type=int, nargs="*", default=[],
+                    help="also time t^2 types, the pairs of t types of an arc's two orientations (the paper: 13)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the saved .json")
     args = ap.parse_args(argv)
@@ -223,18 +228,29 @@ def main(argv=None) -> None:
                  + mixture_lines(mixture_rows, mixture_checks, rows))
 
 
-def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0, cooccurrence: bool = False):
+def make_mixture_problem(side: int, T: int, n: int, device, seed: int = 0, cooccurrence: bool = False,
+                         pairs: bool = False):
     """A `MixtureSpatialTree` with T types per edge on ``side x side`` and the first n articulated
     `synthetic_pose` examples (3 limb modes): potentials (float32 sharp-detector unaries, the shared weights of
     `make_problem` for every type, K-means rest offsets rounded to half-integers, a dyadic type bias in
     [-1/2, 1/2], and with ``cooccurrence`` shared dyadic co-occurrence scores in [-1/2, 1/2]), targets
-    (positions and K-means types) and loss scales."""
+    (positions and K-means types) and loss scales. ``pairs``: T = t^2 types, one per pair of t K-means types
+    (the paper's types of the two orientations of an arc: two equal quadratics in the same displacement are
+    one, centred at the mean of the two rest offsets)."""
     from torchssvm.data.pose import POSE_PARENTS, edge_types, synthetic_pose
     from torchssvm.structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
 
     d = synthetic_pose("train", max(n, 64), height=side, width=side, num_features=1, limb_modes=3, seed=seed)
-    et = edge_types(d, T, seed=seed)
     E = len(POSE_PARENTS) - 1
+    if pairs:
+        t = math.isqrt(T)
+        if t * t != T:
+            raise ValueError(f"pairs needs a square number of types, got T = {T}")
+        base = edge_types(d, t, seed=seed)
+        rest = ((base.rest[:, :, None] + base.rest[:, None, :]) / 2).reshape(E, T, 2)
+        et = base._replace(rest=rest, types=base.types * t + base.types)
+    else:
+        et = edge_types(d, T, seed=seed)
     g = torch.Generator().manual_seed(seed)
     weights = torch.tensor([0.0, 1 / 16, 0.0, 1 / 16]).repeat(E, T, 1).to(device)
     rest = ((et.rest * 2).round() / 2).float().to(device)
@@ -271,17 +287,19 @@ def run_mixtures(args, device, backends, cuda):
     rows, checks = [], []
     for be in backends:
         checks.append({"grid": 32, "T": 3, "backend": be, "exact_match": check_mixture(32, 3, device, be)})
+    cases = [(T, cooc, False) for T in args.types for cooc in ((False,) if args.no_cooccurrence else (False, True))]
+    cases += [(t * t, False, True) for t in args.pair_types]
     for side in args.mixture_grids:
-        for T in args.types:
-            for cooc in (False, True):
-                tree, pot, target, scale = make_mixture_problem(side, T, MIXTURE_BATCH, device, cooccurrence=cooc)
-                for be in backends:
-                    s = median_seconds(lambda: tree.max_oracle(pot, target, scale, backend=be),  # noqa: B023
-                                       args.repeats, cuda)
-                    row = {"grid": side, "B": MIXTURE_BATCH, "T": T, "cooccurrence": cooc, "backend": be,
-                           "batch_ms": 1e3 * s, "ms_per_image": 1e3 * s / MIXTURE_BATCH}
-                    rows.append(row)
-                    print(row, flush=True)
+        for T, cooc, pairs in cases:
+            tree, pot, target, scale = make_mixture_problem(side, T, MIXTURE_BATCH, device, cooccurrence=cooc,
+                                                            pairs=pairs)
+            for be in backends:
+                s = median_seconds(lambda: tree.max_oracle(pot, target, scale, backend=be),  # noqa: B023
+                                   args.repeats, cuda)
+                row = {"grid": side, "B": MIXTURE_BATCH, "T": T, "cooccurrence": cooc, "pairs": pairs,
+                       "backend": be, "batch_ms": 1e3 * s, "ms_per_image": 1e3 * s / MIXTURE_BATCH}
+                rows.append(row)
+                print(row, flush=True)
     return rows, checks
 
 
@@ -315,7 +333,11 @@ def mixture_lines(mixture_rows, mixture_checks, rows):
                     base = one_type(side, r["B"], be) if r else None
                     cells += [f"{r['ms_per_image']:.2f}" if r else "-",
                               f"{r['ms_per_image'] / base:.1f}x" if r and base else "-"]
-                lines.append(f"| {side}x{side} | {T} | {'yes' if cooc else 'no'} | " + " | ".join(cells) + " |")
+                if all(c == "-" for c in cells):
+                    continue
+                pairs = any(r.get("pairs") for r in mixture_rows if r["T"] == T)
+                label = f"{T} ({math.isqrt(T)} x {math.isqrt(T)} pairs)" if pairs else str(T)
+                lines.append(f"| {side}x{side} | {label} | {'yes' if cooc else 'no'} | " + " | ".join(cells) + " |")
     lines += ["", "Exactness: values equal to brute force with explicit tables `max_t (bias_t + table_t)`, and the "
               "returned positions and types attain them, at: "
               + ", ".join(f"{c['grid']}x{c['grid']} T = {c['T']} ({c['backend']})" for c in mixture_checks)
