@@ -224,6 +224,22 @@ def test_box_qp_newton_torch_and_numpy_paths_agree():
         assert _kkt_violation(c, H, u, a) <= 1e-8 * (1 + float(c.abs().max()))
 
 
+def test_box_qp_newton_solves_both_sides_of_the_numpy_cutoff():
+    """CPU problems up to `_NUMPY_MAX_B` take the numpy iteration, larger ones the torch one: both reach a
+    KKT point of the box QP (the optimum: the objective is convex)."""
+    from torchssvm.optim.box_qp import _NUMPY_MAX_B
+
+    g = torch.Generator().manual_seed(4)
+    for B in (_NUMPY_MAX_B - 1, _NUMPY_MAX_B, _NUMPY_MAX_B + 1, 2 * _NUMPY_MAX_B):
+        M = torch.randn(B, B + 8, generator=g, dtype=torch.float64)
+        M = M + 3 * torch.randn(1, B + 8, generator=g, dtype=torch.float64)
+        H, c = M @ M.T, 3 * torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        gamma = box_qp(c, H, u)
+        assert ((gamma >= 0) & (gamma <= u)).all()
+        assert _kkt_violation(c, H, u, gamma) <= 1e-9 * (1 + float(c.abs().max()))
+
+
 def test_box_qp_rejects_an_unknown_method():
     one = torch.ones(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="method"):
