@@ -73,7 +73,7 @@ def write_report(out: Path, name: str, lines: List[str]) -> Path:
     return path
 
 
-def style_gap_axes(axes, ylabel: str = "duality gap") -> None:
+def style_gap_axes(axes, ylabel: str = "duality gap", legend_size=None) -> None:
     """Log-scale duality gap against effective passes (first axis) and solver seconds (second), with a
     grid and the legend on the first: the two panels of every convergence plot."""
     for ax, key in zip(axes, ("effective passes", "solver seconds")):
@@ -81,4 +81,4 @@ def style_gap_axes(axes, ylabel: str = "duality gap") -> None:
         ax.set_xlabel(key)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize=legend_size)
