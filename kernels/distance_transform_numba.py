@@ -137,6 +137,18 @@ def _node_belief(bel, unary_node, msgs, child_edges, lo, hi):
 
 
 @_jit()
+def _first_max(bel):
+    """``(k, bel.flat[k])`` of the first maximum of ``bel (H, W)`` in row-major order, as torch.max."""
+    H, W = bel.shape
+    best = 0
+    bestv = bel[0, 0]
+    for k in range(1, H * W):
+        if bel[k // W, k % W] > bestv:
+            best, bestv = k, bel[k // W, k % W]
+    return best, bestv
+
+
+@_jit()
 def _score_layout(child_scores, parent_scores):
     """Whether each score array is present, and per axis a stride of 1 where it varies and 0 where it does
     not (a type bias ``(B, E, T, 1, 1)``), so a 1-row grid's maps still read x: ``(has_child, has_parent, cy,
@@ -210,13 +222,7 @@ def _spatial_tree(unary, weights, rest, child_scores, parent_scores, order, edge
                             args[e, y, x] = arg[y, x]
                             if T > 1:
                                 targs[e, y, x] = t
-        best = 0
-        bestv = bel[0, 0]
-        for k in range(1, H * W):
-            if bel[k // W, k % W] > bestv:  # first maximum, as torch.max
-                best, bestv = k, bel[k // W, k % W]
-        value[i] = bestv
-        labels[i, root] = best
+        labels[i, root], value[i] = _first_max(bel)
         for j in range(E - 1, -1, -1):
             e = order[j]
             lp = labels[i, edge_parent[e]]
@@ -277,13 +283,7 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
                                 best, arg = val, t
                         msgs[e, s, y, x] = best
                         type_args[e, s, y, x] = arg
-        best_k = 0
-        bestv = bel[0, 0]
-        for k in range(1, H * W):
-            if bel[k // W, k % W] > bestv:
-                best_k, bestv = k, bel[k // W, k % W]
-        value[i] = bestv
-        labels[i, root] = best_k
+        labels[i, root], value[i] = _first_max(bel)
         node_type[root] = 0
         for j in range(E - 1, -1, -1):
             e = order[j]

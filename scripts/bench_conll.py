@@ -76,13 +76,18 @@ def crf_f1(path, ds, idx) -> float:
     return chunk_f1(pred, [ds.tags[i] for i in idx])["f1"]
 
 
-def train_ssvm(train, lam: float, block_batch: int, gap_tol, max_passes: int, step: str = "pairwise",
-               cache_size: int = 10, seed: int = 0):
+def ssvm_solver(train, lam: float, block_batch: int, step: str, cache_size: int, seed: int = 0):
+    """A sparse float64 chain model and its BCFW solver (gap sampling, exact gap every 5 passes)."""
     import torchssvm as ts
 
     model = ts.LinearChainModel(train.num_features, train.num_labels, sparse=True, dtype=torch.float64)
-    solver = ts.optim.BCFW(model, train, lam=lam, sampling="gap", step=step, cache_size=cache_size,
-                           batch_size=block_batch, seed=seed, gap_check_every=5)
+    return model, ts.optim.BCFW(model, train, lam=lam, sampling="gap", step=step, cache_size=cache_size,
+                                batch_size=block_batch, seed=seed, gap_check_every=5)
+
+
+def train_ssvm(train, lam: float, block_batch: int, gap_tol, max_passes: int, step: str = "pairwise",
+               cache_size: int = 10, seed: int = 0):
+    model, solver = ssvm_solver(train, lam, block_batch, step, cache_size, seed)
     t0 = time.perf_counter()
     r = solver.fit(max_passes=max_passes, gap_tol=gap_tol)[-1]  # stops on a certified (exact) gap only
     seconds = time.perf_counter() - t0
@@ -95,14 +100,10 @@ def compare_variants(train, lam: float, args) -> list:
     """BCFW's step and cache variants (``args.variants``, ``step:cache_size``) on the full training set at
     ``lam``: the exact gap against solver seconds and effective passes (exact-gap passes included) for
     ``args.variant_passes`` passes, mini-batch ``args.block_batch``, gap sampling, seed 0."""
-    import torchssvm as ts
-
     runs = []
     for spec in args.variants:
         step, cache = spec.split(":")
-        model = ts.LinearChainModel(train.num_features, train.num_labels, sparse=True, dtype=torch.float64)
-        solver = ts.optim.BCFW(model, train, lam=lam, sampling="gap", step=step, cache_size=int(cache),
-                               batch_size=args.block_batch, seed=0, gap_check_every=5)
+        _, solver = ssvm_solver(train, lam, args.block_batch, step, int(cache))
         hist = solver.fit(max_passes=args.variant_passes)
         curve = [(r["passes"], r["time"], r["gap"]) for r in hist if r["gap_exact"]]
         runs.append({"step": step, "cache_size": int(cache), "curve": curve})

@@ -152,10 +152,18 @@ class MixtureSpatialTree(SpatialTree):
     def _split(self, y):
         return y[:, :self.num_nodes], y[:, self.num_nodes:]
 
-    def _types_above(self, types: torch.Tensor) -> torch.Tensor:
-        """``(B, E)`` the type of the edge above each edge's parent (0 for edges out of the root)."""
+    def _type_pairs(self, types: torch.Tensor) -> torch.Tensor:
+        """``(B, E)`` flat index ``t_{a(e)} T + t_e`` of each edge into a ``(T, T)`` co-occurrence table, with
+        ``t_{a(e)}`` the type of the edge above e's parent (0 for edges out of the root)."""
         above = self._above.to(types.device)
-        return torch.where(above >= 0, types[:, above.clamp_min(0)], torch.zeros_like(types))
+        t_above = torch.where(above >= 0, types[:, above.clamp_min(0)], torch.zeros_like(types))
+        return t_above * self.num_types + types
+
+    @staticmethod
+    def _typed_positions(types: torch.Tensor, at: torch.Tensor, Ks: int) -> torch.Tensor:
+        """``(B, E)`` flat index ``t_e Ks + l`` of each edge into a ``(T, Ks)`` type score table at positions
+        ``at (B, E)``; ``Ks = 1`` (a type bias) ignores the position."""
+        return types * Ks + (at if Ks > 1 else torch.zeros_like(at))
 
     def _typed_deltas(self, y, rest, dtype) -> torch.Tensor:
         """``(B, E, 4)`` ``Delta(l_c - l_p - r_{e, t_e})`` of labels ``y (B, V + E)``."""
@@ -198,13 +206,12 @@ class MixtureSpatialTree(SpatialTree):
         par, ch = self._edges(y.device)
         for scores, at in ((pot.child_scores, pos[:, ch]), (pot.parent_scores, pos[:, par])):
             if scores is not None:
-                at = at if scores.shape[3] > 1 else torch.zeros_like(at)
-                flat = scores.reshape(B, E, -1).gather(2, (types * scores.shape[3] + at).unsqueeze(2))
+                idx = self._typed_positions(types, at, scores.shape[3])
+                flat = scores.reshape(B, E, -1).gather(2, idx.unsqueeze(2))
                 s = s + flat.squeeze(2).sum(1).to(s.dtype)
         if pot.cooccurrence is not None:
-            pair = self._types_above(types) * self.num_types + types  # (B, E)
             c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
-            s = s + c.gather(2, pair.unsqueeze(2)).squeeze(2).sum(1).to(s.dtype)
+            s = s + c.gather(2, self._type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(s.dtype)
         return s
 
     def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
@@ -249,14 +256,12 @@ class MixtureSpatialTree(SpatialTree):
         for slot, at in ((3, pos[:, ch]), (4, pos[:, par])):
             if needs[slot] and pot[slot] is not None:
                 Ks = pot[slot].shape[3]  # K, or 1 for a type bias
-                at = at if Ks > 1 else torch.zeros_like(at)
                 g = torch.zeros(B, E, T * Ks, dtype=dtype, device=y.device)
-                g.scatter_(2, (types * Ks + at).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+                g.scatter_(2, self._typed_positions(types, at, Ks).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
                 out[slot] = g.view(B, E, T, Ks)
         if len(needs) > 5 and needs[5] and pot.cooccurrence is not None:
             g = torch.zeros(B, E, T * T, dtype=dtype, device=y.device)
-            pair = self._types_above(types) * T + types
-            g.scatter_(2, pair.unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+            g.scatter_(2, self._type_pairs(types).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
             out[5] = g.view(B, E, T, T).sum(0) if pot.cooccurrence.dim() == 3 else g.view(B, E, T, T)
         return tuple(out)
 

@@ -68,6 +68,8 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
     clustering comes from the training set) and the test set's ``type_maps`` when the problem has them.
     """
 
+    _theta = MixtureTreeTheta
+
     def __init__(self, dataset, num_types: int, *, types: Optional[EdgeTypes] = None, cooccurrence: bool = False,
                  loss: str = "truncated", unit: Optional[float] = None, type_scale: Optional[float] = None,
                  backend: str = "auto", seed: int = 0):
@@ -155,9 +157,6 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         return MixtureTreePotentials(torch.einsum("bvfl,vf->bvl", features, wu), wp * self.per_pixel, self.rest,
                                      child, None, wc * self.type_scale if self.C else None)
 
-    def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> MixtureTreeTheta:
-        return MixtureTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
-
     def labels_score(self, theta: MixtureTreeTheta, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, L = labels.shape
         V, E = self.V, self.E
@@ -169,13 +168,11 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         delta = self.structure._typed_deltas(lab, self.rest, self.dtype)
         edge = -(pot.weights[e, types] * delta).sum(2)  # (B C, E)
         cs = pot.child_scores  # (B, E, T, 1) a bias, or (B, E, T, H*W) with type maps
-        Ks = cs.shape[3]
-        at = lab[:, self.structure._edge_child.to(lab.device)] if Ks > 1 else torch.zeros_like(types)
-        flat = (types * Ks + at).view(B, C, E).transpose(1, 2)  # (B, E, C)
+        at = lab[:, self.structure._edge_child.to(lab.device)]
+        flat = self.structure._typed_positions(types, at, cs.shape[3]).view(B, C, E).transpose(1, 2)  # (B, E, C)
         typed = cs.reshape(B, E, -1).gather(2, flat).sum(1)  # (B, C)
         if self.C:  # shared (E, T, T) scores of (type above, own type)
-            pair = self.structure._types_above(types) * self.T + types  # (B C, E)
-            typed = typed + pot.cooccurrence.reshape(E, -1)[e, pair].sum(1).view(B, C)
+            typed = typed + pot.cooccurrence.reshape(E, -1)[e, self.structure._type_pairs(types)].sum(1).view(B, C)
         return s + edge.sum(1).view(B, C) + typed
 
     def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None,
@@ -194,10 +191,11 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         parts = [unary, onehot.reshape(B, -1)]
         if self.M:
             maps = self.type_maps[idx] if type_maps is None else type_maps.to(self.dtype)
-            at = types * maps.shape[3] + labels[:, self.structure._edge_child.to(labels.device)]
+            at = self.structure._typed_positions(types, labels[:, self.structure._edge_child.to(labels.device)],
+                                                 maps.shape[3])
             parts.append(maps.reshape(B, E, -1).gather(2, at.unsqueeze(2)).squeeze(2))  # maps[e, t_e, l_c]
         if self.C:
-            pair = self.structure._types_above(types) * T + types
             cooc = torch.zeros(B, E, T * T, dtype=self.dtype, device=x.device)
-            parts.append(cooc.scatter_(2, pair.unsqueeze(2), self.type_scale).reshape(B, -1))
+            parts.append(cooc.scatter_(2, self.structure._type_pairs(types).unsqueeze(2), self.type_scale)
+                         .reshape(B, -1))
         return torch.cat(parts + [deform.reshape(B, -1)], 1)

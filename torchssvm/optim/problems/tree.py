@@ -56,6 +56,8 @@ class SpatialTreeProblem(DualProblem):
     ``w`` is written to ``self.weight`` by the solvers; `weights` splits it into ``(w_U, w_P)``.
     """
 
+    _theta = SpatialTreeTheta  # what `potentials` returns
+
     def __init__(self, dataset, *, rest: Optional[torch.Tensor] = None, loss: str = "truncated",
                  unit: Optional[float] = None, backend: str = "auto"):
         for attr in ("parents", "features", "positions", "rest", "scale", "height", "width"):
@@ -141,7 +143,7 @@ class SpatialTreeProblem(DualProblem):
         return (feats,)
 
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> SpatialTreeTheta:
-        return SpatialTreeTheta(w, self._pot(w, *(t[idx] for t in self._inputs())))
+        return self._theta(w, self._pot(w, *(t[idx] for t in self._inputs())))
 
     def _check_convex(self, pot) -> None:
         """A ValueError naming the edges whose quadratic weights (``w_P[..., 1]``, ``w_P[..., 3]`` of shared
