@@ -79,8 +79,10 @@ def distance_transform_1d_triton(f: torch.Tensor, a: torch.Tensor, b: torch.Tens
     if R == 0 or n == 0:
         return out, arg
     scratch = torch.empty(R, n, dtype=torch.long, device=f.device)
+    # One warp per row: the envelope loops are scalar and every warp of a program would repeat them, so more
+    # warps add no speed and only lower how many rows an SM keeps in flight.
     _gdt_1d_kernel[(R,)](
         f, a.to(f.dtype).contiguous(), b.to(f.dtype).contiguous(), r.to(f.dtype).contiguous(),
-        scratch, out, arg, n, BLOCK=triton.next_power_of_2(n),
+        scratch, out, arg, n, BLOCK=triton.next_power_of_2(n), num_warps=1,
     )
     return out, arg

@@ -1,14 +1,26 @@
-"""CUDA tests: the Triton kernel and the torch twin on the GPU. Skipped without CUDA."""
+"""CUDA tests: the Triton kernels against their torch twins on the GPU and against the CPU, the hinge loss,
+the dual solvers (chains and pictorial structures) and the CLI on CUDA. Skipped without CUDA.
+
+``TORCHSSVM_GPU_TESTS_DEVICE=cpu TRITON_INTERPRET=1 pytest tests/test_gpu.py`` runs the same tests with the
+CPU standing in for the GPU (Triton interpreted): a dry run of the tests' own code before a GPU is lent.
+"""
+
+import dataclasses
+import os
 
 import pytest
 import torch
-from torchssvm.kernels import viterbi_torch
+from torchssvm.kernels import mixture_tree_max_sum, spatial_tree_max_sum, tree_max_sum, viterbi_torch
 
 import torchssvm as ts
 
+DEVICE = torch.device(os.environ.get("TORCHSSVM_GPU_TESTS_DEVICE", "cuda"))
+
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="the CPU dry run needs TRITON_INTERPRET=1"),
 ]
 
 
@@ -18,10 +30,10 @@ def test_triton_equals_torch_on_cuda(B, T, K, per_position):
     from torchssvm.kernels.viterbi_triton import viterbi_triton
 
     g = torch.Generator().manual_seed(K)
-    unary = torch.randint(-3, 4, (B, T, K), generator=g).float().cuda()
-    trans = torch.randint(-3, 4, (B, T - 1, K, K) if per_position else (K, K), generator=g).float().cuda()
-    start, end = torch.randn(K, generator=g).cuda(), torch.randn(K, generator=g).cuda()
-    lengths = torch.randint(1, T + 1, (B,), generator=g).cuda()
+    unary = torch.randint(-3, 4, (B, T, K), generator=g).float().to(DEVICE)
+    trans = torch.randint(-3, 4, (B, T - 1, K, K) if per_position else (K, K), generator=g).float().to(DEVICE)
+    start, end = torch.randn(K, generator=g).to(DEVICE), torch.randn(K, generator=g).to(DEVICE)
+    lengths = torch.randint(1, T + 1, (B,), generator=g).to(DEVICE)
     a = viterbi_torch(unary, trans, start, end, lengths)
     b = viterbi_triton(unary, trans, start, end, lengths)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -37,10 +49,10 @@ def test_hinge_on_cuda_matches_cpu():
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     chain = ts.Chain(K)
     cpu_pot = ts.ChainPotentials(*(None if t is None else t.clone().requires_grad_() for t in pot))
-    gpu_pot = ts.ChainPotentials(*(None if t is None else t.cuda().requires_grad_() for t in pot))
+    gpu_pot = ts.ChainPotentials(*(None if t is None else t.to(DEVICE).requires_grad_() for t in pot))
     cpu_loss = ts.StructuredHingeLoss(chain)(cpu_pot, y, lengths)
     cpu_loss.backward()
-    loss = ts.StructuredHingeLoss(chain)(gpu_pot, y.cuda(), lengths.cuda())  # auto: Triton on CUDA
+    loss = ts.StructuredHingeLoss(chain)(gpu_pot, y.to(DEVICE), lengths.to(DEVICE))  # auto: Triton on CUDA
     loss.backward()
     assert float(loss) == pytest.approx(float(cpu_loss), rel=1e-5)
     assert torch.allclose(gpu_pot.unary.grad.cpu(), cpu_pot.unary.grad)
@@ -50,7 +62,7 @@ def test_hinge_on_cuda_matches_cpu():
 def test_demo_training_on_cuda(tmp_path):
     from torchssvm.cli import main
 
-    assert main(["demo", "--epochs", "1", "--device", "cuda", "--logdir", str(tmp_path)]) == 0
+    assert main(["demo", "--epochs", "1", "--device", DEVICE.type, "--logdir", str(tmp_path)]) == 0
 
 
 def test_deep_examples_on_cuda(tmp_path):
@@ -64,16 +76,16 @@ def test_deep_examples_on_cuda(tmp_path):
         spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        assert mod.main(["--epochs", "1", "--limit", "64", "--root", data, "--device", "cuda",
+        assert mod.main(["--epochs", "1", "--limit", "64", "--root", data, "--device", DEVICE.type,
                          "--logdir", str(tmp_path)])
 
 
 def test_autocast_on_cuda():
-    model = torch.nn.Linear(8, 5).cuda()
-    transition = torch.nn.Parameter(torch.zeros(5, 5, device="cuda"))
-    x = torch.randn(4, 6, 8, device="cuda")
-    y = torch.randint(0, 5, (4, 6), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    model = torch.nn.Linear(8, 5).to(DEVICE)
+    transition = torch.nn.Parameter(torch.zeros(5, 5, device=DEVICE))
+    x = torch.randn(4, 6, 8, device=DEVICE)
+    y = torch.randint(0, 5, (4, 6), device=DEVICE)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         loss = ts.StructuredHingeLoss(ts.Chain(5))(ts.ChainPotentials(model(x), transition), y)
     loss.backward()
     assert transition.grad.dtype == torch.float32 and model.weight.grad is not None
@@ -97,7 +109,7 @@ def test_bcfw_on_cuda_matches_cpu():
     """Uniform BCFW on CUDA tensors follows the CPU trajectory (same samples, no near-ties; float64 sums in
     another order) and keeps the gap identity."""
     ds = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0)
-    runs = [_bcfw_on(device, ds, 3, lam=0.5, gap_check_every=2)[0].w.cpu() for device in ("cpu", "cuda")]
+    runs = [_bcfw_on(device, ds, 3, lam=0.5, gap_check_every=2)[0].w.cpu() for device in ("cpu", DEVICE.type)]
     torch.testing.assert_close(runs[0], runs[1], rtol=1e-9, atol=1e-9)
 
 
@@ -108,7 +120,7 @@ def test_bcfw_pairwise_cache_on_cuda_certifies_the_cpu_optimum():
     the primal values differ by at most the larger certified gap."""
     ds = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0)
     kw = {"lam": 0.5, "gap_check_every": 2, "sampling": "gap", "step": "pairwise", "cache_size": 4, "batch_size": 8}
-    res = [_bcfw_on(device, ds, max_passes=40, **kw)[1] for device in ("cpu", "cuda")]
+    res = [_bcfw_on(device, ds, max_passes=40, **kw)[1] for device in ("cpu", DEVICE.type)]
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
 
 
@@ -122,8 +134,8 @@ def test_box_qp_newton_on_cuda_equals_cpu():
         H, c = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64)
         u = torch.rand(B, generator=g, dtype=torch.float64)
         cpu = box_qp(c, H, u)
-        gpu = box_qp(c.cuda(), H.cuda(), u.cuda())
-        assert gpu.is_cuda
+        gpu = box_qp(c.to(DEVICE), H.to(DEVICE), u.to(DEVICE))
+        assert gpu.device.type == DEVICE.type
         f_cpu, f_gpu = float(qp_objective(c, H, cpu)), float(qp_objective(c, H, gpu.cpu()))
         assert abs(f_cpu - f_gpu) <= 1e-10 * (1 + abs(f_cpu))
 
@@ -133,9 +145,9 @@ def test_minibatch_bcfw_on_cuda_matches_cpu():
     CPU run: same samples, the QP's optimum on both (to rounding), the gap identity on both."""
     ds = ts.data.synthetic_chain("train", 200, num_labels=5, num_features=8, seed=1)
     res = []
-    for device in ("cpu", "cuda"):
+    for device in ("cpu", DEVICE.type):
         s, g = _bcfw_on(device, ds, 5, lam=0.1, batch_size=32)
-        assert s.z.is_cuda == (device == "cuda") and s.w.is_cuda == (device == "cuda")
+        assert s.z.device.type == device and s.w.device.type == device
         res.append(g)
     assert abs(res[0]["dual"] - res[1]["dual"]) <= 1e-7 * (1 + abs(res[0]["dual"]))
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
@@ -144,7 +156,8 @@ def test_minibatch_bcfw_on_cuda_matches_cpu():
 def test_train_dual_solver_on_cuda(tmp_path, capsys):
     from torchssvm.cli import main
 
-    assert main(["demo", "--passes", "2", "--block-batch", "64", "--device", "cuda", "--logdir", str(tmp_path)]) == 0
+    argv = ["demo", "--passes", "2", "--block-batch", "64", "--device", DEVICE.type, "--logdir", str(tmp_path)]
+    assert main(argv) == 0
     assert "gap" in capsys.readouterr().out
 
 
@@ -153,15 +166,161 @@ def test_slack_triton_equals_torch_on_cuda(B, T, K, per_position):
     from torchssvm.kernels import slack_viterbi
 
     g = torch.Generator().manual_seed(K)
-    unary = torch.randint(-3, 4, (B, T, K), generator=g).float().cuda()
-    trans = torch.randint(-3, 4, (B, T - 1, K, K) if per_position else (K, K), generator=g).float().cuda()
-    start, end = torch.randn(K, generator=g).cuda(), torch.randn(K, generator=g).cuda()
-    lengths = torch.randint(1, T + 1, (B,), generator=g).cuda()
-    target = torch.randint(0, K, (B, T), generator=g).cuda()
-    target[torch.arange(T, device="cuda").unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+    unary = torch.randint(-3, 4, (B, T, K), generator=g).float().to(DEVICE)
+    trans = torch.randint(-3, 4, (B, T - 1, K, K) if per_position else (K, K), generator=g).float().to(DEVICE)
+    start, end = torch.randn(K, generator=g).to(DEVICE), torch.randn(K, generator=g).to(DEVICE)
+    lengths = torch.randint(1, T + 1, (B,), generator=g).to(DEVICE)
+    target = torch.randint(0, K, (B, T), generator=g).to(DEVICE)
+    target[torch.arange(T, device=DEVICE).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
     cost = 1.0 / lengths.float()
     gold = ts.Chain(K).score(ts.ChainPotentials(unary, trans, start, end), target, lengths)
     args = (unary, trans, start, end, lengths, target, cost, gold)
     a = slack_viterbi(*args, backend="torch")
     b = slack_viterbi(*args, backend="triton")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# -- trees: explicit tables, pictorial structures, mixtures --------------------------------------------------
+TREE = [-1, 0, 0, 1, 1, 2, 5, 5, 3]  # 9 nodes, depth 4, levels of 1 to 3 edges
+
+
+def _small_ints(g, *shape, lo=-3, hi=4, dtype=torch.float32):
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("K,shared,dtype", [(3, True, torch.float32), (70, False, torch.float32),
+                                            (300, True, torch.float64)])
+def test_tree_triton_equals_torch_on_cuda(K, shared, dtype):
+    """Explicit tables: only additions and maxima, so the Triton kernel on the device, the torch twin on the
+    device and the torch twin on the CPU agree bitwise, ties (small integers) and real values alike."""
+    g = torch.Generator().manual_seed(K)
+    B, V = 16, len(TREE)
+    for integer in (True, False):
+        def draw(*shape, integer=integer):
+            return _small_ints(g, *shape, dtype=dtype) if integer else torch.randn(*shape, generator=g).to(dtype)
+
+        unary = draw(B, V, K)
+        pairwise = draw(V - 1, K, K) if shared else draw(B, V - 1, K, K)
+        ref = tree_max_sum(unary, pairwise, TREE, backend="torch")
+        for backend in ("torch", "triton"):
+            out = tree_max_sum(unary.to(DEVICE), pairwise.to(DEVICE), TREE, backend=backend)
+            assert out[0].device.type == DEVICE.type
+            assert torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1]), (backend, integer)
+
+
+def _pose_potentials(side, B, dtype, *, exact):
+    """26-part `synthetic_pose` potentials on ``side x side``: detector maps as unaries (rounded to multiples
+    of 1/64 with ``exact``), dyadic deformation weights per example, rest offsets rounded to half-integers. With
+    ``exact`` every sum and product is exact in float32, so any order of operations (FMA or not) agrees."""
+    from torchssvm.data.pose import POSE_PARENTS
+    from torchssvm.structures.tree import SpatialTreePotentials
+
+    d = ts.data.synthetic_pose("train", B, height=side, width=side, num_features=1, seed=side)
+    g = torch.Generator().manual_seed(side)
+    unary = d.features[:, :, 0].to(dtype)
+    if exact:
+        unary = (unary * 64).round() / 64
+    E = len(POSE_PARENTS) - 1
+    weights = torch.stack([_small_ints(g, B, E, lo=-2, hi=3, dtype=dtype) / 16,
+                           _small_ints(g, B, E, lo=1, hi=5, dtype=dtype) / 32,
+                           _small_ints(g, B, E, lo=-2, hi=3, dtype=dtype) / 16,
+                           _small_ints(g, B, E, lo=1, hi=5, dtype=dtype) / 32], dim=2)
+    rest = ((d.rest * 2).round() / 2).to(dtype)
+    return ts.SpatialTree(POSE_PARENTS, side, side), SpatialTreePotentials(unary, weights, rest), d
+
+
+def _on(pot, device):
+    return type(pot)(*(None if t is None else t.to(device) for t in pot))
+
+
+@pytest.mark.parametrize("side", [8, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spatial_tree_triton_equals_torch_on_cuda(side, dtype):
+    """Distance transforms on the 26-part tree, exact (dyadic) potentials: the Triton kernels on the device,
+    the torch twin on the device and on the CPU give the same positions and values, ties included."""
+    tree, pot, _ = _pose_potentials(side, 8, dtype, exact=True)
+    args = (tree.parents, side, side)
+    ref = spatial_tree_max_sum(pot.unary, pot.weights, pot.rest, *args, backend="torch")
+    dev = _on(pot, DEVICE)
+    for backend in ("torch", "triton"):
+        out = spatial_tree_max_sum(dev.unary, dev.weights, dev.rest, *args, backend=backend)
+        assert torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1]), backend
+
+
+def test_spatial_tree_real_valued_float32_on_cuda_is_optimal():
+    """Real-valued float32 maps: the device may round differently (fused multiply-adds), so the check is on
+    optimality: the value is the CPU's float64 optimum to float32 rounding, and the returned positions score
+    it in float64."""
+    tree, pot, _ = _pose_potentials(32, 8, torch.float32, exact=False)
+    best = tree.max_oracle(type(pot)(*(t.double() for t in pot)), backend="torch")
+    pos, value = tree.max_oracle(_on(pot, DEVICE), backend="triton")
+    exact = tree.score(type(pot)(*(t.double() for t in pot)), pos.cpu())
+    torch.testing.assert_close(value.cpu().double(), best[1], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(exact, best[1], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("cooccurrence", [False, True])
+def test_mixture_tree_triton_equals_torch_on_cuda(cooccurrence):
+    """T = 3 deformation types per edge with type scores at both ends (and co-occurrence of consecutive
+    edges' types), exact dyadic potentials on 12 x 12: device Triton = device torch = CPU torch."""
+    from torchssvm.data.pose import POSE_PARENTS
+
+    g = torch.Generator().manual_seed(5)
+    B, V, H, W, T = 4, len(POSE_PARENTS), 12, 12, 3
+    E, K = V - 1, H * W
+    unary = _small_ints(g, B, V, K)
+    weights = torch.stack([_small_ints(g, B, E, T, lo=-2, hi=3) / 16, _small_ints(g, B, E, T, lo=1, hi=5) / 32,
+                           _small_ints(g, B, E, T, lo=-2, hi=3) / 16, _small_ints(g, B, E, T, lo=1, hi=5) / 32], 3)
+    rest = _small_ints(g, E, T, 2) / 2
+    child, parent = _small_ints(g, B, E, T, K), _small_ints(g, B, E, T, 1)
+    cooc = _small_ints(g, E, T, T) / 4 if cooccurrence else None
+    tensors = (unary, weights, rest, child, parent, cooc)
+    ref = mixture_tree_max_sum(*tensors[:3], POSE_PARENTS, H, W, *tensors[3:], backend="torch")
+    dev = [None if t is None else t.to(DEVICE) for t in tensors]
+    for backend in ("torch", "triton"):
+        out = mixture_tree_max_sum(*dev[:3], POSE_PARENTS, H, W, *dev[3:], backend=backend)
+        for a, b in zip(out, ref):
+            assert torch.equal(a.cpu(), b), backend
+
+
+def test_spatial_tree_loss_augmented_on_cuda_is_optimal():
+    """The BCFW oracle (unary + truncated LSP loss) with the default backend on the device (Triton on CUDA),
+    float64, real-valued maps: its value is the CPU's optimum, and the returned positions attain it
+    (score + loss in float64). The loss table (a division by V) is not dyadic, so the check is on the value."""
+    tree, pot, d = _pose_potentials(16, 8, torch.float64, exact=False)
+    ref = tree.max_oracle(pot, d.positions, d.scale)
+    pos, value = tree.max_oracle(_on(pot, DEVICE), d.positions.to(DEVICE), d.scale.to(DEVICE))
+    attained = tree.score(pot, pos.cpu()) + tree.task_loss(pos.cpu(), d.positions, d.scale)
+    torch.testing.assert_close(value.cpu(), ref[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(attained, ref[1], rtol=1e-12, atol=1e-12)
+
+
+def test_pose_bcfw_with_positivity_box_on_cuda_matches_cpu():
+    """`SpatialTreeProblem` on device tensors: BCFW with the positivity box follows the CPU run (same samples,
+    unique maximizers with real-valued maps), keeps w_xx, w_yy >= 0 and the gap identity."""
+    from torchssvm.optim import BCFW, SpatialTreeProblem
+
+    train = ts.data.synthetic_pose("train", 6, height=10, width=10, seed=0)
+    res = []
+    for device in ("cpu", DEVICE.type):
+        ds = dataclasses.replace(train, features=train.features.to(device), positions=train.positions.to(device))
+        p = SpatialTreeProblem(ds)
+        s = BCFW(p, lam=0.1, box=p.positivity_box(), seed=0, gap_check_every=1, batch_size=3)
+        for _ in range(3):
+            s.step()
+            assert (p.weights(s.w)[1][:, 1::2] >= 0).all()
+        g = s.duality_gap()
+        assert s.w.device.type == device and abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+        res.append((s.w.cpu(), g))
+    torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-9, atol=1e-9)
+    assert abs(res[0][1]["dual"] - res[1][1]["dual"]) <= 1e-9 * (1 + abs(res[0][1]["dual"]))
+
+
+@pytest.mark.parametrize("types", [1, 3])
+def test_train_pose_on_cuda(tmp_path, capsys, types):
+    from torchssvm.cli import main
+
+    argv = ["train", "--data", "pose", "--num-train", "8", "--num-test", "4", "--grid", "12", "--passes", "2",
+            "--types", str(types), "--device", DEVICE.type, "--logdir", str(tmp_path)]
+    assert main(argv + (["--limb-modes", "3"] if types > 1 else [])) == 0
+    assert "gap" in capsys.readouterr().out

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU figures of issues 4 and 7 and the CUDA tests, in stages that each fit one 10-minute call of the lent
+# GPU machine (no network there; torch, triton, numba and matplotlib are preinstalled). Run from the repository
+# root there; results and logs go to $OUT (default /tmp/gpu_out). The data travel in .gpu_carry/data:
+#
+#   here, once:  mkdir -p .gpu_carry && cp -r ../shared/data .gpu_carry/ && echo /.gpu_carry/ >> .git/info/exclude
+#   each call:   bash scripts/gpu_session.sh STAGE        (carry: [".gpu_carry"])
+#
+# STAGE is one of
+#   tests  the CUDA tests (tests/test_gpu.py) and a smoke run of both benchmarks (about 3 min)
+#   tree   issue 7: python scripts/bench_tree.py --device cuda without the mixtures (26 parts at 32/64/128, distance
+#          transform against brute force; the target is <= 0.1 ms per image at 64x64)
+#   tree-mixture  the same with the mixture section (T = 3, 13 and the paper's 169), into $OUT/mixture
+#   bcfw   issue 4: time to a certified gap of 1e-3 on OCR-large, B = 64, 256, 1024 on the GPU, against the CPU's
+#          sequential run in docs/benchmarks/bcfw_time_to_gap.json (target: >= 50x less time)
+#   speed  issue 4: gap against passes and seconds by batch size on the GPU (bench_bcfw_speed.py --device cuda;
+#          B = 1 runs on the CPU: docs/benchmarks/bcfw_speed.md)
+# Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
+set -uo pipefail
+stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed}"
+OUT="${OUT:-/tmp/gpu_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export TORCHSSVM_DATA="${TORCHSSVM_DATA:-$PWD/.gpu_carry/data}"
+log="$OUT/$stage.log"
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+    # no index there: install without dependencies or build isolation (setuptools is preinstalled)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+    test -f "$TORCHSSVM_DATA/ocr/letters.npz" || echo "warning: no data under $TORCHSSVM_DATA (carry .gpu_carry)"
+} >"$log" 2>&1
+cat "$log"
+run() { echo "+ $*" | tee -a "$log"; timeout "${LIMIT:-570}" "$@" 2>&1 | tee -a "$log"; }
+case "$stage" in
+    tests)
+        LIMIT=300 run python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+        LIMIT=120 run python3 scripts/bench_tree.py --device cuda --quick --out "$OUT/smoke"
+        LIMIT=120 run python3 scripts/bench_bcfw_time_to_gap.py --device cuda --batch-sizes 256 --tol 0.3 \
+            --budget 20 --out "$OUT/smoke"
+        ;;
+    tree)
+        run python3 scripts/bench_tree.py --device cuda --out "$OUT" --types
+        ;;
+    tree-mixture)
+        run python3 scripts/bench_tree.py --device cuda --out "$OUT/mixture" --pair-types 13
+        ;;
+    bcfw)
+        run python3 scripts/bench_bcfw_time_to_gap.py --device cuda --budget 150 --out "$OUT"
+        ;;
+    speed)
+        run python3 scripts/bench_bcfw_speed.py --device cuda --batch-sizes 64 256 1024 --passes 20 --out "$OUT"
+        ;;
+    *)
+        echo "unknown stage $stage" >&2
+        exit 2
+        ;;
+esac
