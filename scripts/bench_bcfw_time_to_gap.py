@@ -79,9 +79,10 @@ def run(train, lam: float, B: int, tol: float, budget: float, device: torch.devi
 
 
 def _reference(results: dict, name: str, reference: dict | None):
-    """The sequential CPU run (B = 1) of ``name``: from this run's results on CPU, else from ``reference``."""
+    """The sequential CPU run (B = 1) of ``name`` at the same tolerance: from this run's results on CPU, else
+    from ``reference``."""
     for source in (results, reference):
-        if source and source["meta"]["device"] == "cpu":
+        if source and source["meta"]["device"] == "cpu" and source["meta"]["tol"] == results["meta"]["tol"]:
             base = next((r for r in source["settings"].get(name, []) if r["batch_size"] == 1), None)
             if base is not None:
                 return base, source["meta"]["machine"]
