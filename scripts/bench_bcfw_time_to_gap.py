@@ -30,27 +30,12 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import code_version, cpu_description, style_gap_axes
+from _bench_machine import code_version, style_gap_axes
+from bench_bcfw_speed import SETTINGS, load, machine  # the same data sets, lambdas and machine line
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
-SETTINGS = {"ocr-large": 1e-3, "conll": 1e-2}
 CONFIG = {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}
-
-
-def load(name: str):
-    import torchssvm as ts
-
-    if name == "ocr-large":
-        return ts.data.ocr("train", "large")
-    if name == "conll":
-        return ts.data.conll2000("train", "chunk", min_count=3)
-    raise ValueError(f"unknown data set {name!r}")
-
-
-def machine(device: torch.device) -> str:
-    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    return f"{cpu_description()}, {torch.get_num_threads()} torch threads; device {dev}; torch {torch.__version__}"
 
 
 def run(train, lam: float, B: int, tol: float, budget: float, device: torch.device, seed: int) -> dict:
