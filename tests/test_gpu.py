@@ -191,6 +191,16 @@ def _small_ints(g, *shape, lo=-3, hi=4, dtype=torch.float32):
     return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
 
+def _dyadic_weights(g, *shape, dtype=torch.float32):
+    """``(*shape, 4)`` deformation weights ``(w_x, w_xx, w_y, w_yy)``: multiples of 1/16 in [-1/8, 1/8] for the
+    linear terms, of 1/32 in [1/32, 1/8] for the quadratic ones (> 0: a convex cost)."""
+    linear, quadratic = {"lo": -2, "hi": 3}, {"lo": 1, "hi": 5}
+    return torch.stack([_small_ints(g, *shape, **linear, dtype=dtype) / 16,
+                        _small_ints(g, *shape, **quadratic, dtype=dtype) / 32,
+                        _small_ints(g, *shape, **linear, dtype=dtype) / 16,
+                        _small_ints(g, *shape, **quadratic, dtype=dtype) / 32], dim=-1)
+
+
 @pytest.mark.parametrize("K,shared,dtype", [(3, True, torch.float32), (70, False, torch.float32),
                                             (300, True, torch.float64)])
 def test_tree_triton_equals_torch_on_cuda(K, shared, dtype):
@@ -223,17 +233,13 @@ def _pose_potentials(side, B, dtype, *, exact):
     unary = d.features[:, :, 0].to(dtype)
     if exact:
         unary = (unary * 64).round() / 64
-    E = len(POSE_PARENTS) - 1
-    weights = torch.stack([_small_ints(g, B, E, lo=-2, hi=3, dtype=dtype) / 16,
-                           _small_ints(g, B, E, lo=1, hi=5, dtype=dtype) / 32,
-                           _small_ints(g, B, E, lo=-2, hi=3, dtype=dtype) / 16,
-                           _small_ints(g, B, E, lo=1, hi=5, dtype=dtype) / 32], dim=2)
+    weights = _dyadic_weights(g, B, len(POSE_PARENTS) - 1, dtype=dtype)
     rest = ((d.rest * 2).round() / 2).to(dtype)
     return ts.SpatialTree(POSE_PARENTS, side, side), SpatialTreePotentials(unary, weights, rest), d
 
 
-def _on(pot, device):
-    return type(pot)(*(None if t is None else t.to(device) for t in pot))
+def _to(pot, device_or_dtype):
+    return type(pot)(*(None if t is None else t.to(device_or_dtype) for t in pot))
 
 
 @pytest.mark.parametrize("side", [8, pytest.param(32, marks=GPU_SIZE)])
@@ -244,7 +250,7 @@ def test_spatial_tree_triton_equals_torch_on_cuda(side, dtype):
     tree, pot, _ = _pose_potentials(side, 2 if DRY_RUN else 8, dtype, exact=True)
     args = (tree.parents, side, side)
     ref = spatial_tree_max_sum(pot.unary, pot.weights, pot.rest, *args, backend="torch")
-    dev = _on(pot, DEVICE)
+    dev = _to(pot, DEVICE)
     for backend in ("torch", "triton"):
         out = spatial_tree_max_sum(dev.unary, dev.weights, dev.rest, *args, backend=backend)
         assert torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1]), backend
@@ -255,9 +261,10 @@ def test_spatial_tree_real_valued_float32_on_cuda_is_optimal():
     optimality: the value is the CPU's float64 optimum to float32 rounding, and the returned positions score
     it in float64."""
     tree, pot, _ = _pose_potentials(8 if DRY_RUN else 32, 2 if DRY_RUN else 8, torch.float32, exact=False)
-    best = tree.max_oracle(type(pot)(*(t.double() for t in pot)), backend="torch")
-    pos, value = tree.max_oracle(_on(pot, DEVICE), backend="triton")
-    exact = tree.score(type(pot)(*(t.double() for t in pot)), pos.cpu())
+    pot64 = _to(pot, torch.float64)
+    best = tree.max_oracle(pot64, backend="torch")
+    pos, value = tree.max_oracle(_to(pot, DEVICE), backend="triton")
+    exact = tree.score(pot64, pos.cpu())
     torch.testing.assert_close(value.cpu().double(), best[1], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(exact, best[1], rtol=1e-5, atol=1e-4)
 
@@ -273,8 +280,7 @@ def test_mixture_tree_triton_equals_torch_on_cuda(cooccurrence):
     B, V, H, W, T = (1, len(POSE_PARENTS), 4, 5, 3) if DRY_RUN else (4, len(POSE_PARENTS), 12, 12, 3)
     E, K = V - 1, H * W
     unary = _small_ints(g, B, V, K)
-    weights = torch.stack([_small_ints(g, B, E, T, lo=-2, hi=3) / 16, _small_ints(g, B, E, T, lo=1, hi=5) / 32,
-                           _small_ints(g, B, E, T, lo=-2, hi=3) / 16, _small_ints(g, B, E, T, lo=1, hi=5) / 32], 3)
+    weights = _dyadic_weights(g, B, E, T)
     rest = _small_ints(g, E, T, 2) / 2
     child, parent = _small_ints(g, B, E, T, K), _small_ints(g, B, E, T, 1)
     cooc = _small_ints(g, E, T, T) / 4 if cooccurrence else None
@@ -293,7 +299,7 @@ def test_spatial_tree_loss_augmented_on_cuda_is_optimal():
     (score + loss in float64). The loss table (a division by V) is not dyadic, so the check is on the value."""
     tree, pot, d = _pose_potentials(8 if DRY_RUN else 16, 2 if DRY_RUN else 8, torch.float64, exact=False)
     ref = tree.max_oracle(pot, d.positions, d.scale)
-    pos, value = tree.max_oracle(_on(pot, DEVICE), d.positions.to(DEVICE), d.scale.to(DEVICE))
+    pos, value = tree.max_oracle(_to(pot, DEVICE), d.positions.to(DEVICE), d.scale.to(DEVICE))
     attained = tree.score(pot, pos.cpu()) + tree.task_loss(pos.cpu(), d.positions, d.scale)
     torch.testing.assert_close(value.cpu(), ref[1], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(attained, ref[1], rtol=1e-12, atol=1e-12)
