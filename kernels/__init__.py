@@ -4,6 +4,9 @@
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
 The distance transforms (and so the spatial trees) also have a compiled CPU twin, ``"numba"``
 (`distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports.
+
+A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
+for sm_80 and sm_90 without a GPU (the interpreter never builds one).
 """
 
 from __future__ import annotations

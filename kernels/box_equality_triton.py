@@ -15,8 +15,10 @@ awkward, so the root of f is bracketed by bisection and the last step is exact, 
    bracket). The final bracket is at most ``2^-128`` of the kink spread or one float spacing wide, so a kink
    left inside it moves ``x`` by rounding only.
 
-Rows up to ``MAX_BLOCK`` entries live in registers. The bounds, sigma and d2 may be shared by all rows (row
-stride 0): they are read through strides, never copied per row.
+Rows up to ``MAX_BLOCK`` entries are spread over the program's threads (`simplex_triton.row_warps`). From
+4096 float64 entries on, the row vectors the bisection keeps no longer fit in registers and part of them
+spills to local memory. The bounds, sigma and d2 may be shared by all rows (row stride 0): they are read
+through strides, never copied per row.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .box_equality_torch import Bound
+from .simplex_triton import row_warps
 
 MAX_BLOCK = 1 << 14
 _HALVINGS = 128
@@ -126,8 +129,9 @@ def project_box_equality_triton(m: torch.Tensor, lower: Bound, upper: Bound, sig
     d = _strided(d2, m) if d2 is not None else m
     zt = z if isinstance(z, torch.Tensor) else torch.tensor(float(z), dtype=m.dtype, device=m.device)
     zt = zt.to(m.dtype).expand(B).contiguous()
+    block = triton.next_power_of_2(max(n, 2))
     _box_equality_kernel[(B,)](m, lo, hi, s, d, zt, out, n,
                                lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1), s.stride(0), s.stride(1),
                                d.stride(0), d.stride(1), HAS_D2=d2 is not None,
-                               BLOCK=triton.next_power_of_2(max(n, 2)), HALVINGS=_HALVINGS)
+                               BLOCK=block, HALVINGS=_HALVINGS, num_warps=row_warps(block))
     return out

@@ -65,9 +65,9 @@ def _gdt_1d_kernel(f_ptr, a_ptr, b_ptr, r_ptr, v_ptr, out_ptr, arg_ptr, n, BLOCK
                 adv = g1 > _gdt_value(tl.load(f_base + q0), a, b, r, p, q0)
                 k = tl.where(adv, k + 1, k)
                 cont = adv & (k < top)
-            q = tl.load(v_base + k)
-            tl.store(o_base + p, _gdt_value(tl.load(f_base + q), a, b, r, p, q))
-            tl.store(g_base + p, q)
+            qk = tl.load(v_base + k)
+            tl.store(o_base + p, _gdt_value(tl.load(f_base + qk), a, b, r, p, qk))
+            tl.store(g_base + p, qk)
 
 
 def distance_transform_1d_triton(f: torch.Tensor, a: torch.Tensor, b: torch.Tensor, r: torch.Tensor):

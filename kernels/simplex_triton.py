@@ -5,7 +5,7 @@ found by bisection on ``f(tau) = sum_j max(v_j - tau, 0)`` (decreasing, ``f(max 
 = 0``) for a fixed number of halvings, then made exact from the support: with ``S = {j : v_j > tau_lo}``,
 ``tau = (sum_S v_j - r) / |S|``. After 100 halvings of an interval of width ``r`` the bracket is below
 the float64 spacing, so ``S`` is the support up to entries equal to ``tau`` (which change nothing). Rows
-up to ``MAX_BLOCK`` entries live in registers.
+up to ``MAX_BLOCK`` entries are spread over the program's threads, at most 16 per thread (`row_warps`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ import triton.language as tl
 
 MAX_BLOCK = 1 << 14
 _HALVINGS = 100
+
+
+def row_warps(block: int) -> int:
+    """Warps for a program that holds a row of ``block`` entries: 4 up to 1024 entries, then one per 256 (at
+    most 32). With 4 warps a row of 8192 float64 entries spills registers to local memory on sm_80 and sm_90,
+    16384 entries by over a kilobyte per thread (`torchssvm.kernels.compile_check`, docs/benchmarks/
+    triton_compile.md); at one warp per 256 entries no row spills more than a few dozen bytes."""
+    return min(32, max(4, block // 256))
 
 
 @triton.jit
@@ -59,6 +67,7 @@ def project_simplex_triton(v: torch.Tensor, mask: Optional[torch.Tensor] = None,
     if radius is None:
         radius = torch.ones(B, dtype=v.dtype, device=v.device)
     m = mask.to(torch.int8).contiguous() if mask is not None else v
+    block = triton.next_power_of_2(max(M, 2))
     _simplex_kernel[(B,)](v, m, radius.to(v.dtype).contiguous(), out, M, HAS_MASK=mask is not None,
-                          BLOCK=triton.next_power_of_2(max(M, 2)), HALVINGS=_HALVINGS)
+                          BLOCK=block, HALVINGS=_HALVINGS, num_warps=row_warps(block))
     return out

@@ -138,6 +138,7 @@ def slack_viterbi_triton(
         T, K, E, trans_sb, trans_st,
         HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position,
         BLOCK_E=block_e, BLOCK_K=block_k,
-        num_warps=4 if block_e * block_k <= 4096 else 8,
+        # At most 16 tile entries per thread: with 4 warps a 64 x 64 tile already spills (compile_check).
+        num_warps=min(16, max(4, block_e * block_k // 512)),
     )
     return labels, value

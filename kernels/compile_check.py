@@ -1,0 +1,418 @@
+"""Compile every Triton kernel for NVIDIA GPUs ahead of time, on a machine without one.
+
+The Triton interpreter (``TRITON_INTERPRET=1``, how CI runs the kernels) executes the Python body of a kernel
+with numpy; it never builds the kernel's IR, so code that the GPU compiler rejects passes there. One example:
+a loop variable reused after its loop with another integer width is an error only in the compiler. This
+module closes that gap without a GPU:
+
+1. *Record*: run each kernel's Python wrapper (``viterbi_triton``, ``spatial_tree_max_sum_triton``, ...) on
+   CPU tensors at the shapes of `WORKLOADS`, with `triton.runtime.jit.JITFunction.run` replaced by a recorder.
+   The recorder keeps what the launch would hand to the compiler (argument types, ``constexpr`` values,
+   ``num_warps``, the grid) and, instead of running, fills the arguments the kernel writes (`OUTPUTS`) with
+   zeros: valid indices, so wrappers that read a launch's output carry on.
+2. *Compile* each distinct launch to a cubin with Triton's own pipeline (`triton.compile` with a
+   `GPUTarget`; ``ptxas`` ships inside the Triton wheel) for each target architecture.
+3. *Check the launch limits* a GPU enforces only when the kernel is loaded: registers per thread (255) and per
+   block (65,536), shared memory per block (the opt-in maximum of the architecture), grid extents.
+   ``cuobjdump --dump-resource-usage`` (also in the wheel) gives registers, the per-thread stack frame
+   (registers spilled to local memory; these kernels keep no local arrays, so a non-zero frame means spills)
+   and static shared memory; the compiler's metadata gives the dynamic shared memory.
+
+Launches are compiled without the divisibility specialisation the JIT adds for 16-byte-aligned pointers and
+sizes, so the figures are those of the generic variant; the JIT's variants differ only in vector widths.
+
+Command line: ``python -m torchssvm.kernels.compile_check [--arch 80 90] [--json PATH]`` (about 10 s); it exits
+non-zero when a kernel fails to compile, exceeds a limit, or a Triton kernel of this package has no workload.
+It must run without ``TRITON_INTERPRET=1`` (under the interpreter ``triton.jit`` builds no compilable kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+TRITON_MODULES = ("box_equality_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
+                  "tree_triton", "viterbi_triton")
+
+# Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
+MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
+MAX_REGS_PER_THREAD = 255
+MAX_REGS_PER_BLOCK = 65_536
+MAX_GRID = (2 ** 31 - 1, 65_535, 65_535)
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+           torch.bool: "i1"}
+
+
+# The arguments each kernel writes. The recorder zeroes them in place of running the kernel, so that a wrapper
+# that reads a launch's output (the trees backtrack through argmax indices) gets valid values.
+OUTPUTS = {
+    "_box_equality_kernel": ("out_ptr",),
+    "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
+    "_simplex_kernel": ("out_ptr",),
+    "_slack_viterbi_kernel": ("bp_ptr", "alpha_ptr", "out_ptr", "value_ptr"),
+    "_tree_level_kernel": ("msg_ptr", "arg_ptr"),
+    "_viterbi_kernel": ("bp_ptr", "alpha_ptr", "out_ptr", "score_ptr"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What one kernel launch hands to the compiler: argument types (``"*fp32"``, ``"i32"``, ``"constexpr"``),
+    ``constexpr`` values and compile options; plus the grid, for the limit check."""
+
+    module: str
+    kernel: str
+    signature: Tuple[Tuple[str, str], ...]
+    constexprs: Tuple[Tuple[str, object], ...]
+    options: Tuple[Tuple[str, object], ...]
+
+    def describe(self) -> str:
+        types = sorted({t[1:] for _, t in self.signature if t.startswith("*") and t[1:] in ("fp32", "fp64")})
+        const = ", ".join(f"{k}={v}" for k, v in self.constexprs)
+        opts = ", ".join(f"{k}={v}" for k, v in self.options)
+        return "; ".join(s for s in ("/".join(types), const, opts) if s)
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One launch compiled for one architecture (``arch``: compute capability, 90 for sm_90)."""
+
+    launch: Launch
+    workloads: List[str]
+    grids: List[Tuple[int, int, int]]
+    arch: int
+    ok: bool
+    error: str = ""
+    seconds: float = 0.0
+    num_warps: int = 0
+    registers: int = 0
+    stack_bytes: int = 0
+    shared_bytes: int = 0
+    problems: List[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["launch"] = {"module": self.launch.module, "kernel": self.launch.kernel,
+                         "signature": dict(self.launch.signature),
+                         "constexprs": {k: v for k, v in self.launch.constexprs},
+                         "options": {k: v for k, v in self.launch.options}, "describe": self.launch.describe()}
+        return out
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _DTYPES:
+            raise TypeError(f"no Triton pointer type for {value.dtype}")
+        return "*" + _DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton argument type for {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[List[Tuple[Launch, Tuple[int, int, int]]]]:
+    """Replace `JITFunction.run` by a recorder for the duration; yields the list it appends
+    ``(Launch, grid)`` to."""
+    from triton.runtime.jit import JITFunction
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compile_check must run without TRITON_INTERPRET=1: the interpreter builds no "
+                           "compilable kernel")
+    launches: List[Tuple[Launch, Tuple[int, int, int]]] = []
+    original = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        names = [p.name for p in self.params]
+        options = {k: v for k, v in kwargs.items() if k not in names}
+        bound = inspect.signature(self.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in names})
+        bound.apply_defaults()
+        signature, constexprs = [], []
+        for p in self.params:
+            value = bound.arguments[p.name]
+            if p.is_constexpr:
+                signature.append((p.name, "constexpr"))
+                constexprs.append((p.name, value))
+            else:
+                signature.append((p.name, _arg_type(value)))
+                if p.name in OUTPUTS.get(self.fn.__name__, ()):
+                    value.zero_()
+        g = grid(bound.arguments) if callable(grid) else grid
+        g = tuple(int(x) for x in g) + (1,) * (3 - len(g))
+        launches.append((Launch(self.fn.__module__.rsplit(".", 1)[-1], self.fn.__name__, tuple(signature),
+                                tuple(constexprs), tuple(sorted(options.items()))), g))
+
+    JITFunction.run = record
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original
+
+
+# ---------------------------------------------------------------------------------------------- workloads
+# Each builds CPU inputs and calls one wrapper. Together they reach every kernel and every branch that changes
+# a constexpr or num_warps, at the shapes of the tests and benchmarks (the largest each kernel takes).
+
+def _chain(B, T, K, dtype, per_position=False, start_end=True):
+    g = torch.Generator().manual_seed(0)
+    unary = torch.randn(B, T, K, generator=g, dtype=dtype)
+    transition = torch.randn(*((B, T - 1) if per_position else ()), K, K, generator=g, dtype=dtype)
+    se = torch.randn(K, generator=g, dtype=dtype) if start_end else None
+    return unary, transition, se, se, torch.full((B,), T, dtype=torch.long)
+
+
+def _viterbi(B, T, K, dtype, **kw):
+    def run():
+        from .viterbi_triton import viterbi_triton
+
+        viterbi_triton(*_chain(B, T, K, dtype, **kw))
+    return run
+
+
+def _slack(B, T, K, dtype, **kw):
+    def run():
+        from .slack_chain_triton import slack_viterbi_triton
+
+        args = _chain(B, T, K, dtype, **kw)
+        target = torch.zeros(B, T, dtype=torch.long)
+        slack_viterbi_triton(*args, target, torch.ones(B, dtype=dtype), torch.zeros(B, dtype=dtype))
+    return run
+
+
+def _simplex(B, M, dtype, masked):
+    def run():
+        from .simplex_triton import project_simplex_triton
+
+        v = torch.randn(B, M, dtype=dtype)
+        project_simplex_triton(v, torch.ones(B, M, dtype=torch.bool) if masked else None)
+    return run
+
+
+def _box(B, n, dtype, d2):
+    def run():
+        from .box_equality_triton import project_box_equality_triton
+
+        m = torch.randn(B, n, dtype=dtype)
+        project_box_equality_triton(m, 0.0, 1.0, torch.ones(n, dtype=dtype), 1.0,
+                                    torch.ones(B, n, dtype=dtype) if d2 else None)
+    return run
+
+
+def _tree(B, K, dtype, shared):
+    def run():
+        from .tree_triton import tree_max_sum_triton
+
+        parents = (-1, 0, 0, 1, 1, 2)
+        unary = torch.randn(B, len(parents), K, dtype=dtype)
+        pairwise = torch.randn(*(() if shared else (B,)), len(parents) - 1, K, K, dtype=dtype)
+        tree_max_sum_triton(unary, pairwise, parents)
+    return run
+
+
+def _spatial(B, side, dtype):
+    def run():
+        from torchssvm.data.pose import POSE_PARENTS
+
+        from .tree_triton import spatial_tree_max_sum_triton
+
+        E = len(POSE_PARENTS) - 1
+        unary = torch.randn(B, len(POSE_PARENTS), side * side, dtype=dtype)
+        weights = torch.tensor([0.0, 0.1, 0.0, 0.1], dtype=dtype).expand(E, 4)
+        spatial_tree_max_sum_triton(unary, weights, torch.zeros(E, 2, dtype=dtype), POSE_PARENTS, side, side)
+    return run
+
+
+f32, f64 = torch.float32, torch.float64
+WORKLOADS: Dict[str, Callable[[], None]] = {
+    "viterbi OCR (32,14,26)": _viterbi(32, 14, 26, f32),
+    "viterbi CoNLL (512,100,45) float64": _viterbi(512, 100, 45, f64),
+    "viterbi per-position, no start/end (8,20,26)": _viterbi(8, 20, 26, f32, per_position=True, start_end=False),
+    "viterbi tiled K=300 (8,50,300)": _viterbi(8, 50, 300, f32),
+    "viterbi tiled K=300 float64": _viterbi(8, 50, 300, f64),
+    "slack chain OCR (32,14,26)": _slack(32, 14, 26, f32),
+    "slack chain (8,100,45) float64": _slack(8, 100, 45, f64),
+    "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),
+    "simplex M=26": _simplex(64, 26, f32, False),
+    "simplex M=26 masked float64": _simplex(64, 26, f64, True),
+    "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),
+    "simplex M=16384 masked float64": _simplex(4, 1 << 14, f64, True),
+    "box-equality n=26": _box(64, 26, f32, False),
+    "box-equality n=26 float64 with d2": _box(64, 26, f64, True),
+    "box-equality n=16384 (largest row)": _box(4, 1 << 14, f32, False),
+    "box-equality n=16384 float64 with d2": _box(4, 1 << 14, f64, True),
+    "tree K=3 shared": _tree(4, 3, f32, True),
+    "tree K=70 per-example": _tree(4, 70, f32, False),
+    "tree K=300 shared float64": _tree(2, 300, f64, True),
+    "pose tree 32x32": _spatial(2, 32, f32),
+    "pose tree 64x64 float64": _spatial(1, 64, f64),
+    "pose tree 128x128": _spatial(1, 128, f32),
+}
+
+
+def record_workloads(names: Sequence[str]) -> Dict[Launch, Tuple[List[str], List[Tuple[int, int, int]]]]:
+    """Run the named workloads under the recorder: each distinct launch with the workloads and grids that
+    produced it."""
+    seen: Dict[Launch, Tuple[List[str], List[Tuple[int, int, int]]]] = {}
+    for name in names:
+        with recording() as launches:
+            WORKLOADS[name]()
+        for launch, grid in launches:
+            work, grids = seen.setdefault(launch, ([], []))
+            if name not in work:
+                work.append(name)
+            if grid not in grids:
+                grids.append(grid)
+    return seen
+
+
+def package_kernels() -> List[Tuple[str, str]]:
+    """``(module, kernel)`` for every launchable `@triton.jit` function of this package (names ending in
+    ``_kernel``; the others are device functions inlined into them)."""
+    from triton.runtime.jit import JITFunction
+
+    found = []
+    for mod_name in TRITON_MODULES:
+        mod = importlib.import_module(f"{__package__}.{mod_name}")
+        for name, obj in vars(mod).items():
+            if isinstance(obj, JITFunction) and name.endswith("_kernel"):
+                found.append((mod_name, name))
+    return sorted(found)
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{name} is not in this Triton install ({path}); a Linux x86-64 wheel ships it")
+    return path
+
+
+def resource_usage(cubin: bytes) -> Dict[str, int]:
+    """``REG``, ``STACK`` (bytes of stack frame per thread), ``SHARED`` (static) and ``LOCAL`` of the single
+    function in ``cubin``, from ``cuobjdump --dump-resource-usage``."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kernel.cubin")
+        with open(path, "wb") as fh:
+            fh.write(cubin)
+        text = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True,
+                              check=True).stdout
+    usage = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+    if "REG" not in usage:
+        raise RuntimeError(f"could not read the resource usage from cuobjdump:\n{text}")
+    return usage
+
+
+def launch_problems(registers: int, num_warps: int, shared_bytes: int, arch: int,
+                    grids: Sequence[Tuple[int, int, int]]) -> List[str]:
+    """The launch limits a kernel with this resource use breaks on ``sm_<arch>`` (empty: it loads)."""
+    problems = []
+    threads = 32 * num_warps
+    if registers > MAX_REGS_PER_THREAD:
+        problems.append(f"{registers} registers per thread > {MAX_REGS_PER_THREAD}")
+    if registers * threads > MAX_REGS_PER_BLOCK:
+        problems.append(f"{registers} registers x {threads} threads > {MAX_REGS_PER_BLOCK} per block")
+    limit = MAX_SHARED.get(arch)
+    if limit is None:
+        problems.append(f"no shared-memory limit known for sm_{arch} (known: {sorted(MAX_SHARED)})")
+    elif shared_bytes > limit:
+        problems.append(f"{shared_bytes} bytes of shared memory > {limit} on sm_{arch}")
+    for grid in grids:
+        if any(g > m for g, m in zip(grid, MAX_GRID)):
+            problems.append(f"grid {grid} exceeds {MAX_GRID}")
+    return problems
+
+
+def compile_launch(launch: Launch, work: List[str], grids: List[Tuple[int, int, int]], arch: int,
+                   kernel=None) -> Compiled:
+    """Compile one launch for ``sm_<arch>`` and check it against the launch limits. ``kernel``: the
+    `JITFunction`, by default looked up from ``launch`` in this package."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if kernel is None:
+        kernel = getattr(importlib.import_module(f"{__package__}.{launch.module}"), launch.kernel)
+    res = Compiled(launch, work, grids, arch, ok=False)
+    options = dict(launch.options)
+    t0 = time.perf_counter()
+    try:
+        src = ASTSource(fn=kernel, signature=dict(launch.signature), constexprs=dict(launch.constexprs))
+        binary = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        usage = resource_usage(binary.asm["cubin"])
+    except Exception as exc:  # noqa: BLE001 - any compiler failure is the finding
+        res.error = f"{type(exc).__name__}: {exc}"
+        res.seconds = time.perf_counter() - t0
+        return res
+    res.seconds = time.perf_counter() - t0
+    res.num_warps = binary.metadata.num_warps
+    res.registers, res.stack_bytes = usage["REG"], usage.get("STACK", 0) + usage.get("LOCAL", 0)
+    res.shared_bytes = usage.get("SHARED", 0) + binary.metadata.shared
+    res.problems = launch_problems(res.registers, res.num_warps, res.shared_bytes, arch, grids)
+    res.ok = not res.problems
+    return res
+
+
+def run_check(names: Sequence[str], archs: Sequence[int]) -> Tuple[List[Compiled], List[str]]:
+    """Record ``names``, compile every launch for every arch; returns the results and what the check itself
+    misses: package kernels that no workload launches or that have no `OUTPUTS` entry."""
+    recorded = record_workloads(names)
+    results = [compile_launch(launch, work, grids, arch)
+               for launch, (work, grids) in recorded.items() for arch in archs]
+    launched = {(launch.module, launch.kernel) for launch in recorded}
+    gaps = [f"{m}.{k}: no workload launches it; add one to WORKLOADS" for m, k in package_kernels()
+            if (m, k) not in launched]
+    gaps += [f"{m}.{k}: no OUTPUTS entry" for m, k in package_kernels() if k not in OUTPUTS]
+    return results, gaps
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90],
+                        help="compute capabilities to compile for (default: 80 90)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    names = tuple(WORKLOADS)
+    results, gaps = run_check(names, args.arch)
+    for r in results:
+        what = f"sm_{r.arch} {r.launch.kernel} [{r.launch.describe()}]"
+        if r.error:
+            print(f"FAIL  {what}: {r.error}")
+        else:
+            flag = "ok  " if r.ok else "FAIL"
+            print(f"{flag}  {what}: {r.registers} regs, {r.stack_bytes} B stack, {r.shared_bytes} B shared, "
+                  f"{r.num_warps} warps ({r.seconds:.1f} s){'; ' + '; '.join(r.problems) if r.problems else ''}")
+    for gap in gaps:
+        print(f"FAIL  {gap}")
+    if args.json:
+        import triton
+
+        with open(args.json, "w") as fh:
+            json.dump({"triton": triton.__version__, "torch": torch.__version__, "archs": list(args.arch),
+                       "workloads": list(names), "gaps": gaps,
+                       "results": [r.to_json() for r in results]}, fh, indent=1, default=str)
+    failed = sum(not r.ok for r in results) + len(gaps)
+    print(f"{len(results)} compilations, {failed} failures")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
