@@ -3,6 +3,8 @@ the dual solvers (chains and pictorial structures) and the CLI on CUDA. Skipped 
 
 ``TORCHSSVM_GPU_TESTS_DEVICE=cpu TRITON_INTERPRET=1 pytest tests/test_gpu.py`` runs the same tests with the
 CPU standing in for the GPU (Triton interpreted): a dry run of the tests' own code before a GPU is lent.
+``TORCHSSVM_GPU_TESTS_DEVICE=simulated`` runs them on a simulated CUDA device (`simulated_cuda`): the tensors
+say ``cuda:0``, so the CUDA-only code paths run, and a CPU tensor meeting a device tensor raises as on a GPU.
 """
 
 import dataclasses
@@ -14,16 +16,43 @@ from torchssvm.kernels import mixture_tree_max_sum, spatial_tree_max_sum, tree_m
 
 import torchssvm as ts
 
-DEVICE = torch.device(os.environ.get("TORCHSSVM_GPU_TESTS_DEVICE", "cuda"))
-DRY_RUN = DEVICE.type == "cpu"
+_REQUESTED = os.environ.get("TORCHSSVM_GPU_TESTS_DEVICE", "cuda")
+SIMULATED = _REQUESTED == "simulated"
+DEVICE = torch.device("cuda" if SIMULATED else _REQUESTED)
+DRY_RUN = DEVICE.type == "cpu" or SIMULATED
 GPU_SIZE = pytest.mark.skipif(DRY_RUN, reason="GPU-sized: too slow for the interpreted dry run")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
+    pytest.mark.skipif(DEVICE.type == "cuda" and not SIMULATED and not torch.cuda.is_available(),
+                       reason="needs CUDA"),
+    pytest.mark.skipif(DRY_RUN and os.environ.get("TRITON_INTERPRET") != "1",
                        reason="the CPU dry run needs TRITON_INTERPRET=1"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _device(monkeypatch):
+    """Each test on the simulated device when ``TORCHSSVM_GPU_TESTS_DEVICE=simulated``. There ``backend="auto"``
+    picks the torch twins: interpreted Triton is too slow for whole training runs, and the tests that name
+    ``backend="triton"`` still run the kernels."""
+    if not SIMULATED:
+        yield
+        return
+    import torchssvm.kernels
+
+    import torchssvm.structures.base
+    from torchssvm.testing import simulated_cuda
+
+    resolve = torchssvm.kernels.resolve_backend
+
+    def torch_for_auto(backend, device, has_numba=False):
+        return "torch" if backend == "auto" and device.type == "cuda" else resolve(backend, device, has_numba)
+
+    for module in (torchssvm.kernels, torchssvm.structures.base):
+        monkeypatch.setattr(module, "resolve_backend", torch_for_auto)
+    with simulated_cuda():
+        yield
 
 
 @pytest.mark.parametrize("B,T,K,per_position", [(64, 30, 26, False), (33, 17, 45, True), (8, 12, 300, False),

@@ -1,0 +1,292 @@
+"""A simulated CUDA device on a CPU-only torch: tensors that say ``cuda:0`` and compute on the CPU, with CUDA's
+device rules enforced and host synchronisations counted.
+
+Running the CUDA tests with the CPU standing in for the GPU (``device="cpu"``) misses two kinds of GPU failure:
+code taken only for CUDA tensors (``device.type == "cuda"`` branches: the box QP's torch Newton iteration, the
+non-CPU Viterbi paths) never runs, and a tensor made without ``device=`` lands on the same CPU as everything
+else. Under `simulated_cuda()`:
+
+- ``device="cuda"`` works: factories, ``.to("cuda")`` and ``.cuda()`` give a `SimulatedCudaTensor`, a wrapper
+  subclass whose Python ``.device`` is ``cuda:0`` and whose data is a CPU tensor (``.inner``). Its C++ device is
+  ``meta`` (a CPU build has no CUDA device guard), so tensors that composite ops create internally with the
+  wrapper's options come to the mode as device tensors too.
+- Every aten op goes through `SimulatedCuda.__torch_dispatch__`, which runs it on the CPU data and wraps the
+  results when an input was on the device. An op that mixes device tensors with CPU tensors of one or more
+  dimensions raises the error a GPU raises (0-dim CPU tensors, copies and CPU index tensors are allowed, as
+  on CUDA). In-place and ``out=`` ops return their argument itself; in-place shape changes are applied to the
+  wrapper's metadata as well.
+- ``mode.syncs`` counts the operations that make the host wait for the device: reading values (``.item()``,
+  ``bool()``, ``.tolist()``), copies to the CPU, and ops whose output shape depends on values (``nonzero``,
+  boolean-mask reads, ``unique``, ...); ``mode.sync_sites`` counts them by the library line that asked.
+- Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage.
+
+It simulates placement, not numerics or speed: results are those of the CPU kernels, and boolean-mask writes
+(a sync on CUDA as well) are not counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import os
+import sys
+from typing import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+aten = torch.ops.aten
+CUDA = torch.device("cuda", 0)
+META = torch.device("meta")
+
+# Ops that may take CPU tensors alongside device tensors on a real GPU.
+_CROSS_DEVICE_OK = {aten.copy_.default, aten._to_copy.default, aten.index.Tensor, aten.index_put_.default,
+                    aten._index_put_impl_.default, aten.index_put.default, aten.lift_fresh.default,
+                    aten.set_.source_Storage_storage_offset,
+                    aten._pack_padded_sequence.default}  # its lengths must be on the CPU
+# Outputs that stay on the CPU on a GPU (by position).
+_CPU_OUTPUTS = {aten._pack_padded_sequence.default: {1}}  # batch_sizes
+# Ops whose output shape depends on the values: the host waits for the device to learn it.
+_DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten.unique_dim.default,
+                   aten._unique2.default, aten.unique_consecutive.default, aten.repeat_interleave.Tensor,
+                   aten.nonzero_static.default}
+
+
+class SimulatedCudaTensor(torch.Tensor):
+    """A tensor on the simulated device: metadata says ``cuda:0``, ``inner`` holds the data on the CPU."""
+
+    inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor):
+        # The C++ side says "meta" (a CPU build has no CUDA device guard; meta has one and holds no data), so
+        # tensors that composite ops create with ``self.options()`` come to the mode as meta, that is device,
+        # tensors. Python code sees `device` below.
+        kw = dict(dtype=inner.dtype, device=META, requires_grad=inner.requires_grad, layout=inner.layout)
+        if inner.layout == torch.strided:
+            kw.update(strides=inner.stride(), storage_offset=inner.storage_offset())
+        out = torch.Tensor._make_wrapper_subclass(cls, inner.shape, **kw)
+        out.inner = inner
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __repr__(self) -> str:
+        return f"SimulatedCudaTensor({self.inner!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"a simulated CUDA tensor was used outside simulated_cuda() (in {func})")
+
+    @property
+    def device(self) -> torch.device:
+        return CUDA
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+    def get_device(self) -> int:
+        return 0
+
+    def cpu(self, memory_format=torch.preserve_format):
+        return torch.ops.aten._to_copy.default(self, device=torch.device("cpu"), memory_format=memory_format)
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        return self
+
+    def to(self, *args, **kwargs):
+        return _to(self, *args, **kwargs)
+
+    # The Triton interpreter copies kernel arguments through their storage.
+    # Python lists in an index become index tensors on ``self``'s C++ device, meta: without data. Give them to
+    # C++ as CPU tensors instead (CUDA takes CPU index tensors).
+    def __getitem__(self, index):
+        return super().__getitem__(_cpu_lists(index))
+
+    def __setitem__(self, index, value):
+        return super().__setitem__(_cpu_lists(index), value)
+
+    def untyped_storage(self):
+        return self.inner.untyped_storage()
+
+    def data_ptr(self) -> int:
+        return self.inner.data_ptr()
+
+    def tolist(self):
+        SimulatedCuda.active.count_sync()
+        return self.inner.tolist()
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                        "to host memory first.")
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        return torch.tensor(data, dtype=dtype or self.dtype, device=device or self.device,
+                            requires_grad=requires_grad)
+
+
+_PLAIN_TO = torch.Tensor.to
+
+
+def _cpu_lists(index):
+    if isinstance(index, list):
+        return torch.tensor(index) if index else torch.tensor(index, dtype=torch.long)
+    if isinstance(index, tuple):
+        return tuple(_cpu_lists(i) for i in index)
+    return index
+
+
+def _to(self, *args, **kwargs):
+    """`Tensor.to` for both kinds of tensors: moves to and from the simulated device through `aten._to_copy`
+    (the C++ `to` would look for a CUDA device guard, which a CPU build does not have)."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    here = isinstance(self, SimulatedCudaTensor)
+    if device is None or (device.type == "cuda") == here:  # no move
+        if (dtype is None or dtype == self.dtype) and not kwargs.get("copy", False):
+            return self
+        if not here:
+            return _PLAIN_TO(self, *args, **kwargs)
+        return torch.ops.aten._to_copy.default(self, dtype=dtype)
+    extra = {"dtype": dtype} if dtype is not None else {}
+    return torch.ops.aten._to_copy.default(self, device=CUDA if device.type == "cuda" else device, **extra)
+
+
+def _is_cuda(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, int):  # a bare index means a CUDA device
+        return True
+    return torch.device(device).type in ("cuda", "meta")
+
+
+class SimulatedCuda(TorchDispatchMode):
+    """The dispatch mode behind `simulated_cuda`."""
+
+    active: SimulatedCuda
+
+    def __init__(self):
+        super().__init__()
+        self.syncs = 0
+        self.ops = 0
+        self.sync_sites: collections.Counter = collections.Counter()  # "file:line" of the library code
+
+    def count_sync(self) -> None:
+        self.syncs += 1
+        frame = sys._getframe(1)
+        while frame is not None:
+            path = frame.f_code.co_filename.replace(os.sep, "/")
+            if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
+                self.sync_sites[f"{path.split('/')[-2]}/{path.split('/')[-1]}:{frame.f_lineno}"] += 1
+                return
+            frame = frame.f_back
+        self.sync_sites["<outside the library>"] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        self.ops += 1
+        flat, _ = tree_flatten((args, kwargs))
+        on_device = [t for t in flat if isinstance(t, SimulatedCudaTensor)]
+        if any(isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor) and t.is_meta for t in flat):
+            raise NotImplementedError(f"simulated CUDA: {func} got a tensor without data (made by C++ on the "
+                                      "wrapper's meta device); the simulation cannot run it")
+        to_device = _is_cuda(kwargs.get("device"))
+        if "device" in kwargs and to_device:
+            kwargs["device"] = torch.device("cpu")
+        if on_device and func not in _CROSS_DEVICE_OK:
+            cpu = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor)
+                   and t.dim() > 0]
+            if cpu:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                                   f"devices, cuda:0 and cpu! (simulated CUDA, in {func}: CPU tensors of shapes "
+                                   f"{[tuple(t.shape) for t in cpu]})")
+        if on_device and (func is aten._local_scalar_dense.default or func in _DATA_DEPENDENT
+                          or (func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool
+                                                                 for i in args[1]))):
+            self.count_sync()
+        unwrap = functools.partial(tree_map, lambda t: t.inner if isinstance(t, SimulatedCudaTensor) else t)
+        out = func(*unwrap(args), **unwrap(kwargs))
+        if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
+            if on_device and func is aten._to_copy.default:
+                self.count_sync()  # a copy to the host waits for the device
+            return out
+        if not (on_device or to_device):
+            return out
+        written = _written_args(func, args, kwargs)
+        if written is not None:  # in-place and out= ops return their (mutated) argument itself
+            for t in written:
+                if isinstance(t, SimulatedCudaTensor) and (t.shape != t.inner.shape or t.stride() != t.inner.stride()):
+                    # squeeze_, resize_, ...: apply the op to the wrapper's own (meta) metadata as well
+                    with torch._C._DisableTorchDispatch():
+                        func(*args, **kwargs)
+                    if t.shape != t.inner.shape or t.stride() != t.inner.stride():
+                        raise NotImplementedError(f"simulated CUDA: cannot follow {func} on a device tensor")
+            return written[0] if len(written) == 1 else tuple(written)
+        wrap = functools.partial(tree_map, lambda t: SimulatedCudaTensor(t) if isinstance(t, torch.Tensor)
+                                 and not isinstance(t, SimulatedCudaTensor) else t)
+        if func in _CPU_OUTPUTS:
+            return tuple(o if i in _CPU_OUTPUTS[func] else wrap(o) for i, o in enumerate(out))
+        return wrap(out)
+
+
+def _written_args(func, args, kwargs):
+    """The arguments an in-place or ``out=`` op returns (its schema's written aliases), or None."""
+    returns = func._schema.returns
+    if not returns or not all(r.alias_info is not None and r.alias_info.is_write for r in returns):
+        return None
+    by_set = {}
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
+            by_set[frozenset(a.alias_info.before_set)] = value
+    written = [by_set.get(frozenset(r.alias_info.before_set)) for r in returns]
+    return None if any(w is None for w in written) else written
+
+
+def _tensor_factory(original):
+    """``torch.tensor``/``torch.as_tensor`` build their result below the dispatcher: build on the CPU, then move."""
+    @functools.wraps(original)
+    def factory(data, *args, device=None, **kwargs):
+        if isinstance(data, SimulatedCudaTensor):
+            data = data.inner.clone() if original is torch.tensor else data.inner
+            device = CUDA if device is None else device
+        out = original(data, *args, **kwargs)
+        return out.to(CUDA) if _is_cuda(device) else (out if device is None else out.to(device))
+    return factory
+
+
+@contextlib.contextmanager
+def simulated_cuda() -> Iterator[SimulatedCuda]:
+    """Simulate one CUDA device for the duration; yields the mode (``mode.syncs``: host synchronisations)."""
+    import unittest.mock as mock
+
+    mode = SimulatedCuda()
+    patches = [
+        mock.patch("torch.cuda._lazy_init", lambda: None),
+        mock.patch("torch.cuda.is_available", lambda: True),
+        mock.patch("torch.cuda.device_count", lambda: 1),
+        mock.patch("torch.cuda.current_device", lambda: 0),
+        mock.patch("torch.cuda.synchronize", lambda *a, **k: None),
+        mock.patch("torch.cuda.get_device_name", lambda *a, **k: "simulated CUDA device"),
+        mock.patch("torch.cuda.is_bf16_supported", lambda *a, **k: True),
+        mock.patch("torch.tensor", _tensor_factory(torch.tensor)),
+        mock.patch("torch.as_tensor", _tensor_factory(torch.as_tensor)),
+        mock.patch.object(torch.Tensor, "to", _to),
+        mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: _to(self, CUDA)),
+    ]
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        previous = getattr(SimulatedCuda, "active", None)
+        SimulatedCuda.active = mode
+        try:
+            with mode:
+                yield mode
+        finally:
+            SimulatedCuda.active = previous
