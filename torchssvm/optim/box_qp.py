@@ -23,10 +23,13 @@ import torch
 METHODS = ("newton", "sweeps")
 
 
-# On CPU, problems up to this size run the numpy twin of the iteration: torch's per-operation overhead
-# dominates there (a CoNLL pass at B = 64 is 1.3x faster with it). Above it numpy's OpenBLAS solve goes
-# multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise
-# steps, cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores.
+# Problems up to this size run the numpy twin of the iteration on the host. On CPU torch's per-operation
+# overhead dominates there (a CoNLL pass at B = 64 is 1.3x faster with it); above it numpy's OpenBLAS solve goes
+# multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise steps,
+# cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores. On a GPU the
+# device iteration waits for the device about 12 times per solve (its stopping and acceptance tests,
+# docs/benchmarks/host_syncs.md) and launches a few dozen tiny kernels per iteration; one copy of (c, H, upper)
+# to the host replaces all of that (not yet timed on a GPU).
 _NUMPY_MAX_B = 64
 
 
@@ -49,10 +52,15 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         return torch.tensor([g], dtype=torch.float64, device=c.device)
     if method == "sweeps":
         return _sweeps(c, H, upper, max_iter, tol)
-    if c.device.type == "cpu" and B <= _NUMPY_MAX_B:  # the same iteration in numpy (see _NUMPY_MAX_B)
-        gamma = _projected_newton_numpy(*(t.detach().to(torch.float64).numpy() for t in (c, H, upper)),
-                                        max_iter, tol)
-        return torch.from_numpy(gamma)
+    if B <= _NUMPY_MAX_B:  # the same iteration in numpy (see _NUMPY_MAX_B)
+        if c.device.type == "cpu":
+            host = [t.detach().to(torch.float64).numpy() for t in (c, H, upper)]
+        else:  # one copy to the host: c, upper and H packed in a single tensor
+            packed = torch.cat([c.reshape(1, B), upper.reshape(1, B), H.reshape(B, B)]).detach()
+            packed = packed.to(device="cpu", dtype=torch.float64).numpy()
+            host = [packed[0], packed[2:], packed[1]]
+        gamma = torch.from_numpy(_projected_newton_numpy(*host, max_iter, tol))
+        return gamma if c.device.type == "cpu" else gamma.to(c.device)
     return _projected_newton(c.to(torch.float64), H.to(torch.float64), upper.to(torch.float64), max_iter, tol)
 
 

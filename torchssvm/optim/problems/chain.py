@@ -84,6 +84,7 @@ class ChainProblem(DualProblem):
                 off += p.numel()
         self.d = off
         self._rows_memo = None  # (idx, z, versions, T, attribute rows) of the last sparse `gram`
+        self._T_memo = None  # (idx, its version, T) of the last `_batch_T`
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
@@ -111,9 +112,15 @@ class ChainProblem(DualProblem):
         return (z[:, :a].view(B, self.T, K)[:, :T], z[:, a:b].view(B, K, K), z[:, b:c], z[:, c:])
 
     def _batch_T(self, idx: torch.Tensor) -> int:
-        if idx.numel() == 1:
-            return self._length_list[int(idx)]
-        return int(self.lengths[idx].max())
+        """The longest length among blocks ``idx``. One mini-batch step asks for it four or five times with the
+        same ``idx`` (potentials, oracle, gram, accumulate, ...), and on a GPU each read is a host
+        synchronisation (docs/benchmarks/host_syncs.md): the answer for the last unmodified ``idx`` is kept."""
+        memo = self._T_memo
+        if memo is not None and memo[0] is idx and memo[1] == idx._version:
+            return memo[2]
+        T = self._length_list[int(idx)] if idx.numel() == 1 else int(self.lengths[idx].max())
+        self._T_memo = (idx, idx._version, T)
+        return T
 
     def _token_mask(self, idx: torch.Tensor, T: int) -> torch.Tensor:
         """``(B, T)`` bool: position t is inside sequence ``idx[b]``."""
