@@ -24,7 +24,8 @@ def row_warps(block: int) -> int:
     """Warps for a program that holds a row of ``block`` entries: 4 up to 1024 entries, then one per 256 (at
     most 32). With 4 warps a row of 8192 float64 entries spills registers to local memory on sm_80 and sm_90,
     16384 entries by over a kilobyte per thread (`torchssvm.kernels.compile_check`, docs/benchmarks/
-    triton_compile.md); at one warp per 256 entries no row spills more than a few dozen bytes."""
+    triton_compile.md); at one warp per 256 entries the simplex row spills at most a few dozen bytes (the
+    box-equality row, with more vectors per entry, still about 2 KB at 16384 float64 entries)."""
     return min(32, max(4, block // 256))
 
 
