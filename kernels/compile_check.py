@@ -109,8 +109,8 @@ class Compiled:
         out = dataclasses.asdict(self)
         out["launch"] = {"module": self.launch.module, "kernel": self.launch.kernel,
                          "signature": dict(self.launch.signature),
-                         "constexprs": {k: v for k, v in self.launch.constexprs},
-                         "options": {k: v for k, v in self.launch.options}, "describe": self.launch.describe()}
+                         "constexprs": dict(self.launch.constexprs), "options": dict(self.launch.options),
+                         "describe": self.launch.describe()}
         return out
 
 
@@ -360,9 +360,9 @@ def compile_launch(launch: Launch, work: List[str], grids: List[Tuple[int, int, 
         usage = resource_usage(binary.asm["cubin"])
     except Exception as exc:  # noqa: BLE001 - any compiler failure is the finding
         res.error = f"{type(exc).__name__}: {exc}"
-        res.seconds = time.perf_counter() - t0
         return res
-    res.seconds = time.perf_counter() - t0
+    finally:
+        res.seconds = time.perf_counter() - t0
     res.num_warps = binary.metadata.num_warps
     res.registers, res.stack_bytes = usage["REG"], usage.get("STACK", 0) + usage.get("LOCAL", 0)
     res.shared_bytes = usage.get("SHARED", 0) + binary.metadata.shared
@@ -378,9 +378,9 @@ def run_check(names: Sequence[str], archs: Sequence[int]) -> Tuple[List[Compiled
     results = [compile_launch(launch, work, grids, arch)
                for launch, (work, grids) in recorded.items() for arch in archs]
     launched = {(launch.module, launch.kernel) for launch in recorded}
-    gaps = [f"{m}.{k}: no workload launches it; add one to WORKLOADS" for m, k in package_kernels()
-            if (m, k) not in launched]
-    gaps += [f"{m}.{k}: no OUTPUTS entry" for m, k in package_kernels() if k not in OUTPUTS]
+    kernels = package_kernels()
+    gaps = [f"{m}.{k}: no workload launches it; add one to WORKLOADS" for m, k in kernels if (m, k) not in launched]
+    gaps += [f"{m}.{k}: no OUTPUTS entry" for m, k in kernels if k not in OUTPUTS]
     return results, gaps
 
 
@@ -407,7 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         with open(args.json, "w") as fh:
             json.dump({"triton": triton.__version__, "torch": torch.__version__, "archs": list(args.arch),
-                       "workloads": list(names), "gaps": gaps,
+                       "workloads": list(names), "kernels": [".".join(k) for k in package_kernels()], "gaps": gaps,
                        "results": [r.to_json() for r in results]}, fh, indent=1, default=str)
     failed = sum(not r.ok for r in results) + len(gaps)
     print(f"{len(results)} compilations, {failed} failures")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import torch
+from _bench_machine import write_report as write_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -56,10 +57,7 @@ def write_report(results: dict, out: Path) -> None:
                   "| line | syncs |", "|---|---|"]
         lines += [f"| `{k}` | {v:.2f} |" for k, v in top["sites"].items() if v >= 0.05]
         lines.append("")
-    findings = out / "host_syncs_findings.md"
-    if findings.exists():
-        lines += [findings.read_text().rstrip(), ""]
-    (out / "host_syncs.md").write_text("\n".join(lines))
+    write_markdown(out, "host_syncs", lines)
 
 
 def main() -> None:
@@ -80,7 +78,6 @@ def main() -> None:
             print(name, [(r["B"], round(r["per_minibatch"], 1)) for r in runs])
         path.write_text(json.dumps(results, indent=1))
     write_report(results, args.out)
-    print(f"wrote {args.out / 'host_syncs.md'}")
 
 
 if __name__ == "__main__":

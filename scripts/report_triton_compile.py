@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _bench_machine import write_report as write_markdown
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 
@@ -83,10 +85,7 @@ def write_report(runs: list, out: Path) -> None:
                 lines += ["", f"`{r['launch']['kernel']}` on sm_{r['arch']}:", "", "```",
                           r["error"].strip()[-1500:], "```"]
         lines.append("")
-    findings = out / "triton_compile_findings.md"
-    if findings.exists():
-        lines += ["", findings.read_text().rstrip(), ""]
-    (out / "triton_compile.md").write_text("\n".join(lines))
+    write_markdown(out, "triton_compile", lines)
 
 
 def main() -> None:
@@ -105,7 +104,6 @@ def main() -> None:
         runs = [run_check(None, args.arch)] + [run_check(d, args.arch) for d in args.with_triton]
         path.write_text(json.dumps(runs, indent=1))
     write_report(runs, args.out)
-    print(f"wrote {args.out / 'triton_compile.md'}")
     if any(r["returncode"] for r in runs):
         raise SystemExit(1)
 

@@ -104,7 +104,6 @@ class SimulatedCudaTensor(torch.Tensor):
     def to(self, *args, **kwargs):
         return _to(self, *args, **kwargs)
 
-    # The Triton interpreter copies kernel arguments through their storage.
     # Python lists in an index become index tensors on ``self``'s C++ device, meta: without data. Give them to
     # C++ as CPU tensors instead (CUDA takes CPU index tensors).
     def __getitem__(self, index):
@@ -113,6 +112,7 @@ class SimulatedCudaTensor(torch.Tensor):
     def __setitem__(self, index, value):
         return super().__setitem__(_cpu_lists(index), value)
 
+    # The Triton interpreter copies kernel arguments through their storage.
     def untyped_storage(self):
         return self.inner.untyped_storage()
 
@@ -174,7 +174,6 @@ class SimulatedCuda(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.syncs = 0
-        self.ops = 0
         self.sync_sites: collections.Counter = collections.Counter()  # "file:line" of the library code
 
     def count_sync(self) -> None:
@@ -190,18 +189,17 @@ class SimulatedCuda(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        self.ops += 1
         flat, _ = tree_flatten((args, kwargs))
-        on_device = [t for t in flat if isinstance(t, SimulatedCudaTensor)]
-        if any(isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor) and t.is_meta for t in flat):
+        on_device = any(isinstance(t, SimulatedCudaTensor) for t in flat)
+        plain = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor)]
+        if any(t.is_meta for t in plain):
             raise NotImplementedError(f"simulated CUDA: {func} got a tensor without data (made by C++ on the "
                                       "wrapper's meta device); the simulation cannot run it")
         to_device = _is_cuda(kwargs.get("device"))
         if "device" in kwargs and to_device:
             kwargs["device"] = torch.device("cpu")
         if on_device and func not in _CROSS_DEVICE_OK:
-            cpu = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor)
-                   and t.dim() > 0]
+            cpu = [t for t in plain if t.dim() > 0]
             if cpu:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, cuda:0 and cpu! (simulated CUDA, in {func}: CPU tensors of shapes "
@@ -210,8 +208,7 @@ class SimulatedCuda(TorchDispatchMode):
                           or (func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool
                                                                  for i in args[1]))):
             self.count_sync()
-        unwrap = functools.partial(tree_map, lambda t: t.inner if isinstance(t, SimulatedCudaTensor) else t)
-        out = func(*unwrap(args), **unwrap(kwargs))
+        out = func(*_unwrap(args), **_unwrap(kwargs))
         if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
             if on_device and func is aten._to_copy.default:
                 self.count_sync()  # a copy to the host waits for the device
@@ -221,18 +218,30 @@ class SimulatedCuda(TorchDispatchMode):
         written = _written_args(func, args, kwargs)
         if written is not None:  # in-place and out= ops return their (mutated) argument itself
             for t in written:
-                if isinstance(t, SimulatedCudaTensor) and (t.shape != t.inner.shape or t.stride() != t.inner.stride()):
+                if _out_of_step(t):
                     # squeeze_, resize_, ...: apply the op to the wrapper's own (meta) metadata as well
                     with torch._C._DisableTorchDispatch():
                         func(*args, **kwargs)
-                    if t.shape != t.inner.shape or t.stride() != t.inner.stride():
+                    if _out_of_step(t):
                         raise NotImplementedError(f"simulated CUDA: cannot follow {func} on a device tensor")
             return written[0] if len(written) == 1 else tuple(written)
-        wrap = functools.partial(tree_map, lambda t: SimulatedCudaTensor(t) if isinstance(t, torch.Tensor)
-                                 and not isinstance(t, SimulatedCudaTensor) else t)
         if func in _CPU_OUTPUTS:
-            return tuple(o if i in _CPU_OUTPUTS[func] else wrap(o) for i, o in enumerate(out))
-        return wrap(out)
+            return tuple(o if i in _CPU_OUTPUTS[func] else _wrap(o) for i, o in enumerate(out))
+        return _wrap(out)
+
+
+def _unwrap(tree):
+    return tree_map(lambda t: t.inner if isinstance(t, SimulatedCudaTensor) else t, tree)
+
+
+def _wrap(tree):
+    return tree_map(lambda t: SimulatedCudaTensor(t) if isinstance(t, torch.Tensor)
+                    and not isinstance(t, SimulatedCudaTensor) else t, tree)
+
+
+def _out_of_step(t) -> bool:
+    """Whether an in-place op changed the shape of a device tensor's data but not of the wrapper."""
+    return isinstance(t, SimulatedCudaTensor) and (t.shape != t.inner.shape or t.stride() != t.inner.stride())
 
 
 def _written_args(func, args, kwargs):
