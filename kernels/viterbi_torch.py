@@ -69,7 +69,8 @@ _BATCH_LAST_MIN_B = 16
 def _backtrack(cur, lengths, T, best_prev):
     """Labels ``(B, T)`` (-1 past each length) from the last labels ``cur (B,)``, walking back with
     ``best_prev(t, labels_at_t) -> labels_at_t_minus_1``."""
-    uniform = bool((lengths == T).all())
+    # The masked walk is right for any lengths; the test for the plain one would make the host wait for a device.
+    uniform = lengths.device.type == "cpu" and bool((lengths == T).all())
     minus_one = torch.full_like(cur, -1)
     out = []
     for t in range(T - 1, 0, -1):

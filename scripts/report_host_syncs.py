@@ -1,12 +1,15 @@
 """Report: how often the mini-batch BCFW step makes the host wait for the device, and where, without a GPU.
 
-On a GPU each host synchronisation (a value read with ``.item()``/``bool()``, a boolean-mask read, a copy to
-the host) drains the launch queue, so a step's count of them is a fixed cost per mini-batch that no kernel
-speed-up removes. This runs BCFW on a simulated CUDA device (`torchssvm.testing.simulated_cuda`: the CUDA code
-paths on the CPU) on OCR-large's shapes (a ``synthetic_chain`` with OCR's 26 labels and 128 features, n = 512)
-for batch sizes B and two configurations, and counts the synchronisations per mini-batch by library line.
+On a GPU each host synchronisation (a value read with ``.item()``/``bool()``, a boolean-mask read or write, a
+copy to the host, a blocking copy from it) drains the launch queue, so a step's count of them is a fixed cost
+per mini-batch that no kernel speed-up removes. This runs BCFW on a simulated CUDA device
+(`torchssvm.testing.simulated_cuda`: the CUDA code paths on the CPU) on OCR-large's shapes (a ``synthetic_chain``
+with OCR's 26 labels and 128 features, n = 512) for batch sizes B and two configurations, and counts the
+synchronisations per mini-batch by library line. With ``--device cuda`` it runs on a real GPU and counts the CUDA
+runtime's waiting calls in a profile (`torchssvm.testing.count_cuda_waits`) instead, by call.
 
-    python scripts/report_host_syncs.py          # writes docs/benchmarks/host_syncs.{json,md}
+    python scripts/report_host_syncs.py                 # writes docs/benchmarks/host_syncs.{json,md}
+    python scripts/report_host_syncs.py --device cuda   # writes host_syncs_cuda.{json,md}
 """
 
 from __future__ import annotations
@@ -42,42 +45,76 @@ def measure(B: int, config: dict, n: int, passes: int) -> dict:
                 "sites": {k: v / batches for k, v in mode.sync_sites.most_common()}}
 
 
-def write_report(results: dict, out: Path) -> None:
-    lines = ["# Host synchronisations per mini-batch BCFW step", "",
-             "Command: `python scripts/report_host_syncs.py`, on the CPU with a simulated CUDA device "
-             "(`torchssvm.testing.simulated_cuda`: the CUDA code paths run, every value the host reads from the "
-             "device is counted). Data: `synthetic_chain`, n = 512, 26 labels, 128 features (OCR's shapes), "
-             "lambda 1e-3, float64, torch oracle; counts averaged over the passes after the first. "
-             "Boolean-mask writes, also a synchronisation on CUDA, are not counted.", ""]
+def measure_cuda(B: int, config: dict, n: int, passes: int) -> dict:
+    """`measure` on a real GPU (``backend="auto"``: the Triton oracle): the waiting runtime calls, by call."""
+    import torchssvm as ts
+    from torchssvm.testing import count_cuda_waits
+
+    ds = ts.data.synthetic_chain("train", n, num_labels=26, num_features=128, seed=0)
+    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device="cuda")
+    solver = ts.optim.BCFW(model, ds.to("cuda"), lam=1e-3, batch_size=B, seed=0, **config)
+    solver.step()
+    with count_cuda_waits() as waits:
+        for _ in range(passes):
+            solver.step()
+    batches = passes * -(-n // B)
+    return {"B": B, "per_minibatch": sum(waits.values()) / batches,
+            "sites": {k: v / batches for k, v in waits.most_common()}}
+
+
+def write_report(results: dict, out: Path, cuda: bool = False) -> None:
+    if cuda:
+        head = ["# Host waits per mini-batch BCFW step on a GPU", "",
+                f"Command: `python scripts/report_host_syncs.py --device cuda`, on {results.get('device', 'a GPU')}: "
+                "the CUDA runtime calls that block the host (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, "
+                "`cudaEventSynchronize`, `cudaMemcpy`) in a `torch.profiler` trace. Data: `synthetic_chain`, n = "
+                "512, 26 labels, 128 features (OCR's shapes), lambda 1e-3, float64, `backend=\"auto\"`; counts "
+                "averaged over the passes after the first. The simulated device's count of the same runs: "
+                "[host_syncs.md](host_syncs.md).", ""]
+    else:
+        head = ["# Host synchronisations per mini-batch BCFW step", "",
+                "Command: `python scripts/report_host_syncs.py`, on the CPU with a simulated CUDA device "
+                "(`torchssvm.testing.simulated_cuda`: the CUDA code paths run, every value the host reads from "
+                "the device is counted: value reads, boolean-mask reads and writes, copies to the host and "
+                "blocking copies from it). Data: `synthetic_chain`, n = 512, 26 labels, 128 features (OCR's "
+                "shapes), lambda 1e-3, float64, torch oracle; counts averaged over the passes after the first.", ""]
+    lines, where = head, "runtime call" if cuda else "library line"
     for name, runs in results.items():
+        if name == "device":
+            continue
         lines += [f"## {name}", "", "| B | syncs per mini-batch | per block |", "|---|---|---|"]
         lines += [f"| {r['B']} | {r['per_minibatch']:.1f} | {r['per_minibatch'] / r['B']:.2f} |" for r in runs]
         top = next((r for r in runs if r["B"] == 64), runs[-1])  # issue 4's batch size
-        lines += ["", f"Where, at B = {top['B']} (syncs per mini-batch, by library line):", "",
-                  "| line | syncs |", "|---|---|"]
+        lines += ["", f"Where, at B = {top['B']} (syncs per mini-batch, by {where}):", "",
+                  f"| {where} | syncs |", "|---|---|"]
         lines += [f"| `{k}` | {v:.2f} |" for k, v in top["sites"].items() if v >= 0.05]
         lines.append("")
-    write_markdown(out, "host_syncs", lines)
+    write_markdown(out, "host_syncs_cuda" if cuda else "host_syncs", lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["simulated", "cuda"], default="simulated")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--n", type=int, default=512)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
-    path = args.out / "host_syncs.json"
+    cuda = args.device == "cuda"
+    path = args.out / ("host_syncs_cuda.json" if cuda else "host_syncs.json")
     if args.report_only:
         results = json.loads(path.read_text())
     else:
-        results = {name: [measure(B, cfg, args.n, args.passes) for B in args.batch_sizes]
+        run = measure_cuda if cuda else measure
+        results = {name: [run(B, cfg, args.n, args.passes) for B in args.batch_sizes]
                    for name, cfg in CONFIGS.items()}
         for name, runs in results.items():
             print(name, [(r["B"], round(r["per_minibatch"], 1)) for r in runs])
+        if cuda:
+            results["device"] = torch.cuda.get_device_name()
         path.write_text(json.dumps(results, indent=1))
-    write_report(results, args.out)
+    write_report(results, args.out, cuda)
 
 
 if __name__ == "__main__":

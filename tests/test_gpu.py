@@ -185,6 +185,26 @@ def test_minibatch_bcfw_on_cuda_matches_cpu():
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
 
 
+@pytest.mark.skipif(DRY_RUN, reason="counts the CUDA runtime's waiting calls: a real GPU")
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("config,per_step", [
+    ({}, 1), ({"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 4)])
+def test_minibatch_bcfw_step_waits_on_a_gpu_as_counted_on_the_simulated_device(config, per_step, backend):
+    """The host waits of a mini-batch step that `simulated_cuda` counts (tests/test_simulated_cuda.py) are all
+    there are: the CUDA runtime's blocking calls in a profile of two passes, after a warm-up pass."""
+    from torchssvm.testing import count_cuda_waits
+
+    ds = ts.data.synthetic_chain("train", 128, num_labels=8, num_features=20, seed=0)
+    for B in (16, 64):
+        model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device=DEVICE)
+        s = ts.optim.BCFW(model, ds.to(DEVICE), lam=0.01, batch_size=B, seed=0, backend=backend, **config)
+        s.step()
+        with count_cuda_waits() as waits:
+            for _ in range(2):
+                s.step()
+        assert sum(waits.values()) / 2 == per_step * (128 // B) + 1, (B, dict(waits))
+
+
 def test_train_dual_solver_on_cuda(tmp_path, capsys):
     from torchssvm.cli import main
 

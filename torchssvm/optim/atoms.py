@@ -23,6 +23,8 @@ class AtomStore:
         self.alpha = torch.zeros(n, self.capacity, dtype=torch.float64, device=dev)
         self.alpha[:, 0] = 1.0
         self.count = torch.ones(n, dtype=torch.long, device=dev)
+        # The counts on the host as well: the slots' shapes without asking the device (docs/benchmarks/host_syncs.md)
+        self.count_host = torch.ones(n, dtype=torch.long)
         # False once a FW + cache eviction dropped an active atom: alpha no longer sums to the block.
         self.alpha_valid = torch.ones(n, dtype=torch.bool, device=dev)
 
@@ -33,15 +35,16 @@ class AtomStore:
         self.loss = torch.cat([self.loss, self.loss.new_zeros(n, extra)], 1)
         self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(n, extra)], 1)
 
-    def slots(self, idx: torch.Tensor):
+    def slots(self, idx: torch.Tensor, host_idx: torch.Tensor | None = None):
         """``(labels (B, C, W), loss (B, C), alpha (B, C), used (B, C) bool)`` of blocks ``idx``, with
-        ``C`` the largest count among them."""
-        C = int(self.count[idx].max())
+        ``C`` the largest count among them (read from the host's copy when ``host_idx``, ``idx`` on the host, is
+        given)."""
+        C = int(self.count_host[idx.cpu() if host_idx is None else host_idx].max())
         used = torch.arange(C, device=idx.device).unsqueeze(0) < self.count[idx].unsqueeze(1)
         return self.labels[idx, :C].long(), self.loss[idx, :C], self.alpha[idx, :C], used
 
     def find(self, i: int, label: torch.Tensor) -> int:
-        c = int(self.count[i])
+        c = int(self.count_host[i])
         hit = (self.labels[i, :c] == label).all(1).nonzero()
         return int(hit[0]) if hit.numel() else -1
 
@@ -57,7 +60,7 @@ class AtomStore:
         slot = self.find(i, label)
         if slot >= 0:
             return slot
-        c = int(self.count[i])
+        c = int(self.count_host[i])
         full = c >= cap if cap > 0 else True
         if full:
             cand = (self.alpha[i, 1:c] == 0).nonzero().squeeze(1) + 1
@@ -73,23 +76,28 @@ class AtomStore:
             if c >= self.labels.shape[1]:
                 self.grow()
             slot = c
-            self.count[i] = c + 1
+            self.count[i] = self.count_host[i] = c + 1
         self.labels[i, slot] = label
         self.loss[i, slot] = loss
         self.alpha[i, slot] = 0.0
         return slot
 
     def insert_batch(self, idx: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, scores: torch.Tensor, *,
-                     cap: int, keep_active: bool) -> torch.Tensor:
+                     cap: int, keep_active: bool, host_idx: torch.Tensor | None = None) -> torch.Tensor:
         """`insert` for distinct blocks ``idx (B,)`` at once, on the store's device: ``labels (B, width)``,
-        ``loss (B,)``, ``scores (B, C)`` over the first ``C = max count`` slots. Returns the slots ``(B,)``;
-        the same slots and store as calling `insert` block by block."""
+        ``loss (B,)``, ``scores (B, C)`` over the first ``C = max count`` slots; ``host_idx``: ``idx`` on the host,
+        if at hand. Returns the slots ``(B,)``; the same slots and store as calling `insert` block by block.
+
+        The host reads one thing from the device: which blocks gain a slot (its copy of the counts, and whether
+        the store must grow). The writes are whole-batch, blocks that hold their labelling already writing back
+        what is there, so that no boolean mask makes the host wait."""
         dev = self.labels.device
         c = self.count[idx]
         C = scores.shape[1]
         pos = torch.arange(C, device=dev).unsqueeze(0)
         used = pos < c.unsqueeze(1)
-        match = (self.labels[idx, :C] == labels.to(self.labels.dtype).unsqueeze(1)).all(2) & used
+        labels = labels.to(self.labels.dtype)
+        match = (self.labels[idx, :C] == labels.unsqueeze(1)).all(2) & used
         found = match.any(1)
         alpha = self.alpha[idx, :C]
         inactive = (alpha == 0) & used & (pos >= 1)
@@ -104,14 +112,15 @@ class AtomStore:
         slot = torch.where(found, match.to(torch.int8).argmax(1), slot)
         new = ~found
         append, evict = append & new, evict & new
-        if bool((append & (c >= self.labels.shape[1])).any()):
+        host_idx = idx.cpu() if host_idx is None else host_idx
+        self.count_host[host_idx] += append.cpu()
+        if int(self.count_host[host_idx].max()) > self.labels.shape[1]:  # an append past the last slot
             self.grow()
-        rows = idx[new]
-        self.labels[rows, slot[new]] = labels[new].to(self.labels.dtype)
-        self.loss[rows, slot[new]] = loss[new].to(self.loss.dtype)
-        self.alpha[rows, slot[new]] = 0.0
-        self.count[idx[append]] += 1
-        self.alpha_valid[idx[evict]] = False
+        self.labels[idx, slot] = torch.where(new.unsqueeze(1), labels, self.labels[idx, slot])
+        self.loss[idx, slot] = torch.where(new, loss.to(self.loss.dtype), self.loss[idx, slot])
+        self.alpha[idx, slot] = torch.where(new, 0.0, self.alpha[idx, slot])
+        self.count[idx] += append
+        self.alpha_valid[idx] &= ~evict
         return slot
 
     def state_dict(self) -> dict:
@@ -121,4 +130,5 @@ class AtomStore:
     def load_state_dict(self, s: dict) -> None:
         self.labels, self.loss, self.alpha = s["labels"].clone(), s["loss"].clone(), s["alpha"].clone()
         self.count, self.alpha_valid = s["count"].clone(), s["alpha_valid"].clone()
+        self.count_host = self.count.to("cpu", copy=True)
         self.capacity = int(s["capacity"])

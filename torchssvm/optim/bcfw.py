@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from .._device import host_to_device
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -108,14 +109,15 @@ class BCFW(DualSolver):
             if B == 1:
                 return torch.randint(n, (1,), generator=gen)
             return torch.randperm(n, generator=gen)[:B]
+        gaps = self.block_gaps.cpu()  # on a device, the one read of gap sampling
         picked = []
         while len(picked) < B and self.first_visit_pos < n:
             j = int(self.first_visit[self.first_visit_pos])
             self.first_visit_pos += 1
-            if math.isinf(float(self.block_gaps[j])):
+            if math.isinf(float(gaps[j])):
                 picked.append(j)
         if len(picked) < B:
-            weights = self.block_gaps.clamp_min(0).cpu()
+            weights = gaps.clamp_min(0)
             weights[torch.isinf(weights)] = 0.0  # only unseen blocks already taken above remain inf
             if picked:
                 weights[picked] = 0.0
@@ -133,9 +135,14 @@ class BCFW(DualSolver):
 
     # -- one block update -----------------------------------------------------------------------
     @torch.no_grad()
-    def _update(self, idx: torch.Tensor) -> None:
+    def _update(self, host_idx: torch.Tensor) -> None:
+        """One (mini-batch) block update of the distinct blocks ``host_idx (B,)`` (on the host).
+
+        On a device the host waits for it at most three times (docs/benchmarks/host_syncs.md): for which blocks
+        missed the cache (the oracle's batch), for which gained a cache slot (`AtomStore.insert_batch`), and for
+        the B x B box QP (`box_qp`, on the host for B <= 64). Everything else is whole-batch tensor work."""
         p, n, lam = self.problem, self.n, self.lam
-        idx = idx.to(p.device)
+        idx = p.block_index(host_idx)
         B = idx.shape[0]
         theta = p.potentials(self.w, idx)
         zi = self.z[idx]
@@ -143,14 +150,10 @@ class BCFW(DualSolver):
         base = p.inner(theta, zi)  # <theta_i, z_i> = lam n <w, w_i>
         store = self.atoms
         if store is not None:
-            a_labels, a_loss, a_alpha, used = store.slots(idx)
+            a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
             # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom
             s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1))
             a_H = a_loss - s_truth + p.labels_score(theta, idx, a_labels)
-        s_labels = p.truth[idx].clone()
-        s_loss = torch.zeros(B, dtype=torch.float64, device=p.device)
-        s_H = torch.zeros_like(s_loss)
-        miss = torch.ones(B, dtype=torch.bool, device=p.device)
         if self.cache_size > 0:
             best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
             g_hat = (base + best_H) / n - ell_i
@@ -158,18 +161,30 @@ class BCFW(DualSolver):
                                       torch.full_like(g_hat, self.cache_nu / n * self.global_gap))
             hit = g_hat >= threshold
             rows = torch.arange(B, device=p.device)
-            s_labels[hit] = a_labels[rows, best][hit]
-            s_loss[hit], s_H[hit] = a_loss[rows, best][hit], best_H[hit]
-            miss = ~hit
-            self.cache_hits += int(hit.sum())
-        if miss.any():
-            mi = idx[miss]
-            theta_m = theta if bool(miss.all()) else p.potentials(self.w, mi)
+            s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], p.truth[idx])
+            s_loss = torch.where(hit, a_loss[rows, best], 0.0)
+            s_H = torch.where(hit, best_H, 0.0)
+            miss = (~hit).cpu()
+        else:
+            miss = torch.ones(B, dtype=torch.bool)
+        misses = int(miss.sum())
+        self.cache_hits += B - misses
+        if misses:
+            if misses == B:
+                at, mi, theta_m = None, idx, theta
+            else:
+                at = host_to_device(miss.nonzero().squeeze(1), p.device)  # the missing rows of the batch
+                mi = p.block_index(host_idx[miss])
+                theta_m = p.potentials(self.w, mi)
             labels, loss, H = p.oracle(theta_m, mi)
             H = H.clamp_min(0)
-            s_labels[miss], s_loss[miss], s_H[miss] = labels, loss, H
-            self.block_gaps[mi] = (base[miss] + H) / n - ell_i[miss]
-            self.oracle_calls += int(mi.shape[0])
+            if at is None:
+                s_labels, s_loss, s_H = labels, loss, H
+                self.block_gaps[mi] = (base + H) / n - ell_i
+            else:
+                s_labels[at], s_loss[at], s_H[at] = labels, loss, H
+                self.block_gaps[mi] = (base[at] + H) / n - ell_i[at]
+            self.oracle_calls += misses
         self.visits += B
         g_fw = (base + s_H) / n - ell_i
 
@@ -177,11 +192,12 @@ class BCFW(DualSolver):
         if store is not None:
             keep = self.step_type != "fw"
             if B == 1:  # the sequential solver: host-side insertion, fewer operations
-                s_slot = torch.tensor([store.insert(int(idx[0]), s_labels[0], float(s_loss[0]), a_H[0],
+                s_slot = torch.tensor([store.insert(int(host_idx[0]), s_labels[0], float(s_loss[0]), a_H[0],
                                                     cap=self.cache_size, keep_active=keep)], device=p.device)
             else:
-                s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=keep)
-            a_labels, a_loss, a_alpha, used = store.slots(idx)
+                s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=keep,
+                                            host_idx=host_idx)
+            a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
             a_H = a_loss - s_truth + p.labels_score(theta, idx, a_labels)
         corner_s = p.corner(idx, s_labels)
         if self.step_type == "fw":
@@ -215,7 +231,8 @@ class BCFW(DualSolver):
         curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
             (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
         gamma = box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter)
-        if not bool((gamma > 0).any()):
+        # A zero step changes nothing: skip its work where asking costs nothing (on a device the host would wait).
+        if gamma.device.type == "cpu" and not bool((gamma > 0).any()):
             return
         self.z[idx] = zi + gamma.unsqueeze(1) * direction
         self.ell[idx] = ell_i + gamma * d_ell
@@ -272,7 +289,7 @@ class BCFW(DualSolver):
             out[rows, away] = torch.where(moved, torch.where(gamma >= upper, torch.zeros_like(gamma), at_away - gamma),
                                           at_away)
         change = (gamma != 0) & store.alpha_valid[idx]
-        store.alpha[idx[change]] = out[change].clamp_min(0.0)
+        store.alpha[idx] = torch.where(change.unsqueeze(1), out.clamp_min(0.0), a)
 
     # -- passes ---------------------------------------------------------------------------------
     def _refresh(self) -> dict:
@@ -280,8 +297,9 @@ class BCFW(DualSolver):
         gaps, hinge = self._full_pass()
         self.oracle_calls += self.n
         self.block_gaps = gaps
-        self.global_gap = float(gaps.sum())
-        primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / self.n
+        gap, ww, hinge_sum = torch.stack([gaps.sum(), self.w @ self.w, hinge.sum()]).tolist()  # one read
+        self.global_gap = gap
+        primal = 0.5 * self.lam * ww + hinge_sum / self.n
         self.last_exact = {"primal": primal, "gap": self.global_gap, "passes": self.oracle_calls / self.n}
         return self.last_exact
 
@@ -311,11 +329,11 @@ class BCFW(DualSolver):
         return r
 
     def _report(self, exact: bool) -> dict:
-        dual = self.dual_value()
         if exact:
+            dual = self.dual_value()
             gap, primal = self.last_exact["gap"], self.last_exact["primal"]
-        else:
-            gap = float(self.block_gaps.clamp_min(0).sum())
+        else:  # one read from the device
+            dual, gap = torch.stack([self._dual_tensor(), self.block_gaps.clamp_min(0).sum()]).tolist()
             primal = dual + gap
         return {"primal": primal, "dual": dual, "gap": gap, "gap_exact": exact, "passes": self.oracle_calls / self.n,
                 "oracle_calls": self.oracle_calls, "cache_hits": self.cache_hits,

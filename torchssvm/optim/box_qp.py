@@ -7,8 +7,8 @@ positive semi-definite. For ``B = 1`` the answer is the closed-form line search 
 Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
 
 - ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
-  solve and a batched search along the projection arc per iteration, no Python loop over B (on CPU,
-  for B <= 64, the same iteration in numpy, whose per-operation overhead is several times lower). It
+  solve and a batched search along the projection arc per iteration, no Python loop over B (for B <= 64,
+  the same iteration in numpy on the host, from one copy of the inputs: see ``_NUMPY_MAX_B``). It
   returns the QP's optimum to ``tol`` (in a few iterations on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._device import host_to_device
+
 METHODS = ("newton", "sweeps")
 
 
@@ -27,9 +29,9 @@ METHODS = ("newton", "sweeps")
 # overhead dominates there (a CoNLL pass at B = 64 is 1.3x faster with it); above it numpy's OpenBLAS solve goes
 # multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise steps,
 # cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores. On a GPU the
-# device iteration waits for the device about 12 times per solve (its stopping and acceptance tests,
-# docs/benchmarks/host_syncs.md) and launches a few dozen tiny kernels per iteration; one copy of (c, H, upper)
-# to the host replaces all of that (not yet timed on a GPU).
+# device iteration launches a few dozen small kernels per iteration and reads its stop flag every
+# `_DEVICE_CHECK_EVERY` iterations (docs/benchmarks/host_syncs.md); one copy of (c, H, upper) to the host
+# replaces that (where the two cross on a GPU is not yet measured).
 _NUMPY_MAX_B = 64
 
 
@@ -60,7 +62,7 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
             packed = packed.to(device="cpu", dtype=torch.float64).numpy()
             host = [packed[0], packed[2:], packed[1]]
         gamma = torch.from_numpy(_projected_newton_numpy(*host, max_iter, tol))
-        return gamma if c.device.type == "cpu" else gamma.to(c.device)
+        return gamma if c.device.type == "cpu" else host_to_device(gamma, c.device)
     return _projected_newton(c.to(torch.float64), H.to(torch.float64), upper.to(torch.float64), max_iter, tol)
 
 
@@ -96,31 +98,45 @@ def _projected_newton(c, H, upper, max_iter, tol):
     once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
     gradient arc makes every iteration at least a projected-gradient step with a line search."""
     B, dev = c.shape[0], c.device
-    arc = _ARC.to(dev)
+    # On a device the iteration runs without host reads: an iterate that has converged (or found no descent)
+    # stays frozen, so reading the stop flag only every few iterations gives the same answer.
+    check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
+    arc = host_to_device(_ARC, dev)
     eye = torch.eye(B, dtype=torch.float64, device=dev)
-    ridge = 1e-13 * float(torch.diagonal(H).abs().max()) + 1e-300
-    scale = tol * (1.0 + float(c.abs().max()))
+    ridge = 1e-13 * torch.diagonal(H).abs().max() + 1e-300
+    scale = tol * (1.0 + c.abs().max())
     gamma = torch.zeros(B, dtype=torch.float64, device=dev)
     grad = -c
     f = torch.zeros((), dtype=torch.float64, device=dev)
     lo = torch.zeros_like(upper)
-    newton_unit = torch.tensor([[1.0], [0.0]], dtype=torch.float64, device=dev)  # t = 1: the face's optimum
-    for _ in range(max_iter):
-        if float((gamma - (gamma - grad).clamp(lo, upper)).abs().max()) <= scale:
+    newton_unit = torch.zeros(2, 1, dtype=torch.float64, device=dev)  # t = 1: the face's optimum
+    newton_unit[0] = 1.0
+    running = torch.ones((), dtype=torch.bool, device=dev)
+    for it in range(max_iter):
+        running = running & ((gamma - (gamma - grad).clamp(lo, upper)).abs().max() > scale)
+        if it % check_every == 0 and not bool(running):
             break
         bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
         free = (~bind).to(torch.float64)
         M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge * eye
-        moves = torch.stack([torch.linalg.solve(M, -grad * free), -grad * free])  # (2, B): Newton, gradient
+        # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
+        # non-finite trials would fail the descent test and freeze the iterate.
+        newton = torch.linalg.solve_ex(M, -grad * free, check_errors=False)[0]
+        moves = torch.stack([newton, -grad * free])  # (2, B): Newton, gradient
         t = torch.cat([_first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc, newton_unit], 1)  # (2, A+1)
         trials = (gamma + t.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, upper).reshape(-1, B)
         values = qp_objective(c, H, trials)
-        best = int(torch.argmin(values))
-        if not bool(values[best] < f):
-            break
-        gamma, f = trials[best], values[best]
+        best = torch.argmin(values).view(1)  # a tensor index: an int would be read on the host
+        value = values.index_select(0, best).squeeze(0)
+        running = running & (value < f)
+        gamma = torch.where(running, trials.index_select(0, best).squeeze(0), gamma)
+        f = torch.where(running, value, f)
         grad = H @ gamma - c
     return gamma
+
+
+# Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
+_DEVICE_CHECK_EVERY = 4
 
 
 def _projected_newton_numpy(c, H, upper, max_iter, tol):

@@ -135,13 +135,17 @@ class DualSolver:
 
     def dual_value(self) -> float:
         """``D(alpha) = sum_i l_i - lam/2 ||w||^2 - lam (beta_u^T u - beta_l^T l)`` (exact, no oracle)."""
-        d = float(self.ell.sum()) - 0.5 * self.lam * float(self.w @ self.w)
+        return float(self._dual_tensor())
+
+    def _dual_tensor(self) -> torch.Tensor:
+        """`dual_value` as a 0-dim tensor on the solver's device (read with other values in one go)."""
+        d = self.ell.sum() - 0.5 * self.lam * (self.w @ self.w)
         if self.box is not None:
             lo, up = self.box
             fu, fl = torch.isfinite(up), torch.isfinite(lo)
-            bu = (self.v - up).clamp_min(0)[fu]
-            bl = (lo - self.v).clamp_min(0)[fl]
-            d -= self.lam * (float(bu @ up[fu]) - float(bl @ lo[fl]))
+            bu = torch.where(fu, (self.v - up).clamp_min(0), 0.0)
+            bl = torch.where(fl, (lo - self.v).clamp_min(0), 0.0)
+            d = d - self.lam * (bu @ torch.where(fu, up, 0.0) - bl @ torch.where(fl, lo, 0.0))
         return d
 
     def _full_pass(self, chunk: int = 1024):

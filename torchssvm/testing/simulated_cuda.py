@@ -16,12 +16,15 @@ else. Under `simulated_cuda()`:
   on CUDA). In-place and ``out=`` ops return their argument itself; in-place shape changes are applied to the
   wrapper's metadata as well.
 - ``mode.syncs`` counts the operations that make the host wait for the device: reading values (``.item()``,
-  ``bool()``, ``.tolist()``), copies to the CPU, and ops whose output shape depends on values (``nonzero``,
-  boolean-mask reads, ``unique``, ...); ``mode.sync_sites`` counts them by the library line that asked.
+  ``bool()``, ``.tolist()``), copies to the CPU, ops whose output shape depends on values (``nonzero``,
+  boolean-mask reads, ``unique``, ...), boolean-mask writes of anything but a Python scalar, and blocking
+  copies from the host (CUDA's ``memcpy_and_sync``: ``.to("cuda")`` without ``non_blocking=True``,
+  ``torch.tensor(..., device="cuda")``, a CPU index tensor or list given to a device tensor);
+  ``mode.sync_sites`` counts them by the library line that asked.
 - Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage.
 
-It simulates placement, not numerics or speed: results are those of the CPU kernels, and boolean-mask writes
-(a sync on CUDA as well) are not counted.
+It simulates placement, not numerics or speed: results are those of the CPU kernels. A non-blocking copy from
+the host is not counted; on CUDA it is queued only from pinned memory (`torchssvm._device.host_to_device`).
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ _CROSS_DEVICE_OK = {aten.copy_.default, aten._to_copy.default, aten.index.Tensor
                     aten._pack_padded_sequence.default}  # its lengths must be on the CPU
 # Outputs that stay on the CPU on a GPU (by position).
 _CPU_OUTPUTS = {aten._pack_padded_sequence.default: {1}}  # batch_sizes
-# Ops whose output shape depends on the values: the host waits for the device to learn it.
+# Ops whose output shape depends on the values (the host waits for the device to learn it), and more.
 _DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten.unique_dim.default,
                    aten._unique2.default, aten.unique_consecutive.default, aten.repeat_interleave.Tensor,
-                   aten.nonzero_static.default}
+                   aten.bincount.default,
+                   # and ops that return a host value or check one: torch.equal, linalg's error flags
+                   aten.equal.default, aten._linalg_check_errors.default}
 
 
 class SimulatedCudaTensor(torch.Tensor):
@@ -110,6 +115,8 @@ class SimulatedCudaTensor(torch.Tensor):
         return super().__getitem__(_cpu_lists(index))
 
     def __setitem__(self, index, value):
+        if isinstance(value, (bool, int, float)):  # CUDA makes a Python value a host scalar (`masked_fill_` path)
+            value = torch.tensor(value, dtype=self.dtype)
         return super().__setitem__(_cpu_lists(index), value)
 
     # The Triton interpreter copies kernel arguments through their storage.
@@ -146,7 +153,7 @@ def _cpu_lists(index):
 def _to(self, *args, **kwargs):
     """`Tensor.to` for both kinds of tensors: moves to and from the simulated device through `aten._to_copy`
     (the C++ `to` would look for a CUDA device guard, which a CPU build does not have)."""
-    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     here = isinstance(self, SimulatedCudaTensor)
     if device is None or (device.type == "cuda") == here:  # no move
         if (dtype is None or dtype == self.dtype) and not kwargs.get("copy", False):
@@ -155,6 +162,8 @@ def _to(self, *args, **kwargs):
             return _PLAIN_TO(self, *args, **kwargs)
         return torch.ops.aten._to_copy.default(self, dtype=dtype)
     extra = {"dtype": dtype} if dtype is not None else {}
+    if non_blocking:
+        extra["non_blocking"] = True
     return torch.ops.aten._to_copy.default(self, device=CUDA if device.type == "cuda" else device, **extra)
 
 
@@ -204,9 +213,7 @@ class SimulatedCuda(TorchDispatchMode):
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, cuda:0 and cpu! (simulated CUDA, in {func}: CPU tensors of shapes "
                                    f"{[tuple(t.shape) for t in cpu]})")
-        if on_device and (func is aten._local_scalar_dense.default or func in _DATA_DEPENDENT
-                          or (func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool
-                                                                 for i in args[1]))):
+        if (on_device or to_device) and _waits_for_device(func, args, kwargs, to_device):
             self.count_sync()
         out = func(*_unwrap(args), **_unwrap(kwargs))
         if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
@@ -228,6 +235,40 @@ class SimulatedCuda(TorchDispatchMode):
         if func in _CPU_OUTPUTS:
             return tuple(o if i in _CPU_OUTPUTS[func] else _wrap(o) for i, o in enumerate(out))
         return _wrap(out)
+
+
+_INDEX_WRITES = {aten.index_put_.default, aten._index_put_impl_.default, aten.index_put.default}
+
+
+def _waits_for_device(func, args, kwargs, to_device: bool) -> bool:
+    """Whether the op, with a device tensor among its inputs or a device result, makes the host wait for the
+    device on CUDA: a value read, an output shape that depends on values, a boolean-mask index (read, or write
+    of anything but one host scalar, which CUDA turns into ``masked_fill_``), or a blocking copy from host
+    memory (``memcpy_and_sync``), which includes a CPU index tensor given to a device tensor."""
+    if func is aten._local_scalar_dense.default or func in _DATA_DEPENDENT:
+        return True
+    if func is aten._to_copy.default:
+        src = args[0]
+        return to_device and not isinstance(src, SimulatedCudaTensor) and not kwargs.get("non_blocking", False)
+    if func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return (isinstance(dst, SimulatedCudaTensor) and not isinstance(src, SimulatedCudaTensor)
+                and src.dim() > 0 and not non_blocking)
+    if func is aten.index.Tensor or func in _INDEX_WRITES:
+        indices = [i for i in args[1] if i is not None]
+        if any(not isinstance(i, SimulatedCudaTensor) and i.dim() > 0 for i in indices):
+            return True  # the index is copied to the device first
+        if not any(i.dtype == torch.bool for i in indices):
+            return False
+        if func is aten.index.Tensor:
+            return True
+        value = args[2]
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        scalar_fill = (len(indices) == 1 and not accumulate and value.numel() == 1
+                       and not isinstance(value, SimulatedCudaTensor))
+        return not scalar_fill
+    return False
 
 
 def _unwrap(tree):
@@ -287,7 +328,8 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         mock.patch("torch.tensor", _tensor_factory(torch.tensor)),
         mock.patch("torch.as_tensor", _tensor_factory(torch.as_tensor)),
         mock.patch.object(torch.Tensor, "to", _to),
-        mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: _to(self, CUDA)),
+        mock.patch.object(torch.Tensor, "cuda", lambda self, *a, non_blocking=False, **k: _to(self, CUDA,
+                                                                                             non_blocking=non_blocking)),
     ]
     with contextlib.ExitStack() as stack:
         for p in patches:

@@ -9,7 +9,7 @@ with ``psi_i(y) = phi(x_i, y_i) - phi(x_i, y)``, exposed in the coordinates the 
 one-hot factor marginals ``m(y_i) - mu_i`` with ``mu_i`` a convex combination of labellings' marginals;
 the block's primal part is ``w_i = Phi_i z_i / (lam n)`` where ``Phi_i`` is the (linear) joint feature map
 of example i. Solvers never build ``Phi_i``: they use the operations below, batched over an index tensor
-``idx (B,)``.
+``idx (B,)``, made by ``block_index`` from a host index.
 
 - ``potentials(w, idx)``: the model's potentials of the examples at parameters ``w`` (float64),
   ``theta_i = Phi_i^T w`` in marginal coordinates, so that ``<w, Phi_i z> = inner(theta, z)``.
@@ -35,6 +35,8 @@ from typing import Optional
 
 import torch
 
+from ..._device import host_to_device
+
 
 class DualProblem:
     """Base class; see the module docstring for the contract. Subclasses set ``n``, ``d``, ``m``,
@@ -59,6 +61,12 @@ class DualProblem:
     def parameter_slices(self) -> dict:
         """``{name: (start, stop, shape)}`` of named parameter groups in ``w`` (for box constraints)."""
         return {"w": (0, self.d, (self.d,))}
+
+    def block_index(self, idx: torch.Tensor) -> torch.Tensor:
+        """``idx (B,)`` long on the host, on the problem's device: the index the solvers then pass to the
+        operations below. Queued behind the device's work (`host_to_device`); problems whose shapes depend on
+        the blocks (a chain's longest sentence) read them here from the host copy rather than from the device."""
+        return host_to_device(idx, self.device)
 
     # -- oracles and products (implemented by subclasses) ---------------------------------------
     def potentials(self, w: torch.Tensor, idx: torch.Tensor):
@@ -111,4 +119,4 @@ class DualProblem:
     def chunks(self, size: int = 1024):
         """Index tensors covering ``0..n-1`` in order (for full oracle passes)."""
         for s in range(0, self.n, size):
-            yield torch.arange(s, min(s + size, self.n), device=self.device)
+            yield self.block_index(torch.arange(s, min(s + size, self.n)))

@@ -54,6 +54,7 @@ class ChainProblem(DualProblem):
         self.lengths = dataset.lengths.to(self.device)
         self.T = int(self.lengths.max())
         self._length_list = self.lengths.tolist()
+        self._lengths_host = dataset.lengths.to("cpu", torch.long)
         self.label_width = self.T
         self.truth = dataset.y[:, : self.T].to(self.device).clone()
         self.truth[torch.arange(self.T, device=self.device).unsqueeze(0) >= self.lengths.unsqueeze(1)] = -1
@@ -84,7 +85,7 @@ class ChainProblem(DualProblem):
                 off += p.numel()
         self.d = off
         self._rows_memo = None  # (idx, z, versions, T, attribute rows) of the last sparse `gram`
-        self._T_memo = None  # (idx, its version, T) of the last `_batch_T`
+        self._T_memo = []  # (idx, its version, T) of the last few index tensors (`_batch_T`, `block_index`)
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
@@ -111,16 +112,28 @@ class ChainProblem(DualProblem):
         a, b, c = self._cut
         return (z[:, :a].view(B, self.T, K)[:, :T], z[:, a:b].view(B, K, K), z[:, b:c], z[:, c:])
 
+    _T_MEMO_SIZE = 4
+
     def _batch_T(self, idx: torch.Tensor) -> int:
-        """The longest length among blocks ``idx``. One mini-batch step asks for it four or five times with the
-        same ``idx`` (potentials, oracle, gram, accumulate, ...), and on a GPU each read is a host
-        synchronisation (docs/benchmarks/host_syncs.md): the answer for the last unmodified ``idx`` is kept."""
-        memo = self._T_memo
-        if memo is not None and memo[0] is idx and memo[1] == idx._version:
-            return memo[2]
+        """The longest length among blocks ``idx``. One mini-batch step asks for it several times with the same
+        ``idx`` (potentials, gram, accumulate, ...) and with the subset that missed the cache, and on a GPU each
+        read is a host synchronisation (docs/benchmarks/host_syncs.md): the answers for the last few unmodified
+        index tensors are kept, and `block_index` computes them from the host copy."""
+        for memo in self._T_memo:
+            if memo[0] is idx and memo[1] == idx._version:
+                return memo[2]
         T = self._length_list[int(idx)] if idx.numel() == 1 else int(self.lengths[idx].max())
-        self._T_memo = (idx, idx._version, T)
+        self._remember_T(idx, T)
         return T
+
+    def _remember_T(self, idx: torch.Tensor, T: int) -> None:
+        self._T_memo = [(idx, idx._version, T)] + self._T_memo[: self._T_MEMO_SIZE - 1]
+
+    def block_index(self, idx: torch.Tensor) -> torch.Tensor:
+        on_device = super().block_index(idx)
+        if idx.numel():
+            self._remember_T(on_device, int(self._lengths_host[idx.cpu()].max()))
+        return on_device
 
     def _token_mask(self, idx: torch.Tensor, T: int) -> torch.Tensor:
         """``(B, T)`` bool: position t is inside sequence ``idx[b]``."""

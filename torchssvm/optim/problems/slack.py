@@ -61,6 +61,9 @@ class SlackRescaledProblem(DualProblem):
         return self.base.chunks(size)
 
     # -- what slack rescaling changes ------------------------------------------------------------
+    def block_index(self, idx):
+        return self.base.block_index(idx)
+
     def potentials(self, w, idx):
         return self.base.potentials(w, idx)
 
