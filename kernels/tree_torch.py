@@ -16,9 +16,11 @@ increasing edge order, the same sum on every backend.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+
+from torchssvm._device import host_to_device
 
 from .distance_transform_torch import distance_transform_2d
 
@@ -105,11 +107,52 @@ def tree_schedule(parents: Sequence[int]) -> TreeSchedule:
 LevelOp = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
-def level_nodes(sched: TreeSchedule, level: Sequence[int], device):
-    """``(edges, children, parents)`` of a level as long tensors on ``device``."""
-    return (torch.tensor(level, dtype=torch.long, device=device),
-            torch.tensor([sched.edge_child[e] for e in level], dtype=torch.long, device=device),
-            torch.tensor([sched.edge_parent[e] for e in level], dtype=torch.long, device=device))
+class LevelIndex(NamedTuple):
+    """A level's index tensors on a device: its ``edges``, their ``children`` and ``parents`` ``(n,)``, and
+    ``slots (n, width)``, each child's own child edges padded with E (the zero message row), or None for leaves."""
+
+    edges: torch.Tensor
+    children: torch.Tensor
+    parents: torch.Tensor
+    slots: Optional[torch.Tensor]
+
+
+class DevicePlan(NamedTuple):
+    """`LevelIndex` of every level of a schedule (``levels``, deepest first), of the ``root`` (a level of one
+    node, no edge) and ``edge_parent (E,)``, on one device."""
+
+    levels: Tuple[LevelIndex, ...]
+    root: LevelIndex
+    edge_parent: torch.Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def device_plan(sched: TreeSchedule, device: torch.device) -> DevicePlan:
+    """The (cached) `DevicePlan` of ``sched`` on ``device``: made once, as each index tensor built per call would
+    be a blocking copy from the host on a GPU (docs/benchmarks/host_syncs.md)."""
+    E = len(sched.edge_child)
+
+    def index(values) -> torch.Tensor:
+        return host_to_device(torch.tensor(values, dtype=torch.long), device)
+
+    def level(edges, nodes) -> LevelIndex:
+        width = max(len(sched.child_edges[v]) for v in nodes)
+        slots = [list(sched.child_edges[v]) + [E] * (width - len(sched.child_edges[v])) for v in nodes]
+        return LevelIndex(index(list(edges)), index(list(nodes)), index([sched.edge_parent[e] for e in edges]),
+                          index(slots) if width else None)
+
+    levels = tuple(level(lv, [sched.edge_child[e] for e in lv]) for lv in sched.levels)
+    return DevicePlan(levels, level((), [sched.root]), index(list(sched.edge_parent)))
+
+
+def _beliefs(unary: torch.Tensor, msgs: torch.Tensor, ix: LevelIndex) -> torch.Tensor:
+    """Beliefs of a level's children (``unary`` gathered on dim 1) plus their children's messages (``msgs``
+    rows on dim 1), added in a fixed order: unary + m_0 + m_1 + ..."""
+    bel = unary[:, ix.children]
+    if ix.slots is not None:
+        for j in range(ix.slots.shape[1]):
+            bel = bel + msgs[:, ix.slots[:, j]]
+    return bel
 
 
 def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: LevelOp):
@@ -118,32 +161,19 @@ def tree_max_sum_generic(unary: torch.Tensor, sched: TreeSchedule, level_op: Lev
     B, V, K = unary.shape
     E = V - 1
     dev = unary.device
+    plan = device_plan(sched, dev)
     msgs = unary.new_empty(B, E + 1, K)  # every edge's row is written before it is read
     msgs[:, E] = 0  # row E: a zero message for padded child slots
     args = torch.empty(B, max(E, 1), K, dtype=torch.long, device=dev)
-
-    def beliefs(nodes: Sequence[int]) -> torch.Tensor:
-        width = max(len(sched.child_edges[v]) for v in nodes)
-        bel = unary[:, list(nodes)]
-        if width:
-            slots = [list(sched.child_edges[v]) + [E] * (width - len(sched.child_edges[v])) for v in nodes]
-            idx = torch.tensor(slots, dtype=torch.long, device=dev)  # (n, width)
-            for j in range(width):  # fixed order: unary + m_0 + m_1 + ...
-                bel = bel + msgs[:, idx[:, j]]
-        return bel
-
-    for level in sched.levels:
-        nodes = [sched.edge_child[e] for e in level]
-        eidx = torch.tensor(level, dtype=torch.long, device=dev)
-        m, a = level_op(beliefs(nodes), eidx)
-        msgs[:, eidx] = m
-        args[:, eidx] = a
-    value, root_label = beliefs([sched.root])[:, 0].max(dim=1)
+    for ix in plan.levels:
+        m, a = level_op(_beliefs(unary, msgs, ix), ix.edges)
+        msgs[:, ix.edges] = m
+        args[:, ix.edges] = a
+    value, root_label = _beliefs(unary, msgs, plan.root)[:, 0].max(dim=1)
     labels = torch.empty(B, V, dtype=torch.long, device=dev)
     labels[:, sched.root] = root_label
-    for level in reversed(sched.levels):
-        eidx, child, parent = level_nodes(sched, level, dev)
-        labels[:, child] = args[:, eidx].gather(2, labels[:, parent].unsqueeze(2)).squeeze(2)
+    for ix in reversed(plan.levels):
+        labels[:, ix.children] = args[:, ix.edges].gather(2, labels[:, ix.parents].unsqueeze(2)).squeeze(2)
     return labels, value
 
 
@@ -254,11 +284,11 @@ class _MixtureLevelOp:
         self.types[:, eidx] = best
         return msg, arg.gather(2, best.unsqueeze(2)).squeeze(2)
 
-    def edge_types(self, positions: torch.Tensor, edge_parent) -> torch.Tensor:
-        """``(B, E)`` the type chosen on each edge given the backtracked ``positions (B, V)``."""
-        par = torch.tensor(edge_parent, dtype=torch.long, device=positions.device)
-        E = len(edge_parent)
-        return self.types[:, :E].gather(2, positions[:, par].unsqueeze(2)).squeeze(2)
+    def edge_types(self, positions: torch.Tensor, edge_parent: torch.Tensor) -> torch.Tensor:
+        """``(B, E)`` the type chosen on each edge given the backtracked ``positions (B, V)``; ``edge_parent (E,)``
+        on their device."""
+        E = edge_parent.shape[0]
+        return self.types[:, :E].gather(2, positions[:, edge_parent].unsqueeze(2)).squeeze(2)
 
 
 def mixture_tree_max_sum_torch(unary, weights, rest, parents, height: int, width: int, child_scores=None,
@@ -285,7 +315,7 @@ def mixture_tree_max_sum_torch(unary, weights, rest, parents, height: int, width
     op = _MixtureLevelOp(weights, rest, child_scores, parent_scores, height, width,
                          gdt_2d or distance_transform_2d, unary.shape[0])
     positions, value = tree_max_sum_generic(unary, sched, op)
-    return positions, op.edge_types(positions, sched.edge_parent), value
+    return positions, op.edge_types(positions, device_plan(sched, unary.device).edge_parent), value
 
 
 def cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, parents, height: int, width: int,
@@ -307,24 +337,16 @@ def cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, parents,
     B, V, K = unary.shape
     E, T = rest.shape[0], rest.shape[1]
     dev = unary.device
+    plan = device_plan(sched, dev)
     msgs = unary.new_zeros(B, E + 1, T, K)  # m_e(s, l_p); row E: a zero message for padded child slots
     pos_args = torch.empty(B, max(E, 1), T, K, dtype=torch.long, device=dev)  # best l_c given (t, l_p)
     type_args = torch.empty(B, max(E, 1), T, K, dtype=torch.long, device=dev)  # best t given (s, l_p)
+    unary_t = unary.unsqueeze(2).expand(B, V, T, K)  # (B, n, T, K) beliefs: unary + messages in edge order
 
-    def beliefs(nodes: Sequence[int]) -> torch.Tensor:  # (B, n, T, K): unary + messages in edge order
-        bel = unary[:, list(nodes)].unsqueeze(2).expand(B, len(nodes), T, K)
-        width_ = max(len(sched.child_edges[v]) for v in nodes)
-        if width_:
-            slots = [list(sched.child_edges[v]) + [E] * (width_ - len(sched.child_edges[v])) for v in nodes]
-            idx = torch.tensor(slots, dtype=torch.long, device=dev)
-            for j in range(width_):
-                bel = bel + msgs[:, idx[:, j]]
-        return bel
-
-    for level in sched.levels:
-        n = len(level)
-        eidx = torch.tensor(level, dtype=torch.long, device=dev)
-        f = beliefs([sched.edge_child[e] for e in level])
+    for ix in plan.levels:
+        n = ix.edges.shape[0]
+        eidx = ix.edges
+        f = _beliefs(unary_t, msgs, ix)
         if child_scores is not None:
             f = f + child_scores[:, eidx]
         w = weights[:, eidx] if weights.dim() == 4 else weights[eidx].unsqueeze(0)
@@ -340,13 +362,13 @@ def cooccurrence_tree_max_sum_torch(unary, weights, rest, cooccurrence, parents,
         msgs[:, eidx] = m
         type_args[:, eidx] = best
         pos_args[:, eidx] = arg.view(B, n, T, K)
-    value, root_label = beliefs([sched.root])[:, 0, 0].max(dim=1)
+    value, root_label = _beliefs(unary_t, msgs, plan.root)[:, 0, 0].max(dim=1)
     positions = torch.empty(B, V, dtype=torch.long, device=dev)
     node_type = torch.zeros(B, V, dtype=torch.long, device=dev)  # the type of the edge above each node
     types = torch.zeros(B, E, dtype=torch.long, device=dev)
     positions[:, sched.root] = root_label
-    for level in reversed(sched.levels):
-        eidx, child, parent = level_nodes(sched, level, dev)
+    for ix in reversed(plan.levels):
+        eidx, child, parent = ix.edges, ix.children, ix.parents
         lp = positions[:, parent]
         t = type_args[:, eidx].flatten(2).gather(2, (node_type[:, parent] * K + lp).unsqueeze(2)).squeeze(2)
         positions[:, child] = pos_args[:, eidx].flatten(2).gather(2, (t * K + lp).unsqueeze(2)).squeeze(2)

@@ -38,6 +38,19 @@ def test_device_tensors_compute_what_the_cpu_computes():
         assert torch.equal(d.cpu(), torch.where(ref > 0, 2 * ref, ref))
 
 
+def test_kernel_launches_are_counted_by_function():
+    """Ops that would run a kernel count; views and bare allocations do not."""
+    def work():
+        x = torch.ones(3, 4, device="cuda")  # a fill
+        x.t().unsqueeze(0)[0, :, 1:]  # views
+        torch.empty(5, device="cuda")
+        return (x * 2).sum()  # two kernels
+
+    with simulated_cuda() as mode:
+        work()
+        assert mode.launches == 3 and mode.launch_sites == {"<outside the library>": 3}
+
+
 def test_mixing_devices_raises_as_on_a_gpu():
     with simulated_cuda():
         d = torch.ones(3, device="cuda")
@@ -137,3 +150,26 @@ def test_chain_problem_shapes_from_the_host_copy_of_the_index():
         out = [t.cpu() for t in (labels, loss, H)]
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_tree_max_sum_on_a_device_reads_from_it_only_to_validate():
+    """Message passing on a pictorial-structure tree (`spatial_tree_max_sum`, Triton) takes its level index tensors
+    from a per-device cache (they used to be copied from the host at every level, a wait each on a GPU): the one
+    read left is the check of the quadratic weights. The result is the CPU's."""
+    from torchssvm.kernels import spatial_tree_max_sum
+
+    from torchssvm.data.pose import POSE_PARENTS
+
+    g = torch.Generator().manual_seed(0)
+    V, side = len(POSE_PARENTS), 6
+    unary = torch.randn(2, V, side * side, generator=g)
+    weights = torch.rand(V - 1, 4, generator=g)
+    rest = torch.randn(V - 1, 2, generator=g)
+    ref = spatial_tree_max_sum(unary, weights, rest, POSE_PARENTS, side, side, backend="torch")
+    with simulated_cuda() as mode:
+        args = [t.to("cuda", non_blocking=True) for t in (unary, weights, rest)]
+        labels, value = spatial_tree_max_sum(*args, POSE_PARENTS, side, side, backend="triton")
+        assert mode.syncs == 1
+        out = labels.cpu(), value.cpu()
+    assert torch.equal(out[0], ref[0])
+    torch.testing.assert_close(out[1], ref[1])

@@ -21,6 +21,9 @@ else. Under `simulated_cuda()`:
   copies from the host (CUDA's ``memcpy_and_sync``: ``.to("cuda")`` without ``non_blocking=True``,
   ``torch.tensor(..., device="cuda")``, a CPU index tensor or list given to a device tensor);
   ``mode.sync_sites`` counts them by the library line that asked.
+- ``mode.launches`` counts the ops that would launch a kernel or a copy on the device (not views or bare
+  allocations; a composite op counts as the ops it is made of), ``mode.launch_sites`` by library function: on a
+  GPU each costs the host some microseconds however small the tensors.
 - Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage.
 
 It simulates placement, not numerics or speed: results are those of the CPU kernels. A non-blocking copy from
@@ -184,17 +187,16 @@ class SimulatedCuda(TorchDispatchMode):
         super().__init__()
         self.syncs = 0
         self.sync_sites: collections.Counter = collections.Counter()  # "file:line" of the library code
+        self.launches = 0
+        self.launch_sites: collections.Counter = collections.Counter()  # "file:function" of the library code
 
     def count_sync(self) -> None:
         self.syncs += 1
-        frame = sys._getframe(1)
-        while frame is not None:
-            path = frame.f_code.co_filename.replace(os.sep, "/")
-            if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
-                self.sync_sites[f"{path.split('/')[-2]}/{path.split('/')[-1]}:{frame.f_lineno}"] += 1
-                return
-            frame = frame.f_back
-        self.sync_sites["<outside the library>"] += 1
+        self.sync_sites[_library_site(sys._getframe(1), lambda f: f.f_lineno)] += 1
+
+    def count_launch(self) -> None:
+        self.launches += 1
+        self.launch_sites[_library_site(sys._getframe(1), lambda f: f.f_code.co_name)] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -215,6 +217,8 @@ class SimulatedCuda(TorchDispatchMode):
                                    f"{[tuple(t.shape) for t in cpu]})")
         if (on_device or to_device) and _waits_for_device(func, args, kwargs, to_device):
             self.count_sync()
+        if (on_device or to_device) and _launches(func):
+            self.count_launch()
         out = func(*_unwrap(args), **_unwrap(kwargs))
         if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
             if on_device and func is aten._to_copy.default:
@@ -269,6 +273,30 @@ def _waits_for_device(func, args, kwargs, to_device: bool) -> bool:
                        and not isinstance(value, SimulatedCudaTensor))
         return not scalar_fill
     return False
+
+
+def _library_site(frame, where) -> str:
+    """``"dir/file:where(frame)"`` of the innermost library frame (not this package's) from ``frame`` out."""
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
+            return f"{path.split('/')[-2]}/{path.split('/')[-1]}:{where(frame)}"
+        frame = frame.f_back
+    return "<outside the library>"
+
+
+# Ops on device tensors that launch no kernel: allocations without a fill, and reads of a scalar (a copy, counted
+# as a wait). Views are recognised from their schema.
+_NO_KERNEL = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+              aten.new_empty_strided.default, aten._local_scalar_dense.default, aten.lift_fresh.default}
+
+
+@functools.cache
+def _launches(func) -> bool:
+    """Whether ``func`` runs a device kernel (or a copy): not a view, not a bare allocation."""
+    if func in _NO_KERNEL:
+        return False
+    return not any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
 def _unwrap(tree):
