@@ -28,42 +28,48 @@ CONFIGS = {"FW steps, uniform sampling (the paper's)": {},
                {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}}
 
 
-def measure(B: int, config: dict, n: int, passes: int) -> dict:
+def _warm_solver(B: int, config: dict, n: int):
+    """BCFW on ``cuda`` after its first pass (which visits every block once): the passes after it are counted.
+    The Triton oracle, which ``backend="auto"`` picks on CUDA (interpreted on the simulated device): one launch,
+    not its torch twin's 180."""
     import torchssvm as ts
-    from torchssvm.testing import simulated_cuda
 
     ds = ts.data.synthetic_chain("train", n, num_labels=26, num_features=128, seed=0)
+    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device="cuda")
+    solver = ts.optim.BCFW(model, ds.to("cuda"), lam=1e-3, batch_size=B, seed=0, backend="triton", **config)
+    solver.step()
+    return solver
+
+
+def _per_minibatch(counter, batches: int) -> dict:
+    return {k: v / batches for k, v in counter.most_common()}
+
+
+def measure(B: int, config: dict, n: int, passes: int) -> dict:
+    from torchssvm.testing import simulated_cuda
+
     with simulated_cuda() as mode:
-        model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device="cuda")
-        # the Triton oracle (interpreted), which `backend="auto"` picks on CUDA: one launch, not its torch twin's 180
-        solver = ts.optim.BCFW(model, ds.to("cuda"), lam=1e-3, batch_size=B, seed=0, backend="triton", **config)
-        solver.step()  # the first pass visits every block once; count the passes after it
+        solver = _warm_solver(B, config, n)
         before, mode.sync_sites = mode.syncs, type(mode.sync_sites)()
         launches, mode.launch_sites = mode.launches, type(mode.launch_sites)()
         for _ in range(passes):
             solver.step()
-        batches = passes * -(-n // B)
-        return {"B": B, "per_minibatch": (mode.syncs - before) / batches,
-                "sites": {k: v / batches for k, v in mode.sync_sites.most_common()},
-                "launches_per_minibatch": (mode.launches - launches) / batches,
-                "launch_sites": {k: v / batches for k, v in mode.launch_sites.most_common()}}
+    batches = passes * -(-n // B)
+    return {"B": B, "per_minibatch": (mode.syncs - before) / batches, "sites": _per_minibatch(mode.sync_sites, batches),
+            "launches_per_minibatch": (mode.launches - launches) / batches,
+            "launch_sites": _per_minibatch(mode.launch_sites, batches)}
 
 
 def measure_cuda(B: int, config: dict, n: int, passes: int) -> dict:
-    """`measure` on a real GPU (``backend="auto"``: the Triton oracle): the waiting runtime calls, by call."""
-    import torchssvm as ts
+    """`measure` on a real GPU: the waiting runtime calls, by call."""
     from torchssvm.testing import count_cuda_waits
 
-    ds = ts.data.synthetic_chain("train", n, num_labels=26, num_features=128, seed=0)
-    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device="cuda")
-    solver = ts.optim.BCFW(model, ds.to("cuda"), lam=1e-3, batch_size=B, seed=0, **config)
-    solver.step()
+    solver = _warm_solver(B, config, n)
     with count_cuda_waits() as waits:
         for _ in range(passes):
             solver.step()
     batches = passes * -(-n // B)
-    return {"B": B, "per_minibatch": sum(waits.values()) / batches,
-            "sites": {k: v / batches for k, v in waits.most_common()}}
+    return {"B": B, "per_minibatch": sum(waits.values()) / batches, "sites": _per_minibatch(waits, batches)}
 
 
 def write_report(results: dict, out: Path, cuda: bool = False) -> None:
@@ -72,7 +78,7 @@ def write_report(results: dict, out: Path, cuda: bool = False) -> None:
                 f"Command: `python scripts/report_host_syncs.py --device cuda`, on {results.get('device', 'a GPU')}: "
                 "the CUDA runtime calls that block the host (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, "
                 "`cudaEventSynchronize`, `cudaMemcpy`) in a `torch.profiler` trace. Data: `synthetic_chain`, n = "
-                "512, 26 labels, 128 features (OCR's shapes), lambda 1e-3, float64, `backend=\"auto\"`; counts "
+                "512, 26 labels, 128 features (OCR's shapes), lambda 1e-3, float64, the Triton oracle; counts "
                 "averaged over the passes after the first. The simulated device's count of the same runs: "
                 "[host_syncs.md](host_syncs.md).", ""]
     else:

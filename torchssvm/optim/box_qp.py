@@ -78,6 +78,10 @@ def qp_objective(c: torch.Tensor, H: torch.Tensor, gamma: torch.Tensor) -> torch
 _ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
 
+# Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
+_DEVICE_CHECK_EVERY = 4
+
+
 def _first_breakpoints(gamma, moves, upper):
     """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
     ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
@@ -133,10 +137,6 @@ def _projected_newton(c, H, upper, max_iter, tol):
         f = torch.where(running, value, f)
         grad = H @ gamma - c
     return gamma
-
-
-# Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
-_DEVICE_CHECK_EVERY = 4
 
 
 def _projected_newton_numpy(c, H, upper, max_iter, tol):

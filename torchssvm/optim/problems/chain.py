@@ -53,7 +53,6 @@ class ChainProblem(DualProblem):
         self.n = len(dataset)
         self.lengths = dataset.lengths.to(self.device)
         self.T = int(self.lengths.max())
-        self._length_list = self.lengths.tolist()
         self._lengths_host = dataset.lengths.to("cpu", torch.long)
         self.label_width = self.T
         self.truth = dataset.y[:, : self.T].to(self.device).clone()
@@ -122,7 +121,8 @@ class ChainProblem(DualProblem):
         for memo in self._T_memo:
             if memo[0] is idx and memo[1] == idx._version:
                 return memo[2]
-        T = self._length_list[int(idx)] if idx.numel() == 1 else int(self.lengths[idx].max())
+        lengths = self._lengths_host if idx.device.type == "cpu" else self.lengths
+        T = int(lengths[idx].max())
         self._remember_T(idx, T)
         return T
 
