@@ -472,7 +472,8 @@ def test_batched_dual_weights_update_equals_block_by_block(step):
     upper = torch.rand(B, generator=g, dtype=torch.float64)
     gamma = upper * torch.tensor([0.0, 0.3, 1.0, 0.7, 1.0, 0.2, 0.5, 1.0], dtype=torch.float64)
     gamma[2] = 1.5 if step == "fw" else gamma[2]  # FW: gamma >= 1 puts all mass on the FW atom
-    kind = None if step == "fw" else (torch.arange(B) % 3 if step == "away" else torch.ones(B, dtype=torch.long))
+    # an away step's blocks each take a FW (0) or an away (2) step; pairwise steps pass no kinds
+    kind = (torch.arange(B) % 2) * 2 if step == "away" else None
     aw = None if step == "fw" else away
     before = st.alpha.clone()
     s._update_alpha_batch(idx, gamma, upper, s_slot, aw, kind)

@@ -7,7 +7,7 @@ import torch
 
 import torchssvm as ts
 from torchssvm.models import TokenFeatures, joint_feature
-from torchssvm.optim import ChainProblem, FeatureTableProblem
+from torchssvm.optim import ChainProblem, FeatureTableProblem, MultiLabelProblem, SlackRescaledProblem
 
 
 def _dense_problem(seed=0, n=5, K=3, D=4, T=5, bias="ocr"):
@@ -95,6 +95,27 @@ def test_chain_problem_products_match_explicit_features(kind):
         zi = p.corner(idx[i : i + 1], lab[i : i + 1])
         assert abs(float(loss[i]) - float(H[i]) - float(p.inner(p.potentials(w, idx[i : i + 1]), zi))) < 1e-9
     assert (p.max_loss(idx) >= loss - 1e-12).all()
+    # a pairwise step's direction in one scatter: the same floats as the difference of the two corners
+    assert torch.equal(p.corner_difference(idx, lab, labels), p.corner(idx, lab) - p.corner(idx, labels))
+
+
+@pytest.mark.parametrize("kind", ["multilabel", "slack"])
+def test_corner_difference_is_the_difference_of_two_corners(kind):
+    g = torch.Generator().manual_seed(3)
+    if kind == "multilabel":  # its own override (0/1 marginals)
+        x = torch.randn(6, 3, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 2, (6, 4), generator=g)
+        p = MultiLabelProblem(x, y, ts.structures.MultiLabel(4, edges="full"))
+        a, b = torch.randint(0, 2, (2, 6, 4), generator=g)
+    else:  # the protocol's default: corners scaled by the loss
+        p = SlackRescaledProblem(ChainProblem(*_dense_problem()))
+        a, b = (torch.randint(0, p.base.K, (p.n, p.T), generator=g) for _ in range(2))
+        pad = torch.arange(p.T).unsqueeze(0) >= p.base.lengths.unsqueeze(1)
+        a[pad], b[pad] = -1, -1
+    idx = torch.arange(p.n)
+    diff = p.corner_difference(idx, a, b)
+    assert diff.abs().sum() > 0
+    assert torch.equal(diff, p.corner(idx, a) - p.corner(idx, b))
 
 
 def test_sparse_accumulate_reuses_gram_rows_only_for_the_same_unmodified_direction():

@@ -94,33 +94,36 @@ class AtomStore:
         dev = self.labels.device
         c = self.count[idx]
         C = scores.shape[1]
-        pos = torch.arange(C, device=dev).unsqueeze(0)
+        pos = torch.arange(C, device=dev)
         used = pos < c.unsqueeze(1)
         labels = labels.to(self.labels.dtype)
         match = (self.labels[idx, :C] == labels.unsqueeze(1)).all(2) & used
         found = match.any(1)
         alpha = self.alpha[idx, :C]
-        inactive = (alpha == 0) & used & (pos >= 1)
-        inf = torch.full_like(scores, torch.inf)
-        cand_slot = torch.where(inactive, scores, inf).argmin(1)  # first lowest, as `insert`
-        evict_slot = torch.where(used & (pos >= 1), scores, inf).argmin(1)
-        full = c >= cap if cap > 0 else torch.ones_like(found)
+        replaceable = used & (pos >= 1)  # never the truth
+        inactive = replaceable & (alpha == 0)
         has_cand = inactive.any(1)
-        evict = full & ~has_cand & (c > 1) & (not keep_active)
-        append = ~(full & (has_cand | evict))
-        slot = torch.where(full & has_cand, cand_slot, torch.where(evict, evict_slot, c))
+        full = c >= cap if cap > 0 else torch.ones_like(found)
+        slot = torch.where(full & has_cand, scores.masked_fill(~inactive, torch.inf).argmin(1), c)  # first lowest
+        if keep_active:  # pairwise / away steps: a full block without an inactive atom grows
+            append = ~(full & has_cand) & ~found
+            evict = None
+        else:  # FW steps: it evicts its lowest-scoring atom, and its alpha is no longer the block's
+            evict = full & ~has_cand & (c > 1) & ~found
+            slot = torch.where(evict, scores.masked_fill(~replaceable, torch.inf).argmin(1), slot)
+            append = ~(full & has_cand) & ~evict & ~found
         slot = torch.where(found, match.to(torch.int8).argmax(1), slot)
-        new = ~found
-        append, evict = append & new, evict & new
         host_idx = idx.cpu() if host_idx is None else host_idx
         self.count_host[host_idx] += append.cpu()
         if int(self.count_host[host_idx].max()) > self.labels.shape[1]:  # an append past the last slot
             self.grow()
-        self.labels[idx, slot] = torch.where(new.unsqueeze(1), labels, self.labels[idx, slot])
-        self.loss[idx, slot] = torch.where(new, loss.to(self.loss.dtype), self.loss[idx, slot])
-        self.alpha[idx, slot] = torch.where(new, 0.0, self.alpha[idx, slot])
-        self.count[idx] += append
-        self.alpha_valid[idx] &= ~evict
+        # A block that holds its labelling already writes back what is there: the same labels, its loss and alpha.
+        self.labels[idx, slot] = labels
+        self.loss[idx, slot] = torch.where(found, self.loss[idx, slot], loss.to(self.loss.dtype))
+        self.alpha[idx, slot] = torch.where(found, self.alpha[idx, slot], 0.0)
+        self.count[idx] = c + append
+        if evict is not None:
+            self.alpha_valid[idx] &= ~evict
         return slot
 
     def state_dict(self) -> dict:

@@ -140,7 +140,8 @@ class BCFW(DualSolver):
 
         On a device the host waits for it at most three times (docs/benchmarks/host_syncs.md): for which blocks
         missed the cache (the oracle's batch), for which gained a cache slot (`AtomStore.insert_batch`), and for
-        the B x B box QP (`box_qp`, on the host for B <= 64). Everything else is whole-batch tensor work."""
+        the B x B box QP (`box_qp`, on the host for B <= 64). Everything else is whole-batch tensor work, each
+        quantity computed once (kernel launches: the same page)."""
         p, n, lam = self.problem, self.n, self.lam
         idx = p.block_index(host_idx)
         B = idx.shape[0]
@@ -150,17 +151,16 @@ class BCFW(DualSolver):
         base = p.inner(theta, zi)  # <theta_i, z_i> = lam n <w, w_i>
         store = self.atoms
         if store is not None:
+            rows = torch.arange(B, device=p.device)
             a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
-            # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom
-            s_truth = p.labels_score(theta, idx, p.truth[idx].unsqueeze(1))
-            a_H = a_loss - s_truth + p.labels_score(theta, idx, a_labels)
+            # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom; slot 0 holds the truth y_i
+            a_score = p.labels_score(theta, idx, a_labels)
+            a_H = a_loss - a_score[:, :1] + a_score
         if self.cache_size > 0:
             best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
             g_hat = (base + best_H) / n - ell_i
-            threshold = torch.maximum(self.cache_factor * self.block_gaps[idx],
-                                      torch.full_like(g_hat, self.cache_nu / n * self.global_gap))
+            threshold = (self.cache_factor * self.block_gaps[idx]).clamp_min(self.cache_nu / n * self.global_gap)
             hit = g_hat >= threshold
-            rows = torch.arange(B, device=p.device)
             s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], p.truth[idx])
             s_loss = torch.where(hit, a_loss[rows, best], 0.0)
             s_H = torch.where(hit, best_H, 0.0)
@@ -188,7 +188,8 @@ class BCFW(DualSolver):
         self.visits += B
         g_fw = (base + s_H) / n - ell_i
 
-        # Insert the FW atoms and find the away atoms (per block; the stores are small).
+        # Insert the FW atoms. The away atoms are active atoms, which insertion leaves where they are (it fills an
+        # inactive or a new slot, and evicts only under FW steps): they are read from the atoms before it.
         if store is not None:
             keep = self.step_type != "fw"
             if B == 1:  # the sequential solver: host-side insertion, fewer operations
@@ -197,36 +198,32 @@ class BCFW(DualSolver):
             else:
                 s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=keep,
                                             host_idx=host_idx)
-            a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
-            a_H = a_loss - s_truth + p.labels_score(theta, idx, a_labels)
-        corner_s = p.corner(idx, s_labels)
+        kind = None  # of an away step's blocks: 0 FW, 2 away
         if self.step_type == "fw":
-            direction = corner_s - zi
+            direction = p.corner(idx, s_labels) - zi
             d_ell = s_loss / n - ell_i
             c, upper = g_fw, torch.ones_like(g_fw)
-            kind = None
         else:
             active = (a_alpha > 0) & used
             away_H, away = a_H.masked_fill(~active, math.inf).min(1)
-            rows = torch.arange(B, device=p.device)
             alpha_a = a_alpha[rows, away]
-            corner_a = p.corner(idx, a_labels[rows, away])
+            labels_a = a_labels[rows, away]
             loss_a = a_loss[rows, away]
             if self.step_type == "pairwise":
-                direction = corner_s - corner_a
+                direction = p.corner_difference(idx, s_labels, labels_a)
                 d_ell = (s_loss - loss_a) / n
                 c = (s_H - away_H) / n
                 # the FW atom may be the away atom: a zero direction, whatever rounding says about c
-                upper = torch.where(s_slot == away, torch.zeros_like(alpha_a), alpha_a)
-                kind = torch.ones(B, dtype=torch.long, device=p.device)  # 1: pairwise
+                upper = torch.where(s_slot == away, 0.0, alpha_a)
             else:
                 g_away = ell_i - (base + away_H) / n
                 use_away = (g_away > g_fw) & (alpha_a < 1)  # |S_i| > 1 iff alpha(y_a) < 1
-                direction = torch.where(use_away.unsqueeze(1), zi - corner_a, corner_s - zi)
+                direction = torch.where(use_away.unsqueeze(1), zi - p.corner(idx, labels_a),
+                                        p.corner(idx, s_labels) - zi)
                 d_ell = torch.where(use_away, ell_i - loss_a / n, s_loss / n - ell_i)
                 c = torch.where(use_away, g_away, g_fw)
-                upper = torch.where(use_away, alpha_a / (1 - alpha_a).clamp_min(1e-300), torch.ones_like(g_fw))
-                kind = torch.where(use_away, 2, 0)  # 0: FW, 2: away
+                upper = torch.where(use_away, alpha_a / (1 - alpha_a).clamp_min(1e-300), 1.0)
+                kind = torch.where(use_away, 2, 0)
 
         curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
             (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
@@ -242,7 +239,7 @@ class BCFW(DualSolver):
             self._update_alpha(idx, gamma, upper, s_slot, None if self.step_type == "fw" else away, kind)
 
     def _update_alpha(self, idx, gamma, upper, s_slot, away, kind) -> None:
-        """The explicit duals of the updated blocks (``kind``: None or 0 FW, 1 pairwise, 2 away)."""
+        """The explicit duals of the updated blocks (``kind``, of an away step's blocks: 0 FW, 2 away)."""
         if idx.shape[0] > 1:
             return self._update_alpha_batch(idx, gamma, upper, s_slot, away, kind)
         store = self.atoms
@@ -252,7 +249,7 @@ class BCFW(DualSolver):
                 continue
             a = store.alpha[i]
             s = int(s_slot[b])
-            k = 0 if kind is None else int(kind[b])
+            k = {"fw": 0, "pairwise": 1}.get(self.step_type) if kind is None else int(kind[b])
             if k == 0:  # FW: alpha <- (1 - gamma) alpha + gamma e_s
                 if g >= 1.0:
                     a.zero_()
@@ -271,23 +268,28 @@ class BCFW(DualSolver):
             a.clamp_(min=0.0)
 
     def _update_alpha_batch(self, idx, gamma, upper, s_slot, away, kind) -> None:
-        """`_update_alpha` for a mini-batch as tensor operations on the store's device (same arithmetic)."""
+        """`_update_alpha` for a mini-batch as tensor operations on the store's device (the same arithmetic,
+        written per step type so that a step costs few kernel launches)."""
         store = self.atoms
-        rows = torch.arange(idx.shape[0], device=idx.device)
         a = store.alpha[idx]
-        g = gamma.unsqueeze(1)
-        e_s = torch.zeros_like(a)
-        e_s[rows, s_slot] = 1.0
-        if kind is None:
-            kind = torch.zeros_like(s_slot)
-        fw = torch.where(g >= 1.0, e_s, (1.0 - g) * a + g * e_s)
-        out = torch.where((kind == 0).unsqueeze(1), fw, torch.where((kind == 1).unsqueeze(1), a + g * e_s,
-                                                                   (1.0 + g) * a))
+        s_col = s_slot.unsqueeze(1)
+        if self.step_type == "fw":  # alpha <- (1 - gamma) alpha + gamma e_s (gamma = 1: e_s)
+            g = gamma.clamp_max(1.0)
+            out = ((1.0 - g).unsqueeze(1) * a).scatter_add_(1, s_col, g.unsqueeze(1))
+        elif self.step_type == "pairwise":  # mass gamma from the away atom to the FW atom
+            out = a.scatter_add(1, s_col, gamma.unsqueeze(1))
+        else:  # per block, a FW step (kind 0) or an away step (kind 2): alpha <- (1 + gamma) alpha - gamma e_a
+            fw = kind == 0
+            g = gamma.clamp_max(1.0)
+            scale = torch.where(fw, 1.0 - g, 1.0 + gamma)
+            out = (scale.unsqueeze(1) * a).scatter_add_(1, s_col, torch.where(fw, g, 0.0).unsqueeze(1))
         if away is not None:  # pairwise / away: the away atom loses gamma (all of it at the bound)
-            moved = kind != 0
-            at_away = out[rows, away]
-            out[rows, away] = torch.where(moved, torch.where(gamma >= upper, torch.zeros_like(gamma), at_away - gamma),
-                                          at_away)
+            a_col = away.unsqueeze(1)
+            at_away = out.gather(1, a_col).squeeze(1)
+            moved = torch.where(gamma >= upper, 0.0, at_away - gamma)
+            if self.step_type == "away":
+                moved = torch.where(fw, at_away, moved)
+            out.scatter_(1, a_col, moved.unsqueeze(1))
         change = (gamma != 0) & store.alpha_valid[idx]
         store.alpha[idx] = torch.where(change.unsqueeze(1), out.clamp_min(0.0), a)
 

@@ -18,7 +18,8 @@ of example i. Solvers never build ``Phi_i``: they use the operations below, batc
 - ``decode(theta, idx)``: plain MAP labels (the regularization path's initialization).
 - ``labels_score(theta, idx, labels)``: ``<theta_i, m(y)>`` of ``(B, C, width)`` candidate labellings.
 - ``task_loss(idx, labels)``: ``L_i(y)`` of ``(B, C, width)`` labellings.
-- ``corner(idx, labels)``: ``m(y_i) - m(y)``, the block vector of the labelling (a simplex corner).
+- ``corner(idx, labels)``: ``m(y_i) - m(y)``, the block vector of the labelling (a simplex corner);
+  ``corner_difference(idx, labels, other)`` the difference of two corners (a pairwise step's direction).
 - ``inner(theta, z)``, ``gram(idx_a, z_a, idx_b, z_b)`` = ``<Phi_a z_a, Phi_b z_b>`` and ``sqnorm``.
 - ``accumulate(w, idx, z, coef)``: ``w += sum_b coef_b Phi_b z_b`` in place.
 - ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
@@ -86,6 +87,11 @@ class DualProblem:
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def corner_difference(self, idx: torch.Tensor, labels: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """``corner(idx, labels) - corner(idx, other)`` ``(B, m)``; problems whose marginals are exact counts
+        override it with the one product ``m(other) - m(labels)``."""
+        return self.corner(idx, labels) - self.corner(idx, other)
 
     def inner(self, theta, z: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -238,6 +238,10 @@ class ChainProblem(DualProblem):
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self._one_hot(self.truth[idx], self.lengths[idx], minus=labels)
 
+    def corner_difference(self, idx: torch.Tensor, labels: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        # m(other) - m(labels): counts, so the same floats as the difference of the two corners, in one scatter
+        return self._one_hot(other, self.lengths[idx], minus=labels)
+
     def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
         zu, zt, zs, ze = self._split(z, theta.unary.shape[1])
         out = (theta.unary * zu).sum((1, 2)) + (zt * theta.transition).sum((1, 2))

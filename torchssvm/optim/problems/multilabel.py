@@ -110,6 +110,9 @@ class MultiLabelProblem(DualProblem):
     def corner(self, idx, labels):
         return self._marginals(self.truth[idx]) - self._marginals(labels)
 
+    def corner_difference(self, idx, labels, other):
+        return self._marginals(other) - self._marginals(labels)  # 0/1 marginals: exact
+
     def inner(self, theta, z):
         out = (theta.unary * z[:, : self.K]).sum(1)
         if self.E:
