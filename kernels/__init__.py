@@ -18,6 +18,8 @@ import torch
 
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
+from .chain_marginals_torch import chain_marginals_torch
+from .chain_score_torch import chain_labels_score_torch, chain_score_torch
 from .distance_transform_torch import distance_transform_1d_torch
 from .distance_transform_torch import distance_transform_2d as distance_transform_2d_torch
 from .simplex_torch import project_simplex_torch
@@ -85,6 +87,28 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 
         return viterbi_triton(unary, transition, start, end, lengths)
     return viterbi_torch(unary, transition, start, end, lengths)
+
+
+@torch.no_grad()
+def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto"):
+    """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
+    `chain_labels_score_torch` or `chain_labels_score_triton` (one launch instead of about fifteen)."""
+    if resolve_backend(backend, unary.device) == "triton":
+        from .chain_score_triton import chain_labels_score_triton
+
+        return chain_labels_score_triton(unary, transition, start, end, labels, lengths)
+    return chain_labels_score_torch(unary, transition, start, end, labels, lengths)
+
+
+@torch.no_grad()
+def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto"):
+    """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
+    `chain_marginals_torch` or `chain_marginals_triton` (bitwise equal)."""
+    if resolve_backend(backend, labels.device) == "triton":
+        from .chain_marginals_triton import chain_marginals_triton
+
+        return chain_marginals_triton(labels, lengths, num_labels, minus, dtype)
+    return chain_marginals_torch(labels, lengths, num_labels, minus, dtype)
 
 
 @torch.no_grad()
@@ -366,8 +390,9 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
 
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",
-           "viterbi", "viterbi_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend", "triton_available",
-           "numba_available",
+           "viterbi", "viterbi_torch", "chain_score_torch", "chain_labels_score", "chain_labels_score_torch",
+           "chain_marginals", "chain_marginals_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend",
+           "triton_available", "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
            "mixture_tree_max_sum", "mixture_tree_max_sum_torch", "cooccurrence_tree_max_sum_torch",
            "tree_schedule", "TreeSchedule", "distance_transform_1d", "distance_transform_1d_torch",

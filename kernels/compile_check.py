@@ -44,8 +44,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-TRITON_MODULES = ("box_equality_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
-                  "tree_triton", "viterbi_triton")
+TRITON_MODULES = ("box_equality_triton", "chain_marginals_triton", "chain_score_triton", "distance_transform_triton",
+                  "simplex_triton", "slack_chain_triton", "tree_triton", "viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -62,6 +62,8 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
 # that reads a launch's output (the trees backtrack through argmax indices) gets valid values.
 OUTPUTS = {
     "_box_equality_kernel": ("out_ptr",),
+    "_chain_marginals_kernel": ("out_ptr",),
+    "_chain_score_kernel": ("out_ptr",),
     "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
     "_simplex_kernel": ("out_ptr",),
     "_slack_viterbi_kernel": ("bp_ptr", "alpha_ptr", "out_ptr", "value_ptr"),
@@ -197,6 +199,24 @@ def _slack(B, T, K, dtype, **kw):
     return run
 
 
+def _chain_score(B, C, T, K, dtype, start_end=True):
+    def run():
+        from .chain_score_triton import chain_labels_score_triton
+
+        unary, transition, se, _, lengths = _chain(B, T, K, dtype, start_end=start_end)
+        chain_labels_score_triton(unary, transition, se, se, torch.zeros(B, C, T, dtype=torch.long), lengths)
+    return run
+
+
+def _chain_marginals(B, T, K, minus):
+    def run():
+        from .chain_marginals_triton import chain_marginals_triton
+
+        labels = torch.zeros(B, T, dtype=torch.long)
+        chain_marginals_triton(labels, torch.full((B,), T, dtype=torch.long), K, labels if minus else None)
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .simplex_triton import project_simplex_triton
@@ -250,6 +270,10 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "slack chain OCR (32,14,26)": _slack(32, 14, 26, f32),
     "slack chain (8,100,45) float64": _slack(8, 100, 45, f64),
     "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),
+    "chain atom scores OCR (64,10,14,26) float64": _chain_score(64, 10, 14, 26, f64),
+    "chain atom scores CoNLL (64,10,100,45), no start/end": _chain_score(64, 10, 100, 45, f32, start_end=False),
+    "chain marginals OCR (64,14,26) pair": _chain_marginals(64, 14, 26, True),
+    "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
     "simplex M=26": _simplex(64, 26, f32, False),
     "simplex M=26 masked float64": _simplex(64, 26, f64, True),
     "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),

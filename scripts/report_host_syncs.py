@@ -89,8 +89,7 @@ def write_report(results: dict, out: Path, cuda: bool = False) -> None:
                 "blocking copies from it). Data: `synthetic_chain`, n = 512, 26 labels, 128 features (OCR's "
                 "shapes), lambda 1e-3, float64, the Triton oracle (interpreted; what `backend=\"auto\"` runs on CUDA); "
                 "counts averaged over the passes after the first. Kernel launches: the aten ops on device tensors "
-                "that are not views or bare allocations (the Triton kernel's own launch, one per oracle call, is "
-                "not among them).", ""]
+                "that are not views or bare allocations, and the Triton kernels' launches.", ""]
     lines, where = head, "runtime call" if cuda else "library line"
     for name, runs in results.items():
         if name == "device":

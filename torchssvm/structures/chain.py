@@ -13,7 +13,7 @@ from .._validation import (
     check_shape,
     check_tensor,
 )
-from ..kernels import slack_viterbi, viterbi
+from ..kernels import chain_score_torch, slack_viterbi, viterbi
 from .base import Structure, compute_dtype
 
 
@@ -136,24 +136,7 @@ class Chain(Structure):
         return self._score(pot, y, lengths)
 
     def _score(self, pot: ChainPotentials, y, lengths) -> torch.Tensor:
-        B, T, _ = pot.unary.shape
-        valid = self._valid(lengths, T)
-        yc = y.clamp_min(0)
-        s = (pot.unary.gather(2, yc.unsqueeze(2)).squeeze(2) * valid).sum(1)
-        if T > 1:
-            pair_valid = valid[:, 1:]
-            if pot.transition.dim() == 2:
-                tr = pot.transition[yc[:, :-1], yc[:, 1:]]
-            else:
-                K = self.num_labels
-                flat = pot.transition.reshape(B, T - 1, K * K)
-                tr = flat.gather(2, (yc[:, :-1] * K + yc[:, 1:]).unsqueeze(2)).squeeze(2)
-            s = s + (tr * pair_valid).sum(1)
-        if pot.start is not None:
-            s = s + pot.start[yc[:, 0]]
-        if pot.end is not None:
-            s = s + pot.end[yc.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)]
-        return s
+        return chain_score_torch(pot.unary, pot.transition, pot.start, pot.end, y, lengths)
 
     def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
         check_tensor("y", y, ndim=2)

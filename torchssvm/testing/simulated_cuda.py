@@ -24,7 +24,8 @@ else. Under `simulated_cuda()`:
 - ``mode.launches`` counts the ops that would launch a kernel or a copy on the device (not views or bare
   allocations; a composite op counts as the ops it is made of), ``mode.launch_sites`` by library function: on a
   GPU each costs the host some microseconds however small the tensors.
-- Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage.
+- Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage; each launch on
+  device tensors counts as one kernel launch.
 
 It simulates placement, not numerics or speed: results are those of the CPU kernels. A non-blocking copy from
 the host is not counted; on CUDA it is queued only from pinned memory (`torchssvm._device.host_to_device`).
@@ -339,6 +340,28 @@ def _tensor_factory(original):
     return factory
 
 
+def _counted_triton_run(run):
+    """The Triton interpreter's launch, counted when it is given device tensors."""
+    @functools.wraps(run)
+    def counted(self, *args, **kwargs):
+        if any(isinstance(a, SimulatedCudaTensor) for a in (*args, *kwargs.values())):
+            SimulatedCuda.active.count_launch()
+        return run(self, *args, **kwargs)
+    return counted
+
+
+def _triton_patches() -> list:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return []
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return []
+    import unittest.mock as mock
+
+    return [mock.patch.object(InterpretedFunction, "run", _counted_triton_run(InterpretedFunction.run))]
+
+
 @contextlib.contextmanager
 def simulated_cuda() -> Iterator[SimulatedCuda]:
     """Simulate one CUDA device for the duration; yields the mode (``mode.syncs``: host synchronisations)."""
@@ -358,6 +381,7 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         mock.patch.object(torch.Tensor, "to", _to),
         mock.patch.object(torch.Tensor, "cuda", lambda self, *a, non_blocking=False, **k: _to(self, CUDA,
                                                                                              non_blocking=non_blocking)),
+        *_triton_patches(),
     ]
     with contextlib.ExitStack() as stack:
         for p in patches:

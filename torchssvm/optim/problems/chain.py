@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ...data.sequence_dataset import SequenceDataset
-from ...kernels import viterbi
+from ...kernels import chain_labels_score, chain_marginals, viterbi
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
@@ -181,8 +181,8 @@ class ChainProblem(DualProblem):
         labels, value = viterbi(theta.unary + aug, theta.transition, theta.start, theta.end, lengths,
                                 backend=self.backend)
         loss = aug.gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)  # padding costs 0
-        truth_score = self.structure._score(theta, self.truth[idx, :T], lengths)
-        return self._pad(labels), loss, value - truth_score
+        truth_score = chain_labels_score(*theta, self.truth[idx].unsqueeze(1), lengths, backend=self.backend)
+        return self._pad(labels), loss, value - truth_score.squeeze(1)
 
     def slack_oracle(self, theta: ChainPotentials, idx: torch.Tensor):
         """The exact error-count DP (`Chain.slack_max_oracle`); needs a Chain without class weights."""
@@ -197,12 +197,7 @@ class ChainProblem(DualProblem):
         return self._pad(labels)
 
     def labels_score(self, theta: ChainPotentials, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        B, C, _ = labels.shape
-        T = theta.unary.shape[1]
-        unary = theta.unary.unsqueeze(1).expand(B, C, T, self.K).reshape(B * C, T, self.K)
-        pot = ChainPotentials(unary, theta.transition, theta.start, theta.end)
-        lengths = self.lengths[idx].repeat_interleave(C)
-        return self.structure._score(pot, labels[:, :, :T].reshape(B * C, T), lengths).view(B, C)
+        return chain_labels_score(*theta, labels, self.lengths[idx], backend=self.backend)
 
     def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, _ = labels.shape
@@ -213,27 +208,7 @@ class ChainProblem(DualProblem):
     def _one_hot(self, labels: torch.Tensor, lengths: torch.Tensor, minus=None) -> torch.Tensor:
         """Flat marginals ``m(y)`` ``(B, m)`` of padded labellings ``(B, T)``; with ``minus=y2``,
         ``m(y) - m(y2)`` (both labellings share the lengths)."""
-        B, K, T = labels.shape[0], self.K, self.T
-        ys = labels if minus is None else torch.cat([labels, minus], 1)  # (B, T) or (B, 2T)
-        n_lab = 1 if minus is None else 2
-        sign = torch.ones(B, n_lab, 1, dtype=self.dtype, device=self.device)
-        if minus is not None:
-            sign[:, 1] = -1.0
-        valid = (ys >= 0).view(B, n_lab, T)
-        yc = ys.clamp_min(0).view(B, n_lab, T)
-        vs = valid * sign  # (B, n_lab, T) signed weights
-        a, b, c = self._cut
-        offs = torch.arange(T, device=self.device) * K
-        cols = [(yc + offs).view(B, n_lab * T)]
-        vals = [vs.view(B, n_lab * T)]
-        if T > 1:
-            cols.append((a + yc[:, :, :-1] * K + yc[:, :, 1:]).view(B, -1))
-            vals.append((vs[:, :, 1:]).reshape(B, -1))
-        last = yc.gather(2, (lengths - 1).view(B, 1, 1).expand(B, n_lab, 1)).squeeze(2)
-        cols += [b + yc[:, :, 0], c + last]
-        vals += [sign.squeeze(2), sign.squeeze(2)]
-        out = torch.zeros(B, self.m, dtype=self.dtype, device=self.device)
-        return out.scatter_add_(1, torch.cat(cols, 1), torch.cat(vals, 1))
+        return chain_marginals(labels, lengths, self.K, minus, self.dtype, backend=self.backend)
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self._one_hot(self.truth[idx], self.lengths[idx], minus=labels)

@@ -1,0 +1,108 @@
+"""The chain SSVM's bookkeeping kernels: labelling scores and flat one-hot marginals, torch twin against explicit
+sums and `Chain.marginals`, Triton kernel against the twin, and the problem's solver on either backend."""
+
+import pytest
+import torch
+from conftest import needs_triton
+from torchssvm.kernels import chain_labels_score, chain_marginals, chain_score_torch
+
+import torchssvm as ts
+from torchssvm.structures import Chain
+
+
+def _lengths(B, T, g):
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0], lengths[-1] = T, 1
+    return lengths
+
+
+def _labellings(B, C, T, K, lengths, g, width=None):
+    y = torch.randint(0, K, (B, C, width or T), generator=g)
+    y[(torch.arange(width or T) >= lengths.view(B, 1, 1)).expand(B, C, width or T)] = -1
+    return y
+
+
+def _potentials(B, T, K, g, start_end=True):
+    draw = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    return draw(B, T, K), draw(K, K), draw(K) if start_end else None, draw(K) if start_end else None
+
+
+def _explicit_score(unary, transition, start, end, y, L):
+    s = sum(float(unary[t, y[t]]) for t in range(L)) + sum(float(transition[y[t - 1], y[t]]) for t in range(1, L))
+    return s + (float(start[y[0]]) if start is not None else 0.0) + (float(end[y[L - 1]]) if end is not None else 0.0)
+
+
+@pytest.mark.parametrize("start_end", [True, False])
+def test_labels_score_twin_is_the_explicit_sum(start_end):
+    g = torch.Generator().manual_seed(0)
+    B, C, T, K = 6, 3, 5, 4
+    lengths = _lengths(B, T, g)
+    theta = _potentials(B, T, K, g, start_end)
+    y = _labellings(B, C, T, K, lengths, g, width=T + 2)  # wider than the potentials: the first T entries count
+    got = chain_labels_score(*theta, y, lengths, backend="torch")
+    assert got.shape == (B, C)
+    for b in range(B):
+        for c in range(C):
+            ref = _explicit_score(theta[0][b], *theta[1:], y[b, c].tolist(), int(lengths[b]))
+            assert float(got[b, c]) == pytest.approx(ref, abs=1e-12)
+    # one labelling per example is Chain's score, per-position transitions included
+    per_position = torch.randn(B, T - 1, K, K, generator=g, dtype=torch.float64)
+    one = chain_score_torch(theta[0], per_position, theta[2], theta[3], y[:, 0, :T], lengths)
+    for b in range(B):
+        L, yb = int(lengths[b]), y[b, 0].tolist()
+        ref = _explicit_score(theta[0][b], torch.zeros(K, K), *theta[2:], yb, L)
+        ref += sum(float(per_position[b, t - 1, yb[t - 1], yb[t]]) for t in range(1, L))
+        assert float(one[b]) == pytest.approx(ref, abs=1e-12)
+
+
+@pytest.mark.parametrize("minus", [False, True])
+def test_marginals_twin_is_the_structures_one_hot_counts(minus):
+    g = torch.Generator().manual_seed(1)
+    B, T, K = 7, 6, 3
+    lengths = _lengths(B, T, g)
+    y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
+    got = chain_marginals(y, lengths, K, y2 if minus else None, backend="torch")
+
+    def flat(labels):
+        m = Chain(K).marginals(labels, lengths, dtype=torch.float64)
+        return torch.cat([m.unary.flatten(1), m.transition.flatten(1), m.start, m.end], 1)
+
+    assert torch.equal(got, flat(y) - flat(y2) if minus else flat(y))
+
+
+@needs_triton()
+@pytest.mark.parametrize("T", [1, 5, 33])
+def test_triton_kernels_match_their_twins(T):
+    g = torch.Generator().manual_seed(T)
+    B, C, K = 9, 4, 5
+    lengths = _lengths(B, T, g)
+    for start_end in (True, False):
+        theta = _potentials(B, T, K, g, start_end)
+        y = _labellings(B, C, T, K, lengths, g, width=T + 3)
+        ref = chain_labels_score(*theta, y, lengths, backend="torch")
+        for labels in (y, y.int()):
+            torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend="triton"), ref,
+                                       rtol=0, atol=1e-12)
+    y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
+    for minus in (None, y2):  # counts: the same floats in any order of the atomic adds
+        for dtype in (torch.float64, torch.float32):
+            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend="triton"),
+                               chain_marginals(y, lengths, K, minus, dtype, backend="torch"))
+
+
+@needs_triton()
+def test_bcfw_on_the_triton_kernels_follows_the_torch_twins():
+    """The chain problem's scores, corners and oracle on Triton: the same pairwise + cache run as on torch, up to
+    the rounding of the scores' sums."""
+    ds = ts.data.synthetic_chain("train", 48, num_labels=4, num_features=6, seed=0)
+    runs = {}
+    for backend in ("torch", "triton"):
+        model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
+        s = ts.optim.BCFW(model, ds, lam=0.05, batch_size=16, step="pairwise", sampling="gap", cache_size=4,
+                          gap_check_every=2, seed=0, backend=backend)
+        runs[backend] = [s.step() for _ in range(4)], s.w
+    (r_torch, w_torch), (r_triton, w_triton) = runs["torch"], runs["triton"]
+    assert r_torch[-1]["cache_hits"] > 0
+    torch.testing.assert_close(w_triton, w_torch, rtol=1e-9, atol=1e-9)
+    for a, b in zip(r_torch, r_triton):
+        assert a["gap"] == pytest.approx(b["gap"], rel=1e-8, abs=1e-12)
