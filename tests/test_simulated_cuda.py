@@ -78,15 +78,41 @@ def _syncs_per_pass(B, **config):
 
 @pytest.mark.parametrize("config,per_step", [
     ({}, 1),  # the box QP's copy to the host
-    # and gap sampling's read of the gaps, the cache misses (the oracle's batch), the blocks gaining a cache slot
-    ({"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 4)])
+    # and gap sampling's read of the gaps and the blocks gaining a cache slot (the cache test reads nothing)
+    ({"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 3)])
 def test_minibatch_bcfw_step_waits_for_the_device_a_fixed_number_of_times(config, per_step):
     """Host synchronisations of a mini-batch step, whatever its size, plus one read per pass for the report
     (docs/benchmarks/host_syncs.md). Before the session that made the step's masks whole-batch tensor work, kept
     the cache's counts on the host and queued the host-to-device copies, the same counting gave 14 and 37 at
-    B = 64 on OCR's shapes, now 1.1 and 4.1."""
+    B = 64 on OCR's shapes, then 1.1 and 4.1; the cache test on the device took one more off."""
     for B in (16, 64):
         assert _syncs_per_pass(B, **config) == per_step * (128 // B) + 1
+
+
+def test_device_cache_test_takes_the_misses_answers_of_a_whole_batch_oracle():
+    """On a device the oracle decodes the whole mini-batch and the cache misses take its answers, counted on the
+    device and read with the pass's report: the same run as on the CPU (which decodes the misses only), counters
+    included, up to the rounding of the scores' sums over another padded length. (Over more passes that rounding
+    decides a near-tie between two active atoms for the away step, and the runs part.)"""
+    ds = ts.data.synthetic_chain("train", 96, num_labels=5, num_features=8, seed=1)
+    config = dict(lam=0.01, batch_size=16, step="pairwise", sampling="gap", cache_size=5, gap_check_every=3, seed=0,
+                  backend="torch")
+    cpu = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, **config)
+    ref = [cpu.step() for _ in range(2)]
+    with simulated_cuda():
+        dev = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"), **config)
+        got = [dev.step() for _ in range(2)]
+        w = dev.w.cpu()
+        dev._update(torch.arange(16))  # a step's misses are counted when the counters are next read
+        unread = dev._visits_unread
+        state = dev.state_dict()
+    assert ref[-1]["cache_hits"] > 0 and ref[-1]["oracle_calls"] > 96
+    for a, b in zip(ref, got):
+        assert (a["oracle_calls"], a["cache_hits"]) == (b["oracle_calls"], b["cache_hits"])
+        assert a["gap"] == pytest.approx(b["gap"], rel=1e-9)
+    torch.testing.assert_close(w, cpu.w, rtol=1e-9, atol=1e-12)
+    assert unread == 16 and state["oracle_calls"] + state["cache_hits"] == got[-1]["oracle_calls"] + \
+        got[-1]["cache_hits"] + 16
 
 
 def test_device_box_qp_reads_its_stop_flag_every_few_iterations():
