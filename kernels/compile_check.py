@@ -44,8 +44,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-TRITON_MODULES = ("box_equality_triton", "chain_marginals_triton", "chain_score_triton", "distance_transform_triton",
-                  "simplex_triton", "slack_chain_triton", "tree_triton", "viterbi_triton")
+TRITON_MODULES = ("atoms_insert_triton", "box_equality_triton", "chain_marginals_triton", "chain_score_triton",
+                  "distance_transform_triton", "simplex_triton", "slack_chain_triton", "tree_triton", "viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -62,6 +62,8 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
 # that reads a launch's output (the trees backtrack through argmax indices) gets valid values.
 OUTPUTS = {
     "_box_equality_kernel": ("out_ptr",),
+    "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
+                             "slot_ptr", "append_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),
     "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
@@ -217,6 +219,18 @@ def _chain_marginals(B, T, K, minus):
     return run
 
 
+def _insert_atoms(B, n, capacity, W, keep_active):
+    def run():
+        from .atoms_insert_triton import insert_atoms_triton
+
+        store = torch.zeros(n, capacity, W, dtype=torch.int32)
+        loss, alpha = torch.zeros(n, capacity, dtype=f64), torch.zeros(n, capacity, dtype=f64)
+        count, valid = torch.ones(n, dtype=torch.long), torch.ones(n, dtype=torch.bool)
+        insert_atoms_triton(store, loss, alpha, count, valid, torch.arange(B), torch.zeros(B, W, dtype=torch.long),
+                            torch.zeros(B, dtype=f64), torch.zeros(B, capacity, dtype=f64), capacity, keep_active)
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .simplex_triton import project_simplex_triton
@@ -274,6 +288,8 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "chain atom scores CoNLL (64,10,100,45), no start/end": _chain_score(64, 10, 100, 45, f32, start_end=False),
     "chain marginals OCR (64,14,26) pair": _chain_marginals(64, 14, 26, True),
     "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
+    "atom insertion OCR (64 of 6251, cache 10, width 14), pairwise": _insert_atoms(64, 6251, 10, 14, True),
+    "atom insertion CoNLL (64 of 8936, cache 50, width 78), FW": _insert_atoms(64, 8936, 50, 78, False),
     "simplex M=26": _simplex(64, 26, f32, False),
     "simplex M=26 masked float64": _simplex(64, 26, f64, True),
     "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),

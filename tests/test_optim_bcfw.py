@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import needs_triton
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, FeatureTableProblem
@@ -430,16 +431,19 @@ def test_bad_arguments_name_themselves(kwargs, match):
         BCFW(FeatureTableProblem(F, L, y), **kwargs)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton())])
 @pytest.mark.parametrize("cap,keep_active", [(0, True), (0, False), (3, True), (3, False), (6, False)])
-def test_batched_atom_insertion_equals_block_by_block(cap, keep_active):
-    """`AtomStore.insert_batch` (mini-batches, on the device) makes the same slots and store as `insert`:
-    hits, appends, replacement of the lowest inactive atom, eviction of active atoms, growth."""
+def test_batched_atom_insertion_equals_block_by_block(cap, keep_active, backend):
+    """`AtomStore.insert_batch` (mini-batches, on the device; torch ops or the Triton kernel) makes the same
+    slots and store as `insert`: hits, appends, replacement of the lowest inactive atom, eviction of active
+    atoms, growth."""
     from torchssvm.optim.atoms import AtomStore
 
     g = torch.Generator().manual_seed(cap + 10 * keep_active)
     n, W, K = 9, 3, 3
     truth = torch.randint(K, (n, W), generator=g)
-    a, b = AtomStore(truth, 2), AtomStore(truth, 2)
+    a, b = AtomStore(truth, 2), AtomStore(truth, 2, backend)
+    grew = 0
     for _ in range(25):
         idx = torch.randperm(n, generator=g)[:5]
         labels = torch.randint(K, (5, W), generator=g)
@@ -448,13 +452,16 @@ def test_batched_atom_insertion_equals_block_by_block(cap, keep_active):
         scores = torch.randn(5, C, generator=g, dtype=torch.float64)
         slots = [a.insert(int(i), labels[r], float(loss[r]), scores[r], cap=cap, keep_active=keep_active)
                  for r, i in enumerate(idx.tolist())]
+        before = b.labels.shape[1]
         assert b.insert_batch(idx, labels, loss, scores, cap=cap, keep_active=keep_active).tolist() == slots
+        grew += b.labels.shape[1] > before
         for r, i in enumerate(idx.tolist()):  # random activity: some atoms gain mass, some lose it
             mass = float(torch.rand(1, generator=g)) if r % 2 else 0.0
             for st in (a, b):
                 st.alpha[i, slots[r]] = mass
         for name in ("labels", "loss", "alpha", "count", "alpha_valid"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert grew or (cap == 0 and not keep_active)  # the store grew (FW steps without a cap only evict)
 
 
 @pytest.mark.parametrize("step", ["fw", "pairwise", "away"])

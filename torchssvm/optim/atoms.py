@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from .._device import host_to_device
+from ..kernels import resolve_backend
+
 
 class AtomStore:
-    def __init__(self, truth: torch.Tensor, capacity: int):
+    """``AtomStore(truth (n, width), capacity, backend="auto")``; ``backend`` runs `insert_batch` as torch ops or
+    as the Triton kernel `insert_atoms_triton` (`torchssvm.kernels`: ``"auto"`` picks Triton on CUDA)."""
+
+    def __init__(self, truth: torch.Tensor, capacity: int, backend: str = "auto"):
         n, width = truth.shape
+        self.backend = backend
         self.capacity = max(2, int(capacity))
         dev = truth.device
         # int32 labels: the store is n x capacity x width (CoNLL, cap 50: 35M entries)
@@ -91,6 +98,9 @@ class AtomStore:
         The host reads one thing from the device: which blocks gain a slot (its copy of the counts, and whether
         the store must grow). The writes are whole-batch, blocks that hold their labelling already writing back
         what is there, so that no boolean mask makes the host wait."""
+        host_idx = idx.cpu() if host_idx is None else host_idx
+        if resolve_backend(self.backend, self.labels.device) == "triton":
+            return self._insert_batch_triton(idx, labels, loss, scores, cap, keep_active, host_idx)
         dev = self.labels.device
         c = self.count[idx]
         C = scores.shape[1]
@@ -113,7 +123,6 @@ class AtomStore:
             slot = torch.where(evict, scores.masked_fill(~replaceable, torch.inf).argmin(1), slot)
             append = ~(full & has_cand) & ~evict & ~found
         slot = torch.where(found, match.to(torch.int8).argmax(1), slot)
-        host_idx = idx.cpu() if host_idx is None else host_idx
         self.count_host[host_idx] += append.cpu()
         if int(self.count_host[host_idx].max()) > self.labels.shape[1]:  # an append past the last slot
             self.grow()
@@ -124,6 +133,25 @@ class AtomStore:
         self.count[idx] = c + append
         if evict is not None:
             self.alpha_valid[idx] &= ~evict
+        return slot
+
+    def _insert_batch_triton(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
+        """`insert_batch` as one kernel launch; blocks appending past the last slot are written here after the
+        store grows (rare: the store doubles)."""
+        from ..kernels.atoms_insert_triton import insert_atoms_triton
+
+        last = self.labels.shape[1]
+        slot, append = insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,
+                                           labels, loss.to(self.loss.dtype), scores, cap, keep_active)
+        self.count_host[host_idx] += append.cpu()
+        beyond = self.count_host[host_idx] > last  # appended at slot `last`, which does not exist yet
+        if bool(beyond.any()):
+            self.grow()
+            rows = host_to_device(beyond.nonzero().squeeze(1), idx.device)
+            at = idx[rows]
+            self.labels[at, last] = labels[rows].to(self.labels.dtype)
+            self.loss[at, last] = loss[rows].to(self.loss.dtype)
+            self.alpha[at, last] = 0.0
         return slot
 
     def state_dict(self) -> dict:

@@ -95,7 +95,7 @@ class BCFW(DualSolver):
         self.seed = seed
         self.generator = torch.Generator().manual_seed(int(seed))
         p = self.problem
-        self.atoms = AtomStore(p.truth, cache_size) if (cache_size > 0 or step != "fw") else None
+        self.atoms = AtomStore(p.truth, cache_size, backend) if (cache_size > 0 or step != "fw") else None
         self.global_gap = float(p.max_loss(torch.arange(self.n, device=p.device)).sum()) / self.n
         self.first_visit = torch.randperm(self.n, generator=self.generator)  # Alg. 2's g_i = inf blocks
         self.first_visit_pos = 0
