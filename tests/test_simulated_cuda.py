@@ -106,6 +106,11 @@ def test_device_cache_test_takes_the_misses_answers_of_a_whole_batch_oracle():
         dev._update(torch.arange(16))  # a step's misses are counted when the counters are next read
         unread = dev._visits_unread
         state = dev.state_dict()
+        dev._update(torch.arange(16, 32))
+        dev.load_state_dict(state)  # drops the misses counted since
+        r = dev.step()  # the third pass: 96 visits, then an exact pass (96 oracle calls)
+        assert r["gap_exact"] and r["oracle_calls"] + r["cache_hits"] == state["oracle_calls"] + \
+            state["cache_hits"] + 2 * 96
     assert ref[-1]["cache_hits"] > 0 and ref[-1]["oracle_calls"] > 96
     for a, b in zip(ref, got):
         assert (a["oracle_calls"], a["cache_hits"]) == (b["oracle_calls"], b["cache_hits"])

@@ -422,6 +422,9 @@ class BCFW(DualSolver):
         self.first_visit = state["first_visit"].clone()
         self.first_visit_pos = int(state["first_visit_pos"])
         self.cache_hits, self.visits = int(state["cache_hits"]), int(state["visits"])
+        if self._misses is not None:  # the saved counters include every miss counted on the device
+            self._misses.zero_()
+            self._visits_unread = 0
         self.generator.set_state(state["generator"])
         if (state["atoms"] is None) != (self.atoms is None):
             raise ValueError("state_dict was saved with a different cache / step configuration")

@@ -157,13 +157,14 @@ def _cpu_lists(index):
 def _to(self, *args, **kwargs):
     """`Tensor.to` for both kinds of tensors: moves to and from the simulated device through `aten._to_copy`
     (the C++ `to` would look for a CUDA device guard, which a CPU build does not have)."""
+    copy = kwargs.pop("copy", False)  # a move copies anyway
     device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     here = isinstance(self, SimulatedCudaTensor)
     if device is None or (device.type == "cuda") == here:  # no move
-        if (dtype is None or dtype == self.dtype) and not kwargs.get("copy", False):
+        if (dtype is None or dtype == self.dtype) and not copy:
             return self
         if not here:
-            return _PLAIN_TO(self, *args, **kwargs)
+            return _PLAIN_TO(self, *args, copy=copy, **kwargs)
         return torch.ops.aten._to_copy.default(self, dtype=dtype)
     extra = {"dtype": dtype} if dtype is not None else {}
     if non_blocking:

@@ -1,0 +1,125 @@
+"""Benchmark: the mini-batch BCFW step's bookkeeping as Triton kernels against the torch ops they replace.
+
+Three operations of a pairwise + cache step on the chain SSVM, at OCR-large's shapes (26 labels, width 14,
+B = 64 blocks of 6,251, 10 cached labellings each), each timed per call with both backends on one device:
+
+- ``chain_labels_score``: the scores of the B x 10 cached labellings (`chain_score_triton`);
+- ``chain_marginals``: a pairwise direction, the difference of two corners (`chain_marginals_triton`);
+- ``insert_batch``: the FW atoms' insertion into the cache (`atoms_insert_triton`), with its one read of the
+  appended counts, which both backends make.
+
+On a GPU the torch ops are launch-bound: the time per call is the number of kernels times the launch cost, which
+is what the fused kernels remove (launch counts: docs/benchmarks/host_syncs.md). The CPU has no Triton (the
+interpreter is not a speed), so there only the torch side runs.
+
+    python scripts/bench_step_kernels.py --device cuda   # writes docs/benchmarks/step_kernels_cuda.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from _bench_machine import code_version, cpu_description, write_report
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+N, B, C, T, K = 6251, 64, 10, 14, 26
+
+
+def _per_call(fn, device: torch.device, calls: int) -> float:
+    """Seconds per call over ``calls`` back-to-back calls after a warm-up (the device drained before and after)."""
+    fn()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / calls
+
+
+def _operations(device: torch.device, backend: str) -> dict:
+    from torchssvm.kernels import chain_labels_score, chain_marginals
+
+    from torchssvm.optim.atoms import AtomStore
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(4, T + 1, (N,), generator=g)
+    pad = torch.arange(T) >= lengths.unsqueeze(1)
+    truth = torch.randint(0, K, (N, T), generator=g).masked_fill(pad, -1)
+    idx = torch.randperm(N, generator=g)[:B]
+    lab = torch.randint(0, K, (B, C, T), generator=g).masked_fill(pad[idx].unsqueeze(1), -1)
+    unary = torch.randn(B, T, K, generator=g, dtype=torch.float64)
+    trans, start, end = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((K, K), (K,), (K,)))
+    d = {name: t.to(device) for name, t in (("lengths", lengths[idx]), ("lab", lab), ("unary", unary),
+                                             ("trans", trans), ("start", start), ("end", end), ("idx", idx))}
+    store = AtomStore(truth.to(device), C, backend=backend)
+    for _ in range(C - 1):  # fill every block's cache, so that insertions replace inactive atoms
+        store.insert_batch(torch.arange(N, device=device), torch.randint(0, K, (N, T), generator=g).to(device),
+                           torch.rand(N, dtype=torch.float64).to(device), torch.zeros(N, C, dtype=torch.float64,
+                                                                                       device=device),
+                           cap=C, keep_active=True)
+    scores = torch.randn(B, C, dtype=torch.float64, device=device)
+    new = torch.randint(0, K, (B, T), generator=g).to(device)
+    loss = torch.rand(B, dtype=torch.float64, device=device)
+    return {
+        "chain_labels_score": lambda: chain_labels_score(d["unary"], d["trans"], d["start"], d["end"], d["lab"],
+                                                         d["lengths"], backend=backend),
+        "chain_marginals": lambda: chain_marginals(d["lab"][:, 0], d["lengths"], K, d["lab"][:, 1],
+                                                   backend=backend),
+        "insert_batch": lambda: store.insert_batch(d["idx"], new, loss, scores, cap=C, keep_active=True,
+                                                   host_idx=idx),
+    }
+
+
+def measure(device: torch.device, calls: int) -> dict:
+    backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]
+    results = {}
+    for backend in backends:
+        for name, fn in _operations(device, backend).items():
+            results.setdefault(name, {})[backend] = _per_call(fn, device, calls)
+    return results
+
+
+def write(results: dict, out: Path, cuda: bool) -> None:
+    lines = ["# The BCFW step's bookkeeping: Triton kernels against torch ops", "",
+             f"Command: `python scripts/bench_step_kernels.py{' --device cuda' if cuda else ''}`; "
+             f"{results['device']}; torch {results['torch']}, code {results['code']}. OCR-large's shapes: B = {B} "
+             f"blocks of {N}, {C} cached labellings, width {T}, {K} labels, float64; microseconds per call over "
+             f"{results['calls']} back-to-back calls.", "",
+             "| operation | torch ops (us) | Triton kernel (us) | torch / Triton |", "|---|---|---|---|"]
+    for name, r in results["ops"].items():
+        tri = r.get("triton")
+        kernel, ratio = ("-", "-") if tri is None else (f"{1e6 * tri:.1f}", f"{r['torch'] / tri:.1f}x")
+        lines.append(f"| `{name}` | {1e6 * r['torch']:.1f} | {kernel} | {ratio} |")
+    lines.append("")
+    write_report(out, "step_kernels_cuda" if cuda else "step_kernels", lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    path = args.out / ("step_kernels_cuda.json" if cuda else "step_kernels.json")
+    if args.report_only:
+        results = json.loads(path.read_text())
+    else:
+        results = {"device": torch.cuda.get_device_name(device) if cuda else cpu_description(),
+                   "torch": torch.__version__, "code": code_version(), "calls": args.calls,
+                   "ops": measure(device, args.calls)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
+        print(json.dumps(results["ops"], indent=1))
+    write(results, args.out, cuda)
+
+
+if __name__ == "__main__":
+    main()
