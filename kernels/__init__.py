@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from .atoms_select_torch import select_atoms_torch
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
 from .chain_marginals_torch import chain_marginals_torch
@@ -98,6 +99,20 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
 
         return chain_labels_score_triton(unary, transition, start, end, labels, lengths)
     return chain_labels_score_torch(unary, transition, start, end, labels, lengths)
+
+
+@torch.no_grad()
+def select_atoms(a_H, used, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n: int, factor,
+                 floor: float, misses, away: bool, backend: str = "auto"):
+    """The BCFW step's cache test and away atoms: dispatch to `select_atoms_torch` (which reads ``used``) or
+    `select_atoms_triton` (which reads the store's ``count``); bitwise equal."""
+    if resolve_backend(backend, a_H.device) == "triton":
+        from .atoms_select_triton import select_atoms_triton
+
+        return select_atoms_triton(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n,
+                                   factor, floor, misses, away)
+    return select_atoms_torch(a_H, used, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n, factor,
+                              floor, misses, away)
 
 
 @torch.no_grad()
@@ -391,7 +406,8 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",
            "viterbi", "viterbi_torch", "chain_score_torch", "chain_labels_score", "chain_labels_score_torch",
-           "chain_marginals", "chain_marginals_torch", "slack_viterbi", "slack_viterbi_torch", "resolve_backend",
+           "chain_marginals", "chain_marginals_torch", "select_atoms", "select_atoms_torch", "slack_viterbi",
+           "slack_viterbi_torch", "resolve_backend",
            "triton_available", "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",
            "mixture_tree_max_sum", "mixture_tree_max_sum_torch", "cooccurrence_tree_max_sum_torch",

@@ -44,8 +44,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-TRITON_MODULES = ("atoms_insert_triton", "box_equality_triton", "chain_marginals_triton", "chain_score_triton",
-                  "distance_transform_triton", "simplex_triton", "slack_chain_triton", "tree_triton", "viterbi_triton")
+TRITON_MODULES = ("atoms_insert_triton", "atoms_select_triton", "box_equality_triton", "chain_marginals_triton",
+                  "chain_score_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
+                  "tree_triton", "viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -62,6 +63,8 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
 # that reads a launch's output (the trees backtrack through argmax indices) gets valid values.
 OUTPUTS = {
     "_box_equality_kernel": ("out_ptr",),
+    "_select_atoms_kernel": ("gaps_ptr", "misses_ptr", "s_labels_ptr", "s_loss_ptr", "s_H_ptr", "away_ptr",
+                             "away_H_ptr", "alpha_a_ptr", "labels_a_ptr", "loss_a_ptr"),
     "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
                              "slot_ptr", "append_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
@@ -231,6 +234,18 @@ def _insert_atoms(B, n, capacity, W, keep_active):
     return run
 
 
+def _select_atoms(B, n, C, W, cached, away):
+    def run():
+        from .atoms_select_triton import select_atoms_triton
+
+        z = lambda *shape: torch.zeros(*shape, dtype=f64)  # noqa: E731
+        select_atoms_triton(z(B, C), torch.ones(n, dtype=torch.long), torch.zeros(B, C, W, dtype=torch.long),
+                            z(B, C), z(B, C), torch.arange(B), z(B), z(B), z(n), torch.zeros(B, W, dtype=torch.long),
+                            z(B), z(B), n, 0.25 if cached else None, 1e-3,
+                            torch.zeros((), dtype=torch.long) if cached else None, away)
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .simplex_triton import project_simplex_triton
@@ -290,6 +305,9 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
     "atom insertion OCR (64 of 6251, cache 10, width 14), pairwise": _insert_atoms(64, 6251, 10, 14, True),
     "atom insertion CoNLL (64 of 8936, cache 50, width 78), FW": _insert_atoms(64, 8936, 50, 78, False),
+    "atom selection OCR (64 of 6251, cache 10, width 14), pairwise": _select_atoms(64, 6251, 10, 14, True, True),
+    "atom selection CoNLL (64 of 8936, no cache, width 78), away": _select_atoms(64, 8936, 1, 78, False, True),
+    "atom selection (64, cache 50, width 14), FW": _select_atoms(64, 6251, 50, 14, True, False),
     "simplex M=26": _simplex(64, 26, f32, False),
     "simplex M=26 masked float64": _simplex(64, 26, f64, True),
     "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),

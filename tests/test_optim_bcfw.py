@@ -464,6 +464,45 @@ def test_batched_atom_insertion_equals_block_by_block(cap, keep_active, backend)
     assert grew or (cap == 0 and not keep_active)  # the store grew (FW steps without a cap only evict)
 
 
+@needs_triton()
+@pytest.mark.parametrize("cached,away", [(True, True), (True, False), (False, True)])
+def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
+    """`select_atoms` (the cache test and the away atoms of a device step): the Triton kernel and the torch twin
+    agree bitwise, ties included (small-integer scores), and update the gaps and the miss counter alike."""
+    from torchssvm.kernels import select_atoms
+
+    g = torch.Generator().manual_seed(3 + cached + 2 * away)
+    n, B, C, W = 20, 12, 5, 4
+    idx = torch.randperm(n, generator=g)[:B]
+    count = torch.randint(1, C + 1, (n,), generator=g)
+    used = torch.arange(C) < count[idx].unsqueeze(1)
+    a_H = torch.randint(-2, 3, (B, C), generator=g).double() / 8
+    a_labels = torch.randint(0, 3, (B, C, W), generator=g)
+    a_loss = torch.rand(B, C, generator=g, dtype=torch.float64)
+    a_alpha = torch.rand(B, C, generator=g, dtype=torch.float64) * (torch.rand(B, C, generator=g) < 0.6)
+    base, ell = torch.randn(B, generator=g, dtype=torch.float64), torch.randn(B, generator=g, dtype=torch.float64)
+    gaps = torch.rand(n, generator=g, dtype=torch.float64) / 4
+    labels = torch.randint(0, 3, (B, W), generator=g)
+    loss, H = torch.rand(B, generator=g, dtype=torch.float64), torch.randn(B, generator=g, dtype=torch.float64)
+    out, state = {}, {}
+    for backend in ("torch", "triton"):
+        gp, misses = gaps.clone(), torch.zeros((), dtype=torch.long)
+        out[backend] = select_atoms(a_H, used, count, a_labels, a_loss, a_alpha, idx, base, ell, gp, labels, loss,
+                                    H, n, 0.25 if cached else None, 0.01, misses if cached else None, away,
+                                    backend=backend)
+        state[backend] = gp, misses
+    (a, b), (ga, gb) = (out["torch"], out["triton"]), (state["torch"], state["triton"])
+    for x, y in zip(a[:3], b[:3]):
+        assert torch.equal(x, y)
+    assert torch.equal(ga[0], gb[0]) and int(ga[1]) == int(gb[1])
+    assert (a[3] is None) == (b[3] is None) == (not away)
+    if away:
+        for x, y in zip(a[3], b[3]):
+            assert torch.equal(x, y)
+    if cached:  # both kinds of blocks occur
+        assert 0 < int(ga[1]) < B and not torch.equal(ga[0], gaps)
+
+
 @pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
 def test_batched_dual_weights_update_equals_block_by_block(step):
     F, L, y = random_table(n=16, seed=4)

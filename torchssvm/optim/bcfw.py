@@ -22,6 +22,8 @@ import time
 import torch
 
 from .._device import host_to_device
+from ..kernels import select_atoms
+from ..kernels.atoms_select_torch import away_atoms_torch
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -154,52 +156,57 @@ class BCFW(DualSolver):
         ell_i = self.ell[idx]
         base = p.inner(theta, zi)  # <theta_i, z_i> = lam n <w, w_i>
         store = self.atoms
+        find_away = self.step_type != "fw"
         if store is not None:
-            rows = torch.arange(B, device=p.device)
             a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
             # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom; slot 0 holds the truth y_i
             a_score = p.labels_score(theta, idx, a_labels)
             a_H = a_loss - a_score[:, :1] + a_score
-        if self.cache_size > 0:
-            best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
-            g_hat = (base + best_H) / n - ell_i
-            threshold = (self.cache_factor * self.block_gaps[idx]).clamp_min(self.cache_nu / n * self.global_gap)
-            hit = g_hat >= threshold
-        if self.cache_size > 0 and self._misses is not None:  # on a device: no read of the hits (see __init__)
+        if store is not None and (self._misses is not None or self.cache_size == 0):
+            # One oracle call for the whole batch (on a device, see __init__; without a cache, every block), then the
+            # cache test and the away atoms in one go (`select_atoms`: on CUDA one kernel)
             labels, loss, H = p.oracle(theta, idx)
-            H = H.clamp_min(0)
-            s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], labels)
-            s_loss = torch.where(hit, a_loss[rows, best], loss)
-            s_H = torch.where(hit, best_H, H)
-            self.block_gaps[idx] = torch.where(hit, self.block_gaps[idx], (base + H) / n - ell_i)
-            self._misses += (~hit).sum()
-            self._visits_unread += B
-            misses = 0
-        elif self.cache_size > 0:
-            s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], p.truth[idx])
-            s_loss = torch.where(hit, a_loss[rows, best], 0.0)
-            s_H = torch.where(hit, best_H, 0.0)
-            miss = (~hit).cpu()
-            misses = int(miss.sum())
-            self.cache_hits += B - misses
-        else:
-            misses = B
-        if misses:
-            if misses == B:  # without a cache, or when every block missed it
-                at, mi, theta_m = None, idx, theta
+            cached = self.cache_size > 0
+            s_labels, s_loss, s_H, away_atom = select_atoms(
+                a_H, used, store.count, a_labels, a_loss, a_alpha, idx, base, ell_i, self.block_gaps, labels, loss, H,
+                n, self.cache_factor if cached else None, self.cache_nu / n * self.global_gap,
+                self._misses if cached else None, find_away, backend=store.backend)
+            if cached:
+                self._visits_unread += B
             else:
-                at = host_to_device(miss.nonzero().squeeze(1), p.device)  # the missing rows of the batch
-                mi = p.block_index(host_idx[miss])
-                theta_m = p.potentials(self.w, mi)
-            labels, loss, H = p.oracle(theta_m, mi)
-            H = H.clamp_min(0)
-            if at is None:
-                s_labels, s_loss, s_H = labels, loss, H
-                self.block_gaps[mi] = (base + H) / n - ell_i
+                self.oracle_calls += B
+        else:  # on the CPU with a cache (the oracle decodes the misses only), or FW steps without atoms
+            if self.cache_size > 0:
+                rows = torch.arange(B, device=p.device)
+                best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
+                g_hat = (base + best_H) / n - ell_i
+                hit = g_hat >= (self.cache_factor * self.block_gaps[idx]).clamp_min(
+                    self.cache_nu / n * self.global_gap)
+                s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], p.truth[idx])
+                s_loss = torch.where(hit, a_loss[rows, best], 0.0)
+                s_H = torch.where(hit, best_H, 0.0)
+                miss = (~hit).cpu()
+                misses = int(miss.sum())
+                self.cache_hits += B - misses
             else:
-                s_labels[at], s_loss[at], s_H[at] = labels, loss, H
-                self.block_gaps[mi] = (base[at] + H) / n - ell_i[at]
-            self.oracle_calls += misses
+                misses = B
+            if misses:
+                if misses == B:  # without a cache, or when every block missed it
+                    at, mi, theta_m = None, idx, theta
+                else:
+                    at = host_to_device(miss.nonzero().squeeze(1), p.device)  # the missing rows of the batch
+                    mi = p.block_index(host_idx[miss])
+                    theta_m = p.potentials(self.w, mi)
+                labels, loss, H = p.oracle(theta_m, mi)
+                H = H.clamp_min(0)
+                if at is None:
+                    s_labels, s_loss, s_H = labels, loss, H
+                    self.block_gaps[mi] = (base + H) / n - ell_i
+                else:
+                    s_labels[at], s_loss[at], s_H[at] = labels, loss, H
+                    self.block_gaps[mi] = (base[at] + H) / n - ell_i[at]
+                self.oracle_calls += misses
+            away_atom = away_atoms_torch(a_H, used, a_alpha, a_labels, a_loss) if find_away else None
         self.visits += B
         g_fw = (base + s_H) / n - ell_i
 
@@ -219,11 +226,7 @@ class BCFW(DualSolver):
             d_ell = s_loss / n - ell_i
             c, upper = g_fw, torch.ones_like(g_fw)
         else:
-            active = (a_alpha > 0) & used
-            away_H, away = a_H.masked_fill(~active, math.inf).min(1)
-            alpha_a = a_alpha[rows, away]
-            labels_a = a_labels[rows, away]
-            loss_a = a_loss[rows, away]
+            away, away_H, alpha_a, labels_a, loss_a = away_atom
             if self.step_type == "pairwise":
                 direction = p.corner_difference(idx, s_labels, labels_a)
                 d_ell = (s_loss - loss_a) / n
