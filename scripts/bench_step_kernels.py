@@ -6,7 +6,9 @@ B = 64 blocks of 6,251, 10 cached labellings each), each timed per call with bot
 - ``chain_labels_score``: the scores of the B x 10 cached labellings (`chain_score_triton`);
 - ``chain_marginals``: a pairwise direction, the difference of two corners (`chain_marginals_triton`);
 - ``insert_batch``: the FW atoms' insertion into the cache (`atoms_insert_triton`), with its one read of the
-  appended counts, which both backends make.
+  appended counts, which both backends make;
+- ``select_atoms``: the cache test, the FW atoms and the away atoms from the oracle's answer
+  (`atoms_select_triton`).
 
 On a GPU the torch ops are launch-bound: the time per call is the number of kernels times the launch cost, which
 is what the fused kernels remove (launch counts: docs/benchmarks/host_syncs.md). The CPU has no Triton (the
@@ -42,7 +44,7 @@ def _per_call(fn, device: torch.device, calls: int) -> float:
 
 
 def _operations(device: torch.device, backend: str) -> dict:
-    from torchssvm.kernels import chain_labels_score, chain_marginals
+    from torchssvm.kernels import chain_labels_score, chain_marginals, select_atoms
 
     from torchssvm.optim.atoms import AtomStore
 
@@ -65,7 +67,15 @@ def _operations(device: torch.device, backend: str) -> dict:
     scores = torch.randn(B, C, dtype=torch.float64, device=device)
     new = torch.randint(0, K, (B, T), generator=g).to(device)
     loss = torch.rand(B, dtype=torch.float64, device=device)
+    a_H = torch.randn(B, C, dtype=torch.float64, device=device)
+    a_alpha = torch.rand(B, C, dtype=torch.float64, device=device)
+    a_labels, a_loss, _, used = store.slots(d["idx"], idx)
+    base, ell = torch.randn(B, dtype=torch.float64, device=device), torch.randn(B, dtype=torch.float64, device=device)
+    gaps = torch.rand(N, dtype=torch.float64, device=device)
+    misses = torch.zeros((), dtype=torch.long, device=device)
     return {
+        "select_atoms": lambda: select_atoms(a_H, used, store.count, a_labels, a_loss, a_alpha, d["idx"], base, ell,
+                                             gaps, new, loss, base, N, 0.25, 1e-4, misses, True, backend=backend),
         "chain_labels_score": lambda: chain_labels_score(d["unary"], d["trans"], d["start"], d["end"], d["lab"],
                                                          d["lengths"], backend=backend),
         "chain_marginals": lambda: chain_marginals(d["lab"][:, 0], d["lengths"], K, d["lab"][:, 1],
