@@ -54,7 +54,9 @@ class BCFW(DualSolver):
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` and ``gap_exact`` (True after an exact pass, else
     ``gap`` is the sum of the stale block-gap estimates and ``primal = dual + gap``), ``passes``
-    (oracle calls / n, the papers' effective passes), ``oracle_calls``, ``cache_hits``,
+    (oracle calls / n, the papers' effective passes; on a device the oracle decodes every block of a mini-batch
+    and the cache hits discard its answer, so ``oracle_calls`` counts the calls the algorithm makes, the
+    misses), ``oracle_calls``, ``cache_hits``,
     ``cache_hit_rate``, ``time`` (solver seconds).
 
     The initial global gap of the cache test is the exact gap at the start, ``(1/n) sum_i max_y L_i(y)``
