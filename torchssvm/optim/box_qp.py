@@ -85,10 +85,11 @@ _DEVICE_CHECK_EVERY = 4
 def _first_breakpoints(gamma, moves, upper):
     """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
     ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
-    inf = torch.full_like(moves, torch.inf)
-    room = torch.where(moves > 0, (upper - gamma) / moves, torch.where(moves < 0, -gamma / moves, inf))
-    t = torch.where(room > 0, room, inf).min(1).values
-    return torch.where(torch.isfinite(t), t, torch.ones_like(t))
+    # (bound - gamma) / move towards the bound it heads for; a zero move gives +-inf or NaN, which the test
+    # room > 0 keeps as +inf or drops, like a move that reaches nothing
+    room = (torch.where(moves > 0, upper, 0.0) - gamma) / moves
+    t = torch.where(room > 0, room, torch.inf).min(1).values
+    return torch.where(torch.isfinite(t), t, 1.0)
 
 
 def _projected_newton(c, H, upper, max_iter, tol):
@@ -106,8 +107,7 @@ def _projected_newton(c, H, upper, max_iter, tol):
     # stays frozen, so reading the stop flag only every few iterations gives the same answer.
     check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
     arc = host_to_device(_ARC, dev)
-    eye = torch.eye(B, dtype=torch.float64, device=dev)
-    ridge = 1e-13 * torch.diagonal(H).abs().max() + 1e-300
+    ridge_eye = (1e-13 * torch.diagonal(H).abs().max() + 1e-300) * torch.eye(B, dtype=torch.float64, device=dev)
     scale = tol * (1.0 + c.abs().max())
     gamma = torch.zeros(B, dtype=torch.float64, device=dev)
     grad = -c
@@ -122,11 +122,12 @@ def _projected_newton(c, H, upper, max_iter, tol):
             break
         bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
         free = (~bind).to(torch.float64)
-        M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge * eye
+        M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge_eye
+        descent = -grad * free
         # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
         # non-finite trials would fail the descent test and freeze the iterate.
-        newton = torch.linalg.solve_ex(M, -grad * free, check_errors=False)[0]
-        moves = torch.stack([newton, -grad * free])  # (2, B): Newton, gradient
+        newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
+        moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
         t = torch.cat([_first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc, newton_unit], 1)  # (2, A+1)
         trials = (gamma + t.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, upper).reshape(-1, B)
         values = qp_objective(c, H, trials)
