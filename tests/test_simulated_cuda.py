@@ -120,6 +120,24 @@ def test_device_cache_test_takes_the_misses_answers_of_a_whole_batch_oracle():
         got[-1]["cache_hits"] + 16
 
 
+@pytest.mark.parametrize("config,budget", [
+    ({}, 100),
+    ({"sampling": "gap", "step": "pairwise", "cache_size": 4, "gap_check_every": 0}, 130)])
+def test_minibatch_bcfw_step_kernel_launch_budget(config, budget):
+    """A regression guard on the step's fixed cost on a GPU: kernel launches per mini-batch with the Triton kernels
+    (``backend="auto"`` on CUDA), the pass's report read included. Measured 85 (FW) and 112 (pairwise + cache)
+    here; before the step's bookkeeping was fused they were about 117 and 357 on OCR's shapes
+    (docs/benchmarks/host_syncs.md)."""
+    ds = ts.data.synthetic_chain("train", 64, num_labels=5, num_features=8, seed=0)
+    with simulated_cuda() as mode:
+        s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"), lam=0.01,
+                          batch_size=16, seed=0, **config)
+        s.step()
+        before = mode.launches
+        s.step()
+    assert (mode.launches - before) / 4 <= budget
+
+
 def test_device_box_qp_reads_its_stop_flag_every_few_iterations():
     """Above the host-solve size the projected Newton iteration runs on the device, reading its stop flag once
     per `_DEVICE_CHECK_EVERY` iterations; a converged iterate stays frozen, so the answer is the one of the same
