@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .chain_score_triton import label_warps
+
 
 @triton.jit
 def _insert_atoms_kernel(store_labels_ptr, store_loss_ptr, store_alpha_ptr, count_ptr, valid_ptr,
@@ -88,5 +90,5 @@ def insert_atoms_triton(store_labels: torch.Tensor, store_loss: torch.Tensor, st
     _insert_atoms_kernel[(B,)](store_labels, store_loss, store_alpha, count, alpha_valid.view(torch.int8),
                                idx.contiguous(), labels.contiguous(), loss.contiguous(), scores.contiguous(), slot,
                                append, CAPACITY, W, scores.shape[1], int(cap), KEEP_ACTIVE=bool(keep_active),
-                               BLOCK_W=block, num_warps=max(1, min(4, block // 32)))
+                               BLOCK_W=block, num_warps=label_warps(block))
     return slot, append

@@ -41,15 +41,22 @@ def select_atoms_torch(a_H: torch.Tensor, used: torch.Tensor, a_labels: torch.Te
         gaps[idx] = (base + H) / n - ell
     else:
         rows = torch.arange(a_H.shape[0], device=a_H.device)
-        best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
-        g_hat = (base + best_H) / n - ell
-        hit = g_hat >= (factor * gaps[idx]).clamp_min(floor)
+        hit, best, best_H = cache_test_torch(a_H, used, base, ell, gaps[idx], n, factor, floor)
         s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], labels)
         s_loss = torch.where(hit, a_loss[rows, best], loss)
         s_H = torch.where(hit, best_H, H)
         gaps[idx] = torch.where(hit, gaps[idx], (base + H) / n - ell)
         misses += (~hit).sum()
     return s_labels, s_loss, s_H, (away_atoms_torch(a_H, used, a_alpha, a_labels, a_loss) if away else None)
+
+
+def cache_test_torch(a_H: torch.Tensor, used: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
+                     gaps_idx: torch.Tensor, n: int, factor: float, floor: float):
+    """The cache test of note 001, Alg. 5, from the blocks' gaps ``gaps_idx (B,)``: ``(hit (B,) bool, best (B,),
+    best_H (B,))``, the best cached atom (the first of equal scores) and its score."""
+    best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
+    hit = (base + best_H) / n - ell >= (factor * gaps_idx).clamp_min(floor)
+    return hit, best, best_H
 
 
 def away_atoms_torch(a_H: torch.Tensor, used: torch.Tensor, a_alpha: torch.Tensor, a_labels: torch.Tensor,

@@ -15,6 +15,8 @@ import triton.language as tl
 
 from torchssvm._device import host_to_device
 
+from .chain_score_triton import label_warps
+
 
 @triton.jit
 def _select_atoms_kernel(aH_ptr, count_ptr, a_labels_ptr, a_loss_ptr, a_alpha_ptr, idx_ptr, base_ptr, ell_ptr,
@@ -94,5 +96,5 @@ def select_atoms_triton(a_H: torch.Tensor, count: torch.Tensor, a_labels: torch.
             a_H, count, a_labels, a_loss, a_alpha, idx.contiguous(), base.contiguous(), ell.contiguous(), gaps,
             labels.to(a_labels.dtype).contiguous(), loss.to(f64).contiguous(), H.to(f64).contiguous(),
             misses if misses is not None else s_loss, s_labels, s_loss, s_H, *outs, params, C, W, n,
-            CACHE=factor is not None, AWAY=bool(away), BLOCK_W=block, num_warps=max(1, min(4, block // 32)))
+            CACHE=factor is not None, AWAY=bool(away), BLOCK_W=block, num_warps=label_warps(block))
     return s_labels, s_loss, s_H, (outs if away else None)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .chain_score_triton import label_warps
+
 
 @triton.jit
 def _add_counts(out, row, L, T, K, sign, BLOCK_T: tl.constexpr):
@@ -56,5 +58,5 @@ def chain_marginals_triton(labels: torch.Tensor, lengths: torch.Tensor, num_labe
     labels, block = labels.contiguous(), triton.next_power_of_2(T)
     _chain_marginals_kernel[(B,)](labels, labels if minus is None else minus.contiguous(), lengths.contiguous(),
                                   out, T, K, M, HAS_MINUS=minus is not None, BLOCK_T=block,
-                                  num_warps=max(1, min(4, block // 32)))
+                                  num_warps=label_warps(block))
     return out

@@ -15,6 +15,12 @@ import triton
 import triton.language as tl
 
 
+def label_warps(block: int) -> int:
+    """Warps for a program that holds one labelling of ``block`` positions (this kernel, the corners, the atoms'
+    selection and insertion): one per 32 positions, 1 to 4."""
+    return max(1, min(4, block // 32))
+
+
 @triton.jit
 def _chain_score_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, labels_ptr, out_ptr,
                         C, T, K, W,
@@ -53,5 +59,5 @@ def chain_labels_score_triton(unary: torch.Tensor, transition: torch.Tensor, sta
     _chain_score_kernel[(B * C,)](
         unary, transition, unary if start is None else start.contiguous(), unary if end is None else end.contiguous(),
         lengths.contiguous(), labels, out, C, T, K, W,
-        HAS_START=start is not None, HAS_END=end is not None, BLOCK_T=block, num_warps=max(1, min(4, block // 32)))
+        HAS_START=start is not None, HAS_END=end is not None, BLOCK_T=block, num_warps=label_warps(block))
     return out

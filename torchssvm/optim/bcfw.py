@@ -23,7 +23,7 @@ import torch
 
 from .._device import host_to_device
 from ..kernels import select_atoms
-from ..kernels.atoms_select_torch import away_atoms_torch
+from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -158,7 +158,7 @@ class BCFW(DualSolver):
         ell_i = self.ell[idx]
         base = p.inner(theta, zi)  # <theta_i, z_i> = lam n <w, w_i>
         store = self.atoms
-        find_away = self.step_type != "fw"
+        find_away = self.step_type != "fw"  # pairwise / away steps (which also keep their active atoms)
         if store is not None:
             a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
             # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom; slot 0 holds the truth y_i
@@ -180,10 +180,8 @@ class BCFW(DualSolver):
         else:  # on the CPU with a cache (the oracle decodes the misses only), or FW steps without atoms
             if self.cache_size > 0:
                 rows = torch.arange(B, device=p.device)
-                best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
-                g_hat = (base + best_H) / n - ell_i
-                hit = g_hat >= (self.cache_factor * self.block_gaps[idx]).clamp_min(
-                    self.cache_nu / n * self.global_gap)
+                hit, best, best_H = cache_test_torch(a_H, used, base, ell_i, self.block_gaps[idx], n,
+                                                     self.cache_factor, self.cache_nu / n * self.global_gap)
                 s_labels = torch.where(hit.unsqueeze(1), a_labels[rows, best], p.truth[idx])
                 s_loss = torch.where(hit, a_loss[rows, best], 0.0)
                 s_H = torch.where(hit, best_H, 0.0)
@@ -215,12 +213,11 @@ class BCFW(DualSolver):
         # Insert the FW atoms. The away atoms are active atoms, which insertion leaves where they are (it fills an
         # inactive or a new slot, and evicts only under FW steps): they are read from the atoms before it.
         if store is not None:
-            keep = self.step_type != "fw"
             if B == 1:  # the sequential solver: host-side insertion, fewer operations
                 s_slot = torch.tensor([store.insert(int(host_idx[0]), s_labels[0], float(s_loss[0]), a_H[0],
-                                                    cap=self.cache_size, keep_active=keep)], device=p.device)
+                                                    cap=self.cache_size, keep_active=find_away)], device=p.device)
             else:
-                s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=keep,
+                s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=find_away,
                                             host_idx=host_idx)
         kind = None  # of an away step's blocks: 0 FW, 2 away
         if self.step_type == "fw":

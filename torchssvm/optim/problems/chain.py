@@ -205,17 +205,13 @@ class ChainProblem(DualProblem):
         lengths = self.lengths[idx].repeat_interleave(C)
         return self.structure._task_loss(labels.reshape(B * C, self.T), truth, lengths).view(B, C)
 
-    def _one_hot(self, labels: torch.Tensor, lengths: torch.Tensor, minus=None) -> torch.Tensor:
-        """Flat marginals ``m(y)`` ``(B, m)`` of padded labellings ``(B, T)``; with ``minus=y2``,
-        ``m(y) - m(y2)`` (both labellings share the lengths)."""
-        return chain_marginals(labels, lengths, self.K, minus, self.dtype, backend=self.backend)
-
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self._one_hot(self.truth[idx], self.lengths[idx], minus=labels)
+        # m(y_i) - m(y), flat (the module's layout)
+        return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
 
     def corner_difference(self, idx: torch.Tensor, labels: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         # m(other) - m(labels): counts, so the same floats as the difference of the two corners, in one scatter
-        return self._one_hot(other, self.lengths[idx], minus=labels)
+        return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
 
     def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
         zu, zt, zs, ze = self._split(z, theta.unary.shape[1])
