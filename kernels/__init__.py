@@ -17,6 +17,7 @@ import os
 import torch
 
 from .atoms_select_torch import select_atoms_torch
+from .block_step_torch import STEP_TYPES, apply_block_step_torch
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
 from .chain_marginals_torch import chain_marginals_torch
@@ -113,6 +114,22 @@ def select_atoms(a_H, used, count, a_labels, a_loss, a_alpha, idx, base, ell, ga
                                    factor, floor, misses, away)
     return select_atoms_torch(a_H, used, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n, factor,
                               floor, misses, away)
+
+
+@torch.no_grad()
+def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None, alpha_valid=None, step: str = "fw",
+                     s_slot=None, away=None, upper=None, kind=None, backend: str = "auto") -> None:
+    """The end of a mini-batch BCFW step, in place (``z``, ``l`` and the atoms' weights): dispatch to
+    `apply_block_step_torch` or `apply_block_step_triton` (one launch instead of about twenty; bitwise equal)."""
+    if step not in STEP_TYPES:
+        raise ValueError(f"step must be one of {STEP_TYPES}, got {step!r}")
+    if resolve_backend(backend, z.device) == "triton":
+        from .block_step_triton import apply_block_step_triton
+
+        return apply_block_step_triton(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step,
+                                       s_slot, away, upper, kind)
+    return apply_block_step_torch(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step, s_slot,
+                                  away, upper, kind)
 
 
 @torch.no_grad()
@@ -406,7 +423,8 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",
            "viterbi", "viterbi_torch", "chain_score_torch", "chain_labels_score", "chain_labels_score_torch",
-           "chain_marginals", "chain_marginals_torch", "select_atoms", "select_atoms_torch", "slack_viterbi",
+           "chain_marginals", "chain_marginals_torch", "select_atoms", "select_atoms_torch", "apply_block_step",
+           "apply_block_step_torch", "slack_viterbi",
            "slack_viterbi_torch", "resolve_backend",
            "triton_available", "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",

@@ -44,7 +44,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-TRITON_MODULES = ("atoms_insert_triton", "atoms_select_triton", "box_equality_triton", "chain_marginals_triton",
+TRITON_MODULES = ("atoms_insert_triton", "atoms_select_triton", "block_step_triton", "box_equality_triton",
+                  "chain_marginals_triton",
                   "chain_score_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
                   "tree_triton", "viterbi_triton")
 
@@ -67,6 +68,7 @@ OUTPUTS = {
                              "away_H_ptr", "alpha_a_ptr", "labels_a_ptr", "loss_a_ptr"),
     "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
                              "slot_ptr", "append_ptr"),
+    "_block_step_kernel": ("z_ptr", "ell_ptr", "alpha_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),
     "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
@@ -246,6 +248,19 @@ def _select_atoms(B, n, C, W, cached, away):
     return run
 
 
+def _block_step(B, n, m, C, step):
+    def run():
+        from .block_step_triton import apply_block_step_triton
+
+        z, ell = torch.zeros(n, m, dtype=f64), torch.zeros(n, dtype=f64)
+        rows, row = torch.zeros(B, m, dtype=f64), torch.zeros(B, dtype=f64)
+        slots = torch.zeros(B, dtype=torch.long)
+        duals = () if C is None else (torch.zeros(n, C, dtype=f64), torch.ones(n, dtype=torch.bool), step, slots,
+                                      None if step == "fw" else slots, row, slots if step == "away" else None)
+        apply_block_step_triton(z, ell, torch.arange(B), rows, row, row, rows, row, *duals)
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .simplex_triton import project_simplex_triton
@@ -308,6 +323,10 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "atom selection OCR (64 of 6251, cache 10, width 14), pairwise": _select_atoms(64, 6251, 10, 14, True, True),
     "atom selection CoNLL (64 of 8936, no cache, width 78), away": _select_atoms(64, 8936, 1, 78, False, True),
     "atom selection (64, cache 50, width 14), FW": _select_atoms(64, 6251, 50, 14, True, False),
+    "block step OCR (64 of 6251, m 1092), FW, no atoms": _block_step(64, 6251, 1092, None, "fw"),
+    "block step OCR (64 of 6251, m 1092, cache 10), FW": _block_step(64, 6251, 1092, 10, "fw"),
+    "block step OCR (64 of 6251, m 1092, cache 10), pairwise": _block_step(64, 6251, 1092, 10, "pairwise"),
+    "block step CoNLL (256 of 8936, m 2244, cache 50), away": _block_step(256, 8936, 2244, 50, "away"),
     "simplex M=26": _simplex(64, 26, f32, False),
     "simplex M=26 masked float64": _simplex(64, 26, f64, True),
     "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),

@@ -1,6 +1,6 @@
 """Benchmark: the mini-batch BCFW step's bookkeeping as Triton kernels against the torch ops they replace.
 
-Three operations of a pairwise + cache step on the chain SSVM, at OCR-large's shapes (26 labels, width 14,
+Five operations of a pairwise + cache step on the chain SSVM, at OCR-large's shapes (26 labels, width 14,
 B = 64 blocks of 6,251, 10 cached labellings each), each timed per call with both backends on one device:
 
 - ``chain_labels_score``: the scores of the B x 10 cached labellings (`chain_score_triton`);
@@ -8,7 +8,8 @@ B = 64 blocks of 6,251, 10 cached labellings each), each timed per call with bot
 - ``insert_batch``: the FW atoms' insertion into the cache (`atoms_insert_triton`), with its one read of the
   appended counts, which both backends make;
 - ``select_atoms``: the cache test, the FW atoms and the away atoms from the oracle's answer
-  (`atoms_select_triton`).
+  (`atoms_select_triton`);
+- ``apply_block_step``: the end of the step, z, l and the atoms' weights of the B blocks (`block_step_triton`).
 
 On a GPU the torch ops are launch-bound: the time per call is the number of kernels times the launch cost, which
 is what the fused kernels remove (launch counts: docs/benchmarks/host_syncs.md). The CPU has no Triton (the
@@ -44,7 +45,7 @@ def _per_call(fn, device: torch.device, calls: int) -> float:
 
 
 def _operations(device: torch.device, backend: str) -> dict:
-    from torchssvm.kernels import chain_labels_score, chain_marginals, select_atoms
+    from torchssvm.kernels import apply_block_step, chain_labels_score, chain_marginals, select_atoms
 
     from torchssvm.optim.atoms import AtomStore
 
@@ -73,6 +74,11 @@ def _operations(device: torch.device, backend: str) -> dict:
     base, ell = torch.randn(B, dtype=torch.float64, device=device), torch.randn(B, dtype=torch.float64, device=device)
     gaps = torch.rand(N, dtype=torch.float64, device=device)
     misses = torch.zeros((), dtype=torch.long, device=device)
+    m = T * K + K * K + 2 * K  # the chain problem's block vectors
+    z, z_ell = torch.zeros(N, m, dtype=torch.float64, device=device), torch.zeros(N, dtype=torch.float64, device=device)
+    direction = torch.randn(B, m, generator=g, dtype=torch.float64).to(device)
+    gamma = torch.rand(B, generator=g, dtype=torch.float64).to(device) / 100
+    slot_s, slot_a = (torch.randint(0, C, (B,), generator=g).to(device) for _ in range(2))
     return {
         "select_atoms": lambda: select_atoms(a_H, used, store.count, a_labels, a_loss, a_alpha, d["idx"], base, ell,
                                              gaps, new, loss, base, N, 0.25, 1e-4, misses, True, backend=backend),
@@ -82,6 +88,9 @@ def _operations(device: torch.device, backend: str) -> dict:
                                                    backend=backend),
         "insert_batch": lambda: store.insert_batch(d["idx"], new, loss, scores, cap=C, keep_active=True,
                                                    host_idx=idx),
+        "apply_block_step": lambda: apply_block_step(z, z_ell, d["idx"], z[d["idx"]], z_ell[d["idx"]], gamma,
+                                                     direction, loss, store.alpha, store.alpha_valid, "pairwise",
+                                                     slot_s, slot_a, a_alpha[:, 0], backend=backend),
     }
 
 

@@ -503,8 +503,14 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
         assert 0 < int(ga[1]) < B and not torch.equal(ga[0], gaps)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton())])
 @pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
-def test_batched_dual_weights_update_equals_block_by_block(step):
+def test_batched_block_step_equals_block_by_block(step, backend):
+    """`apply_block_step` (the end of a mini-batch step: z, l and the atoms' weights; on CUDA one Triton kernel)
+    against the sequential solver's host loop, block by block, bitwise: FW steps past 1, drop steps at the
+    bound, zero steps, the FW atom equal to the away atom, and a block whose weights are no longer valid."""
+    from torchssvm.kernels import apply_block_step
+
     F, L, y = random_table(n=16, seed=4)
     s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, step=step, cache_size=4, batch_size=1, seed=0)
     s.fit(max_passes=3)
@@ -515,18 +521,39 @@ def test_batched_dual_weights_update_equals_block_by_block(step):
     count = st.count[idx]
     s_slot = (torch.rand(B, generator=g) * count).long()
     away = (torch.rand(B, generator=g) * count).long()
+    away[5] = s_slot[5]
+    bad = 6  # a block whose weights are no longer valid: a step with two distinct atoms must leave them alone
+    assert count[bad] >= 2
+    s_slot[bad], away[bad] = 0, 1
+    st.alpha_valid[idx[bad]] = False
     upper = torch.rand(B, generator=g, dtype=torch.float64)
     gamma = upper * torch.tensor([0.0, 0.3, 1.0, 0.7, 1.0, 0.2, 0.5, 1.0], dtype=torch.float64)
     gamma[2] = 1.5 if step == "fw" else gamma[2]  # FW: gamma >= 1 puts all mass on the FW atom
     # an away step's blocks each take a FW (0) or an away (2) step; pairwise steps pass no kinds
     kind = (torch.arange(B) % 2) * 2 if step == "away" else None
     aw = None if step == "fw" else away
-    before = st.alpha.clone()
-    s._update_alpha_batch(idx, gamma, upper, s_slot, aw, kind)
+    direction = torch.randn(B, s.z.shape[1], generator=g, dtype=torch.float64)
+    d_ell = torch.randn(B, generator=g, dtype=torch.float64)
+    before, z0, ell0 = st.alpha.clone(), s.z.clone(), s.ell.clone()
+    apply_block_step(s.z, s.ell, idx, z0[idx], ell0[idx], gamma, direction, d_ell, st.alpha, st.alpha_valid, step,
+                     s_slot, aw, upper, kind, backend=backend)
     batched = st.alpha.clone()
     st.alpha.copy_(before)
     for b in range(B):
         s._update_alpha(idx[b : b + 1], gamma[b : b + 1], upper[b : b + 1], s_slot[b : b + 1],
                         None if aw is None else aw[b : b + 1], None if kind is None else kind[b : b + 1])
     assert torch.equal(batched, st.alpha)
-    assert not torch.equal(batched, before)
+    assert not torch.equal(batched, before) and torch.equal(batched[idx[bad]], before[idx[bad]])
+    rest = torch.ones(16, dtype=torch.bool)
+    rest[idx] = False
+    assert torch.equal(s.z[idx], z0[idx] + gamma.unsqueeze(1) * direction) and torch.equal(s.z[rest], z0[rest])
+    assert torch.equal(s.ell[idx], ell0[idx] + gamma * d_ell) and torch.equal(s.ell[rest], ell0[rest])
+
+
+def test_block_step_rejects_an_unknown_step_type():
+    from torchssvm.kernels import apply_block_step
+
+    z = torch.zeros(3, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="step must be one of"):
+        apply_block_step(z, z[:, 0].clone(), torch.arange(2), z[:2], z[:2, 0], z[:2, 0], z[:2], z[:2, 0],
+                         step="frank-wolfe")

@@ -22,7 +22,7 @@ import time
 import torch
 
 from .._device import host_to_device
-from ..kernels import select_atoms
+from ..kernels import apply_block_step, select_atoms
 from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
@@ -90,6 +90,7 @@ class BCFW(DualSolver):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
+        self.backend = backend
         if batch_size > self.n:
             raise ValueError(f"batch_size must be <= n = {self.n}, got {batch_size}")
         self.sampling, self.step_type = sampling, step
@@ -248,17 +249,21 @@ class BCFW(DualSolver):
         # A zero step changes nothing: skip its work where asking costs nothing (on a device the host would wait).
         if gamma.device.type == "cpu" and not bool((gamma > 0).any()):
             return
-        self.z[idx] = zi + gamma.unsqueeze(1) * direction
-        self.ell[idx] = ell_i + gamma * d_ell
+        # z, l and (for a mini-batch) the atoms' weights in one go (`apply_block_step`: on CUDA one kernel)
+        duals = {}
+        if store is not None and B > 1:
+            duals = dict(alpha=store.alpha, alpha_valid=store.alpha_valid, s_slot=s_slot, upper=upper, kind=kind,
+                         away=None if self.step_type == "fw" else away)
+        apply_block_step(self.z, self.ell, idx, zi, ell_i, gamma, direction, d_ell, step=self.step_type,
+                         backend=self.backend, **duals)
         p.accumulate(self.v, idx, direction, gamma / (lam * n))
         self._sync_w()
-        if store is not None:
+        if store is not None and B == 1:
             self._update_alpha(idx, gamma, upper, s_slot, None if self.step_type == "fw" else away, kind)
 
     def _update_alpha(self, idx, gamma, upper, s_slot, away, kind) -> None:
-        """The explicit duals of the updated blocks (``kind``, of an away step's blocks: 0 FW, 2 away)."""
-        if idx.shape[0] > 1:
-            return self._update_alpha_batch(idx, gamma, upper, s_slot, away, kind)
+        """The explicit duals of the sequential solver's block (``kind``, of an away step: 0 FW, 2 away) on the
+        host; a mini-batch's are updated by `apply_block_step`, with the same arithmetic."""
         store = self.atoms
         for b in range(idx.shape[0]):
             i, g = int(idx[b]), float(gamma[b])
@@ -283,32 +288,6 @@ class BCFW(DualSolver):
                 a.mul_(1.0 + g)
                 a[j] = 0.0 if g >= float(upper[b]) else a[j] - g
             a.clamp_(min=0.0)
-
-    def _update_alpha_batch(self, idx, gamma, upper, s_slot, away, kind) -> None:
-        """`_update_alpha` for a mini-batch as tensor operations on the store's device (the same arithmetic,
-        written per step type so that a step costs few kernel launches)."""
-        store = self.atoms
-        a = store.alpha[idx]
-        s_col = s_slot.unsqueeze(1)
-        if self.step_type == "fw":  # alpha <- (1 - gamma) alpha + gamma e_s (gamma = 1: e_s)
-            g = gamma.clamp_max(1.0)
-            out = ((1.0 - g).unsqueeze(1) * a).scatter_add_(1, s_col, g.unsqueeze(1))
-        elif self.step_type == "pairwise":  # mass gamma from the away atom to the FW atom
-            out = a.scatter_add(1, s_col, gamma.unsqueeze(1))
-        else:  # per block, a FW step (kind 0) or an away step (kind 2): alpha <- (1 + gamma) alpha - gamma e_a
-            fw = kind == 0
-            g = gamma.clamp_max(1.0)
-            scale = torch.where(fw, 1.0 - g, 1.0 + gamma)
-            out = (scale.unsqueeze(1) * a).scatter_add_(1, s_col, torch.where(fw, g, 0.0).unsqueeze(1))
-        if away is not None:  # pairwise / away: the away atom loses gamma (all of it at the bound)
-            a_col = away.unsqueeze(1)
-            at_away = out.gather(1, a_col).squeeze(1)
-            moved = torch.where(gamma >= upper, 0.0, at_away - gamma)
-            if self.step_type == "away":
-                moved = torch.where(fw, at_away, moved)
-            out.scatter_(1, a_col, moved.unsqueeze(1))
-        change = (gamma != 0) & store.alpha_valid[idx]
-        store.alpha[idx] = torch.where(change.unsqueeze(1), out.clamp_min(0.0), a)
 
     # -- passes ---------------------------------------------------------------------------------
     def _refresh(self) -> dict:
