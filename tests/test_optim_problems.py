@@ -118,8 +118,11 @@ def test_corner_difference_is_the_difference_of_two_corners(kind):
     assert torch.equal(diff, p.corner(idx, a) - p.corner(idx, b))
 
 
-def test_sparse_accumulate_reuses_gram_rows_only_for_the_same_unmodified_direction():
-    model, ds = _sparse_problem(seed=4, n=6)
+@pytest.mark.parametrize("sparse", [True, False])
+def test_accumulate_reuses_gram_work_only_for_the_same_unmodified_direction(sparse):
+    """`gram` keeps its attribute rows (sparse) or joint features (dense) for `accumulate` on the same direction;
+    a modified direction or another index tensor gets fresh ones."""
+    model, ds = _sparse_problem(seed=4, n=6) if sparse else _dense_problem()
     p = ChainProblem(model, ds)
     idx = torch.arange(p.n)
     g = torch.Generator().manual_seed(5)
@@ -130,16 +133,16 @@ def test_sparse_accumulate_reuses_gram_rows_only_for_the_same_unmodified_directi
     fresh = torch.zeros(p.d, dtype=torch.float64)
     ChainProblem(model, ds).accumulate(fresh, idx, z, coef)  # no gram before: the per-token path
     p.gram(idx, z)
-    assert p._memo_rows(idx, z, p._batch_T(idx)) is not None
+    assert p._gram_memo_for(idx, z, p._batch_T(idx)) is not None
     reused = torch.zeros(p.d, dtype=torch.float64)
     p.accumulate(reused, idx, z, coef)
     torch.testing.assert_close(reused, fresh, rtol=1e-12, atol=1e-12)
     z.mul_(2.0)  # modified in place after gram: the rows are stale and must not be used
-    assert p._memo_rows(idx, z, p._batch_T(idx)) is None
+    assert p._gram_memo_for(idx, z, p._batch_T(idx)) is None
     doubled = torch.zeros(p.d, dtype=torch.float64)
     p.accumulate(doubled, idx, z, coef)
     torch.testing.assert_close(doubled, 2.0 * fresh, rtol=1e-12, atol=1e-12)
-    assert p._memo_rows(idx.clone(), z, p._batch_T(idx)) is None  # another index tensor
+    assert p._gram_memo_for(idx.clone(), z, p._batch_T(idx)) is None  # another index tensor
 
 
 def test_chain_problem_writes_model_and_validates():

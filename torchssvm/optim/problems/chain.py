@@ -2,9 +2,10 @@
 
 Block vector layout (flat, size ``m = T K + K^2 + 2 K`` with T the dataset's padded length):
 ``[unary marginals (T, K) | transition counts (K, K) | start (K) | end (K)]``. The joint feature map of
-the model (``phi = d <model(x), mu> / d w``, `torchssvm.models`) is applied in factored form: the
-emission part of ``Phi_i z`` is ``X_i^T z_unary`` (dense inputs); for sparse attributes the Gram matrix
-is built from (block, attribute) rows (`sparse_gram`), never a dense ``d``-vector per block.
+the model (``phi = d <model(x), mu> / d w``, `torchssvm.models`) is applied in factored form: for dense inputs
+the emission part of ``Phi_i z`` is ``X_i^T z_unary``, and a mini-batch's ``Phi_b z_b`` are built as one
+``(B, d)`` matrix (its Gram matrix and the update of w are one product each); for sparse attributes the Gram
+matrix is built from (block, attribute) rows (`sparse_gram`), never a dense ``d``-vector per block.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ChainProblem(DualProblem):
                 self._slices[name] = (off, off + p.numel(), tuple(p.shape))
                 off += p.numel()
         self.d = off
-        self._rows_memo = None  # (idx, z, versions, T, attribute rows) of the last sparse `gram`
+        self._gram_memo = None  # (idx, z, versions, T, attribute rows or joint features) of the last `gram`
         self._T_memo = []  # (idx, its version, T) of the last few index tensors (`_batch_T`, `block_index`)
 
     # -- parameters -----------------------------------------------------------------------------
@@ -226,28 +227,40 @@ class ChainProblem(DualProblem):
         """Emission part of ``Phi_b z_b`` for dense inputs, ``(B, D K)``."""
         return torch.bmm(self._x(idx, T).transpose(1, 2), zu).reshape(zu.shape[0], self.D * self.K)
 
+    def _joint_features(self, idx: torch.Tensor, z: torch.Tensor, T: int) -> torch.Tensor:
+        """``Phi_b z_b`` for dense inputs, ``(B, d)`` in w's layout: one row per block, built in a few kernels (the
+        Gram matrix and the update of w are then one product each)."""
+        u, t, s, e = self._split(z, T)
+        parts = {"emission": self._emission(idx, u, T), "transition": t.flatten(1)}
+        if "bias" in self._slices:
+            parts["bias"] = u.sum(1)
+        parts["start"], parts["end"] = s, e
+        return torch.cat([parts[name] for name in self._slices], 1)
+
     def gram(self, idx_a, z_a, idx_b=None, z_b=None) -> torch.Tensor:
         same = idx_b is None
         if same:
             idx_b, z_b = idx_a, z_a
         T = max(self._batch_T(idx_a), self._batch_T(idx_b))
+        if not self.sparse:  # the joint features Phi_b z_b, one product (kept for `accumulate`, which applies them)
+            Pa = self._joint_features(idx_a, z_a, T)
+            if same:
+                self._gram_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, Pa)
+                return Pa @ Pa.T
+            return Pa @ self._joint_features(idx_b, z_b, T).T
+        # factored: no (B, D K) vectors (sparse_gram.py)
         ua, ta, sa, ea = self._split(z_a, T)
         ub, tb, sb, eb = (ua, ta, sa, ea) if same else self._split(z_b, T)
-        if self.sparse:  # factored: no (B, D K) vectors (sparse_gram.py)
-            xa = self._x(idx_a, T)
-            if same:
-                rows = attribute_rows(xa.ids, xa.values, ua)
-                # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
-                self._rows_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
-                G = sparse_emission_gram(xa.ids, xa.values, ua, rows=rows)
-            else:
-                xb, Ba = self._x(idx_b, T), ua.shape[0]
-                vals = None if xa.values is None else torch.cat([xa.values, xb.values])
-                G = sparse_emission_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
+        xa = self._x(idx_a, T)
+        if same:
+            rows = attribute_rows(xa.ids, xa.values, ua)
+            # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
+            self._gram_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
+            G = sparse_emission_gram(xa.ids, xa.values, ua, rows=rows)
         else:
-            Ea = self._emission(idx_a, ua, T)
-            Eb = Ea if same else self._emission(idx_b, ub, T)
-            G = Ea @ Eb.T
+            xb, Ba = self._x(idx_b, T), ua.shape[0]
+            vals = None if xa.values is None else torch.cat([xa.values, xb.values])
+            G = sparse_emission_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
         G = G + ta.flatten(1) @ tb.flatten(1).T
         if "bias" in self._slices:
             G = G + ua.sum(1) @ ub.sum(1).T
@@ -278,14 +291,18 @@ class ChainProblem(DualProblem):
     def accumulate(self, w: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, coef: torch.Tensor) -> None:
         T = self._batch_T(idx)
         coef = coef.to(self.dtype)
+        memo = self._gram_memo_for(idx, z, T)
+        if not self.sparse:  # w += Phi^T coef, with the joint features `gram` built for this z if it did
+            w.addmv_((memo if memo is not None else self._joint_features(idx, z, T)).T, coef)
+            return
         E = self._part(w, "emission")
-        rows = self._memo_rows(idx, z, T)
+        rows = memo
         zc = z * coef.unsqueeze(1)
         u, t, s, e = self._split(zc, T)
         if rows is not None:  # the (block, attribute) rows `gram` built for this z: one per distinct pair
             attr, row, V = rows
             E.index_add_(0, attr, V * coef[row].unsqueeze(1))
-        elif self.sparse:  # one row per present token attribute
+        else:  # one row per present token attribute
             x = self._x(idx, T)
             ids = x.ids.reshape(-1)
             flat = ((x.ids >= 0) & (u != 0).any(2).unsqueeze(2)).reshape(-1).nonzero().squeeze(1)
@@ -293,17 +310,15 @@ class ChainProblem(DualProblem):
             if x.values is not None:
                 vals = vals * x.values.reshape(-1)[flat].unsqueeze(1)
             E.index_add_(0, ids[flat], vals)
-        else:
-            E.add_(self._x(idx, T).reshape(-1, self.D).T @ u.reshape(-1, self.K))
         self._part(w, "transition").add_(t.sum(0))
         for name, part in (("bias", u.sum((0, 1))), ("start", s.sum(0)), ("end", e.sum(0))):
             if name in self._slices:
                 self._part(w, name).add_(part)
 
-    def _memo_rows(self, idx: torch.Tensor, z: torch.Tensor, T: int):
-        """The attribute rows of the last sparse `gram` if it was called on these very, unmodified
-        ``idx`` and ``z`` (the coordinated step calls gram, then accumulate on the same direction)."""
-        memo = self._rows_memo
+    def _gram_memo_for(self, idx: torch.Tensor, z: torch.Tensor, T: int):
+        """The attribute rows (sparse) or joint features (dense) of the last `gram` if it was called on these very,
+        unmodified ``idx`` and ``z`` (the coordinated step calls gram, then accumulate on the same direction)."""
+        memo = self._gram_memo
         if memo is None:
             return None
         m_idx, m_z, versions, m_T, rows = memo
