@@ -21,7 +21,7 @@ from .block_step_torch import STEP_TYPES, apply_block_step_torch
 from .box_equality_median import box_equality_median
 from .box_equality_torch import project_box_equality_torch
 from .chain_marginals_torch import chain_marginals_torch
-from .chain_score_torch import chain_labels_score_torch, chain_score_torch
+from .chain_score_torch import chain_inner_torch, chain_labels_score_torch, chain_score_torch
 from .distance_transform_torch import distance_transform_1d_torch
 from .distance_transform_torch import distance_transform_2d as distance_transform_2d_torch
 from .simplex_torch import project_simplex_torch
@@ -103,17 +103,28 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
 
 
 @torch.no_grad()
-def select_atoms(a_H, used, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n: int, factor,
+def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
+    """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
+    `chain_inner_torch` or `chain_inner_triton` (one launch instead of about nine; equal to rounding)."""
+    if resolve_backend(backend, unary.device) == "triton":
+        from .chain_score_triton import chain_inner_triton
+
+        return chain_inner_triton(unary, transition, start, end, z)
+    return chain_inner_torch(unary, transition, start, end, z)
+
+
+@torch.no_grad()
+def select_atoms(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n: int, factor,
                  floor: float, misses, away: bool, backend: str = "auto"):
-    """The BCFW step's cache test and away atoms: dispatch to `select_atoms_torch` (which reads ``used``) or
-    `select_atoms_triton` (which reads the store's ``count``); bitwise equal."""
+    """The BCFW step's cache test and away atoms: dispatch to `select_atoms_torch` or `select_atoms_triton`
+    (bitwise equal; see the twin for the contract)."""
     if resolve_backend(backend, a_H.device) == "triton":
         from .atoms_select_triton import select_atoms_triton
 
         return select_atoms_triton(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n,
                                    factor, floor, misses, away)
-    return select_atoms_torch(a_H, used, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n, factor,
-                              floor, misses, away)
+    return select_atoms_torch(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n,
+                              factor, floor, misses, away)
 
 
 @torch.no_grad()
@@ -423,6 +434,7 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",
            "viterbi", "viterbi_torch", "chain_score_torch", "chain_labels_score", "chain_labels_score_torch",
+           "chain_inner", "chain_inner_torch",
            "chain_marginals", "chain_marginals_torch", "select_atoms", "select_atoms_torch", "apply_block_step",
            "apply_block_step_torch", "slack_viterbi",
            "slack_viterbi_torch", "resolve_backend",

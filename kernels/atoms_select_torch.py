@@ -20,12 +20,13 @@ from typing import Optional
 import torch
 
 
-def select_atoms_torch(a_H: torch.Tensor, used: torch.Tensor, a_labels: torch.Tensor, a_loss: torch.Tensor,
+def select_atoms_torch(a_H: torch.Tensor, count: torch.Tensor, a_labels: torch.Tensor, a_loss: torch.Tensor,
                        a_alpha: torch.Tensor, idx: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
                        gaps: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, H: torch.Tensor, n: int,
                        factor: Optional[float], floor: float, misses: Optional[torch.Tensor], away: bool):
     """Args:
-        a_H, a_loss, a_alpha: ``(B, C)`` float64; used ``(B, C)`` bool; a_labels ``(B, C, W)`` long.
+        a_H, a_loss, a_alpha: ``(B, C)`` float64; a_labels ``(B, C, W)`` long.
+        count ``(n,)``: the store's atoms per block (slot j of block i is used iff ``j < count[i]``).
         idx ``(B,)``: the blocks; base, ell ``(B,)``: ``<theta_i, z_i>`` and ``l_i``; gaps ``(n,)``: the block
         gaps (updated in place for the misses).
         labels ``(B, W)``, loss, H ``(B,)``: the oracle's answer for every block.
@@ -36,6 +37,7 @@ def select_atoms_torch(a_H: torch.Tensor, used: torch.Tensor, a_labels: torch.Te
     Returns ``(s_labels (B, W), s_loss (B,), s_H (B,), away)`` with ``away`` None or ``(slot (B,), H (B,),
     alpha (B,), labels (B, W), loss (B,))``."""
     H = H.clamp_min(0)
+    used = used_slots(count, idx, a_H.shape[1])
     if factor is None:
         s_labels, s_loss, s_H = labels, loss, H
         gaps[idx] = (base + H) / n - ell
@@ -48,6 +50,11 @@ def select_atoms_torch(a_H: torch.Tensor, used: torch.Tensor, a_labels: torch.Te
         gaps[idx] = torch.where(hit, gaps[idx], (base + H) / n - ell)
         misses += (~hit).sum()
     return s_labels, s_loss, s_H, (away_atoms_torch(a_H, used, a_alpha, a_labels, a_loss) if away else None)
+
+
+def used_slots(count: torch.Tensor, idx: torch.Tensor, C: int) -> torch.Tensor:
+    """``(B, C)`` bool: slot j of block ``idx[b]`` holds an atom (``j < count[idx[b]]``)."""
+    return torch.arange(C, device=idx.device).unsqueeze(0) < count[idx].unsqueeze(1)
 
 
 def cache_test_torch(a_H: torch.Tensor, used: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,

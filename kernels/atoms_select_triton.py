@@ -76,8 +76,7 @@ def select_atoms_triton(a_H: torch.Tensor, count: torch.Tensor, a_labels: torch.
                         a_alpha: torch.Tensor, idx: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
                         gaps: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, H: torch.Tensor, n: int,
                         factor: Optional[float], floor: float, misses: Optional[torch.Tensor], away: bool):
-    """`select_atoms_torch` with the store's counts ``count (n,)`` in place of the ``used`` mask (``used[b, j] =
-    j < count[idx[b]]``); same returns."""
+    """`select_atoms_torch`: same arguments and returns."""
     B, C, W = a_labels.shape
     if not gaps.is_contiguous():
         raise ValueError("gaps must be contiguous (the kernel writes it in place)")

@@ -48,3 +48,24 @@ def chain_labels_score_torch(unary: torch.Tensor, transition: torch.Tensor, star
     rows = unary.unsqueeze(1).expand(B, C, T, K).reshape(B * C, T, K)
     lengths = lengths if C == 1 else lengths.repeat_interleave(C)
     return chain_score_torch(rows, transition, start, end, labels[:, :, :T].reshape(B * C, T), lengths).view(B, C)
+
+
+def chain_inner_torch(unary: torch.Tensor, transition: torch.Tensor, start: Optional[torch.Tensor],
+                      end: Optional[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """``<theta_b, z_b>``: the score of fractional marginals, one per row of ``z``.
+
+    Args:
+        unary ``(B, T, K)``, transition ``(K, K)``, start, end ``(K,)`` or None: the potentials ``theta``.
+        z ``(B, m)``: marginals in the chain SSVM's flat layout, ``[unary (T', K) | transition (K, K) | start (K) |
+        end (K)]`` with ``T' >= T`` (positions from T on are not read).
+
+    Returns ``(B,)`` in the promoted dtype."""
+    B, T, K = unary.shape
+    a = z.shape[1] - K * K - 2 * K
+    zu = z[:, :a].view(B, a // K, K)[:, :T]
+    out = (unary * zu).sum((1, 2)) + (z[:, a : a + K * K].view(B, K, K) * transition).sum((1, 2))
+    if start is not None:
+        out = out + z[:, a + K * K : a + K * K + K] @ start
+    if end is not None:
+        out = out + z[:, a + K * K + K :] @ end
+    return out

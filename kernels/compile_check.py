@@ -69,6 +69,7 @@ OUTPUTS = {
     "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
                              "slot_ptr", "append_ptr"),
     "_block_step_kernel": ("z_ptr", "ell_ptr", "alpha_ptr"),
+    "_chain_inner_kernel": ("out_ptr",),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),
     "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
@@ -215,6 +216,15 @@ def _chain_score(B, C, T, K, dtype, start_end=True):
     return run
 
 
+def _chain_inner(B, T, K, dtype, start_end=True):
+    def run():
+        from .chain_score_triton import chain_inner_triton
+
+        unary, transition, se, _, _ = _chain(B, T, K, dtype, start_end=start_end)
+        chain_inner_triton(unary, transition, se, se, torch.zeros(B, T * K + K * K + 2 * K, dtype=f64))
+    return run
+
+
 def _chain_marginals(B, T, K, minus):
     def run():
         from .chain_marginals_triton import chain_marginals_triton
@@ -316,6 +326,8 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),
     "chain atom scores OCR (64,10,14,26) float64": _chain_score(64, 10, 14, 26, f64),
     "chain atom scores CoNLL (64,10,100,45), no start/end": _chain_score(64, 10, 100, 45, f32, start_end=False),
+    "chain inner OCR (64,14,26) float64": _chain_inner(64, 14, 26, f64),
+    "chain inner CoNLL (64,78,22), no start/end": _chain_inner(64, 78, 22, f32, start_end=False),
     "chain marginals OCR (64,14,26) pair": _chain_marginals(64, 14, 26, True),
     "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
     "atom insertion OCR (64 of 6251, cache 10, width 14), pairwise": _insert_atoms(64, 6251, 10, 14, True),

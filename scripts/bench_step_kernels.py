@@ -1,9 +1,10 @@
 """Benchmark: the mini-batch BCFW step's bookkeeping as Triton kernels against the torch ops they replace.
 
-Five operations of a pairwise + cache step on the chain SSVM, at OCR-large's shapes (26 labels, width 14,
+Six operations of a pairwise + cache step on the chain SSVM, at OCR-large's shapes (26 labels, width 14,
 B = 64 blocks of 6,251, 10 cached labellings each), each timed per call with both backends on one device:
 
 - ``chain_labels_score``: the scores of the B x 10 cached labellings (`chain_score_triton`);
+- ``chain_inner``: ``<theta_b, z_b>`` of the B blocks (`chain_score_triton`);
 - ``chain_marginals``: a pairwise direction, the difference of two corners (`chain_marginals_triton`);
 - ``insert_batch``: the FW atoms' insertion into the cache (`atoms_insert_triton`), with its one read of the
   appended counts, which both backends make;
@@ -45,7 +46,7 @@ def _per_call(fn, device: torch.device, calls: int) -> float:
 
 
 def _operations(device: torch.device, backend: str) -> dict:
-    from torchssvm.kernels import apply_block_step, chain_labels_score, chain_marginals, select_atoms
+    from torchssvm.kernels import apply_block_step, chain_inner, chain_labels_score, chain_marginals, select_atoms
 
     from torchssvm.optim.atoms import AtomStore
 
@@ -70,7 +71,7 @@ def _operations(device: torch.device, backend: str) -> dict:
     loss = torch.rand(B, dtype=torch.float64, device=device)
     a_H = torch.randn(B, C, dtype=torch.float64, device=device)
     a_alpha = torch.rand(B, C, dtype=torch.float64, device=device)
-    a_labels, a_loss, _, used = store.slots(d["idx"], idx)
+    a_labels, a_loss, _ = store.slots(d["idx"], idx)
     base, ell = torch.randn(B, dtype=torch.float64, device=device), torch.randn(B, dtype=torch.float64, device=device)
     gaps = torch.rand(N, dtype=torch.float64, device=device)
     misses = torch.zeros((), dtype=torch.long, device=device)
@@ -80,10 +81,11 @@ def _operations(device: torch.device, backend: str) -> dict:
     gamma = torch.rand(B, generator=g, dtype=torch.float64).to(device) / 100
     slot_s, slot_a = (torch.randint(0, C, (B,), generator=g).to(device) for _ in range(2))
     return {
-        "select_atoms": lambda: select_atoms(a_H, used, store.count, a_labels, a_loss, a_alpha, d["idx"], base, ell,
+        "select_atoms": lambda: select_atoms(a_H, store.count, a_labels, a_loss, a_alpha, d["idx"], base, ell,
                                              gaps, new, loss, base, N, 0.25, 1e-4, misses, True, backend=backend),
         "chain_labels_score": lambda: chain_labels_score(d["unary"], d["trans"], d["start"], d["end"], d["lab"],
                                                          d["lengths"], backend=backend),
+        "chain_inner": lambda: chain_inner(d["unary"], d["trans"], d["start"], d["end"], direction, backend=backend),
         "chain_marginals": lambda: chain_marginals(d["lab"][:, 0], d["lengths"], K, d["lab"][:, 1],
                                                    backend=backend),
         "insert_batch": lambda: store.insert_batch(d["idx"], new, loss, scores, cap=C, keep_active=True,

@@ -1,10 +1,11 @@
-"""The chain SSVM's bookkeeping kernels: labelling scores and flat one-hot marginals, torch twin against explicit
-sums and `Chain.marginals`, Triton kernel against the twin, and the problem's solver on either backend."""
+"""The chain SSVM's bookkeeping kernels: labelling scores, scores of flat marginals and flat one-hot marginals,
+torch twin against explicit sums and `Chain.marginals`, Triton kernel against the twin, and the problem's solver
+on either backend."""
 
 import pytest
 import torch
 from conftest import needs_triton
-from torchssvm.kernels import chain_labels_score, chain_marginals, chain_score_torch
+from torchssvm.kernels import chain_inner, chain_labels_score, chain_marginals, chain_score_torch
 
 import torchssvm as ts
 from torchssvm.structures import Chain
@@ -55,6 +56,28 @@ def test_labels_score_twin_is_the_explicit_sum(start_end):
         assert float(one[b]) == pytest.approx(ref, abs=1e-12)
 
 
+def _flat_marginals(B, T_flat, K, g):
+    return torch.randn(B, T_flat * K + K * K + 2 * K, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("start_end", [True, False])
+def test_inner_twin_is_the_explicit_sum(start_end):
+    """``<theta_b, z_b>`` over the flat layout, with rows longer than the potentials (the batch's T < the data's)."""
+    g = torch.Generator().manual_seed(2)
+    B, T, T_flat, K = 5, 4, 7, 3
+    theta = _potentials(B, T, K, g, start_end)
+    z = _flat_marginals(B, T_flat, K, g)
+    got = chain_inner(*theta, z, backend="torch")
+    a = T_flat * K
+    for b in range(B):
+        ref = sum(float(theta[0][b, t, k] * z[b, t * K + k]) for t in range(T) for k in range(K))
+        ref += sum(float(theta[1][i, j] * z[b, a + i * K + j]) for i in range(K) for j in range(K))
+        if start_end:
+            ref += sum(float(theta[2][k] * z[b, a + K * K + k] + theta[3][k] * z[b, a + K * K + K + k])
+                       for k in range(K))
+        assert float(got[b]) == pytest.approx(ref, abs=1e-12)
+
+
 @pytest.mark.parametrize("minus", [False, True])
 def test_marginals_twin_is_the_structures_one_hot_counts(minus):
     g = torch.Generator().manual_seed(1)
@@ -83,6 +106,11 @@ def test_triton_kernels_match_their_twins(T):
         for labels in (y, y.int()):
             torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend="triton"), ref,
                                        rtol=0, atol=1e-12)
+        for K_in in (K, 40):  # 40: more than one chunk of the unary and transition parts
+            th = theta if K_in == K else _potentials(B, T, K_in, g, start_end)
+            z = _flat_marginals(B, T + 2, K_in, g)
+            torch.testing.assert_close(chain_inner(*th, z, backend="triton"), chain_inner(*th, z, backend="torch"),
+                                       rtol=1e-12, atol=1e-12)
     y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
     for minus in (None, y2):  # counts: the same floats in any order of the atomic adds
         for dtype in (torch.float64, torch.float32):

@@ -475,7 +475,6 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
     n, B, C, W = 20, 12, 5, 4
     idx = torch.randperm(n, generator=g)[:B]
     count = torch.randint(1, C + 1, (n,), generator=g)
-    used = torch.arange(C) < count[idx].unsqueeze(1)
     a_H = torch.randint(-2, 3, (B, C), generator=g).double() / 8
     a_labels = torch.randint(0, 3, (B, C, W), generator=g)
     a_loss = torch.rand(B, C, generator=g, dtype=torch.float64)
@@ -487,7 +486,7 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
     out, state = {}, {}
     for backend in ("torch", "triton"):
         gp, misses = gaps.clone(), torch.zeros((), dtype=torch.long)
-        out[backend] = select_atoms(a_H, used, count, a_labels, a_loss, a_alpha, idx, base, ell, gp, labels, loss,
+        out[backend] = select_atoms(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gp, labels, loss,
                                     H, n, 0.25 if cached else None, 0.01, misses if cached else None, away,
                                     backend=backend)
         state[backend] = gp, misses

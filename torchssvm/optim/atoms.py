@@ -43,12 +43,11 @@ class AtomStore:
         self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(n, extra)], 1)
 
     def slots(self, idx: torch.Tensor, host_idx: torch.Tensor | None = None):
-        """``(labels (B, C, W), loss (B, C), alpha (B, C), used (B, C) bool)`` of blocks ``idx``, with
-        ``C`` the largest count among them (read from the host's copy when ``host_idx``, ``idx`` on the host, is
-        given)."""
+        """``(labels (B, C, W), loss (B, C), alpha (B, C))`` of blocks ``idx``, with ``C`` the largest count among
+        them (read from the host's copy when ``host_idx``, ``idx`` on the host, is given); slots past a block's
+        count are unused (`torchssvm.kernels.atoms_select_torch.used_slots`)."""
         C = int(self.count_host[idx.cpu() if host_idx is None else host_idx].max())
-        used = torch.arange(C, device=idx.device).unsqueeze(0) < self.count[idx].unsqueeze(1)
-        return self.labels[idx, :C].long(), self.loss[idx, :C], self.alpha[idx, :C], used
+        return self.labels[idx, :C].long(), self.loss[idx, :C], self.alpha[idx, :C]
 
     def find(self, i: int, label: torch.Tensor) -> int:
         c = int(self.count_host[i])

@@ -23,7 +23,7 @@ import torch
 
 from .._device import host_to_device
 from ..kernels import apply_block_step, select_atoms
-from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch
+from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -161,7 +161,7 @@ class BCFW(DualSolver):
         store = self.atoms
         find_away = self.step_type != "fw"  # pairwise / away steps (which also keep their active atoms)
         if store is not None:
-            a_labels, a_loss, a_alpha, used = store.slots(idx, host_idx)
+            a_labels, a_loss, a_alpha = store.slots(idx, host_idx)
             # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom; slot 0 holds the truth y_i
             a_score = p.labels_score(theta, idx, a_labels)
             a_H = a_loss - a_score[:, :1] + a_score
@@ -171,7 +171,7 @@ class BCFW(DualSolver):
             labels, loss, H = p.oracle(theta, idx)
             cached = self.cache_size > 0
             s_labels, s_loss, s_H, away_atom = select_atoms(
-                a_H, used, store.count, a_labels, a_loss, a_alpha, idx, base, ell_i, self.block_gaps, labels, loss, H,
+                a_H, store.count, a_labels, a_loss, a_alpha, idx, base, ell_i, self.block_gaps, labels, loss, H,
                 n, self.cache_factor if cached else None, self.cache_nu / n * self.global_gap,
                 self._misses if cached else None, find_away, backend=store.backend)
             if cached:
@@ -179,6 +179,7 @@ class BCFW(DualSolver):
             else:
                 self.oracle_calls += B
         else:  # on the CPU with a cache (the oracle decodes the misses only), or FW steps without atoms
+            used = None if store is None else used_slots(store.count, idx, a_H.shape[1])
             if self.cache_size > 0:
                 rows = torch.arange(B, device=p.device)
                 hit, best, best_H = cache_test_torch(a_H, used, base, ell_i, self.block_gaps[idx], n,

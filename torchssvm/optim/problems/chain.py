@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ...data.sequence_dataset import SequenceDataset
-from ...kernels import chain_labels_score, chain_marginals, viterbi
+from ...kernels import chain_inner, chain_labels_score, chain_marginals, viterbi
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
@@ -215,13 +215,7 @@ class ChainProblem(DualProblem):
         return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
 
     def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
-        zu, zt, zs, ze = self._split(z, theta.unary.shape[1])
-        out = (theta.unary * zu).sum((1, 2)) + (zt * theta.transition).sum((1, 2))
-        if theta.start is not None:
-            out = out + zs @ theta.start
-        if theta.end is not None:
-            out = out + ze @ theta.end
-        return out
+        return chain_inner(*theta, z, backend=self.backend)
 
     def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int) -> torch.Tensor:
         """Emission part of ``Phi_b z_b`` for dense inputs, ``(B, D K)``."""
