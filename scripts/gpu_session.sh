@@ -9,7 +9,8 @@
 # STAGE is one of
 #   tests  the CUDA tests (tests/test_gpu.py), a smoke run of both benchmarks, the host waits per BCFW step
 #          counted in a profile (report_host_syncs.py --device cuda) and the step's bookkeeping kernels against
-#          their torch ops (bench_step_kernels.py --device cuda; about 5 min)
+#          their torch ops (bench_step_kernels.py --device cuda), the box QP on the host against the device
+#          (bench_box_qp.py --device cuda; about 5 min)
 #   tree   issue 7: python scripts/bench_tree.py --device cuda without the mixtures (26 parts at 32/64/128, distance
 #          transform against brute force; the target is <= 0.1 ms per image at 64x64)
 #   tree-mixture  the same with the mixture section (T = 3, 13 and the paper's 169), into $OUT/mixture
@@ -42,6 +43,7 @@ case "$stage" in
             --budget 20 --out "$OUT/smoke"
         LIMIT=120 run python3 scripts/report_host_syncs.py --device cuda --out "$OUT"
         LIMIT=60 run python3 scripts/bench_step_kernels.py --device cuda --out "$OUT"
+        LIMIT=60 run python3 scripts/bench_box_qp.py --device cuda --out "$OUT"
         ;;
     tree)
         run python3 scripts/bench_tree.py --device cuda --out "$OUT" --types
