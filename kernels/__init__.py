@@ -134,6 +134,15 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
     `apply_block_step_torch` or `apply_block_step_triton` (one launch instead of about twenty; bitwise equal)."""
     if step not in STEP_TYPES:
         raise ValueError(f"step must be one of {STEP_TYPES}, got {step!r}")
+    if alpha is not None:
+        needed = {"alpha_valid": alpha_valid, "s_slot": s_slot}
+        if step != "fw":
+            needed.update(away=away, upper=upper)
+        if step == "away":
+            needed["kind"] = kind
+        missing = [name for name, t in needed.items() if t is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} must be given with alpha for {step!r} steps")
     if resolve_backend(backend, z.device) == "triton":
         from .block_step_triton import apply_block_step_triton
 

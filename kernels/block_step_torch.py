@@ -33,7 +33,8 @@ def apply_block_step_torch(z: torch.Tensor, ell: torch.Tensor, idx: torch.Tensor
     Args:
         idx ``(B,)``: distinct blocks; zi ``(B, m)``, ell_i ``(B,)``: their current ``z`` and ``l``.
         gamma ``(B,)``: the step sizes; direction ``(B, m)``, d_ell ``(B,)``: the moves of ``z`` and ``l``.
-        alpha, alpha_valid ``(n,)`` bool: the atom store's weights (None: no explicit duals).
+        alpha ``(n, C)`` float64, alpha_valid ``(n,)`` bool: the atom store's weights and whether each block's
+        are valid (None: no explicit duals).
         step: ``"fw"``, ``"pairwise"`` or ``"away"``; s_slot ``(B,)``: the FW atoms' slots; away ``(B,)``: the
         away atoms' slots, upper ``(B,)``: the step bounds (pairwise and away steps); kind ``(B,)``: 0 FW or
         2 away, per block of an away step."""

@@ -91,7 +91,7 @@ def apply_block_step_triton(z: torch.Tensor, ell: torch.Tensor, idx: torch.Tenso
     _block_step_kernel[(B,)](
         z, ell, idx.contiguous(), zi.to(f64).contiguous(), ell_i.to(f64).contiguous(), gamma,
         direction.to(f64).contiguous(), d_ell.to(f64).contiguous(),
-        alpha if has_alpha else dummy, alpha_valid if has_alpha else dummy,
+        alpha if has_alpha else dummy, alpha_valid.contiguous() if has_alpha else dummy,
         s_slot.contiguous() if has_alpha else dummy,
         away.contiguous() if away is not None else dummy,
         upper.to(f64).contiguous() if upper is not None else dummy,

@@ -547,12 +547,29 @@ def test_batched_block_step_equals_block_by_block(step, backend):
     rest[idx] = False
     assert torch.equal(s.z[idx], z0[idx] + gamma.unsqueeze(1) * direction) and torch.equal(s.z[rest], z0[rest])
     assert torch.equal(s.ell[idx], ell0[idx] + gamma * d_ell) and torch.equal(s.ell[rest], ell0[rest])
+    z1, ell1 = s.z.clone(), s.ell.clone()  # without explicit duals (FW steps without atoms): z and l only
+    apply_block_step(s.z, s.ell, idx, z0[idx], ell0[idx], gamma, direction, d_ell, backend=backend)
+    assert torch.equal(s.z, z1) and torch.equal(s.ell, ell1)
 
 
-def test_block_step_rejects_an_unknown_step_type():
+def test_block_step_rejects_an_unknown_step_type_and_missing_duals():
     from torchssvm.kernels import apply_block_step
 
     z = torch.zeros(3, 2, dtype=torch.float64)
+    args = (z, z[:, 0].clone(), torch.arange(2), z[:2], z[:2, 0], z[:2, 0], z[:2], z[:2, 0])
     with pytest.raises(ValueError, match="step must be one of"):
-        apply_block_step(z, z[:, 0].clone(), torch.arange(2), z[:2], z[:2, 0], z[:2, 0], z[:2], z[:2, 0],
-                         step="frank-wolfe")
+        apply_block_step(*args, step="frank-wolfe")
+    alpha, valid, slot = torch.zeros(3, 4, dtype=torch.float64), torch.ones(3, dtype=torch.bool), torch.zeros(2).long()
+    with pytest.raises(ValueError, match="away, upper must be given"):
+        apply_block_step(*args, alpha, valid, "pairwise", slot)
+    with pytest.raises(ValueError, match="kind must be given"):
+        apply_block_step(*args, alpha, valid, "away", slot, slot, z[:2, 0])
+
+
+def test_bcfw_leaves_numba_to_the_oracles():
+    """``backend="numba"`` is for tree problems' distance transforms; the step's own kernels run as "auto"."""
+    F, L, y = random_table(n=8, seed=2)
+    s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, step="pairwise", cache_size=3, batch_size=4, seed=0,
+             backend="numba")
+    assert s.backend == "auto" and s.atoms.backend == "auto"
+    assert s.step()["dual"] > 0

@@ -53,12 +53,12 @@ def _load_w(model, w):
         torch.nn.utils.vector_to_parameters(w, model.parameters())
 
 
-@pytest.mark.parametrize("kind", ["dense", "dense-nobias", "sparse"])
+@pytest.mark.parametrize("kind", ["dense", "dense-global", "dense-nobias", "sparse"])
 def test_chain_problem_products_match_explicit_features(kind):
     if kind == "sparse":
         model, ds = _sparse_problem()
     else:
-        model, ds = _dense_problem(bias="ocr" if kind == "dense" else None)
+        model, ds = _dense_problem(bias={"dense": "ocr", "dense-global": "global", "dense-nobias": None}[kind])
     p = ChainProblem(model, ds)
     w = _random_w(p, 1)
     _load_w(model, w)
@@ -77,9 +77,11 @@ def test_chain_problem_products_match_explicit_features(kind):
     a, b = torch.tensor([0, 2]), torch.tensor([1, 3, 2])
     torch.testing.assert_close(p.gram(a, z[a], b, z[b]), psi[a] @ psi[b].T, rtol=1e-10, atol=1e-10)
     coef = torch.rand(n, generator=g, dtype=torch.float64)
-    acc = torch.zeros(p.d, dtype=torch.float64)
-    p.accumulate(acc, idx, z, coef)
+    acc, fresh = torch.zeros(p.d, dtype=torch.float64), torch.zeros(p.d, dtype=torch.float64)
+    p.accumulate(acc, idx, z, coef)  # after gram(idx, z): with what gram built
+    ChainProblem(model, ds).accumulate(fresh, idx, z, coef)  # without
     torch.testing.assert_close(acc, coef @ psi, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(fresh, coef @ psi, rtol=1e-10, atol=1e-10)
     # the oracle: labels, loss and max H against enumeration
     lab, loss, H = p.oracle(theta, idx)
     for i in range(n):
@@ -132,17 +134,20 @@ def test_accumulate_reuses_gram_work_only_for_the_same_unmodified_direction(spar
     coef = torch.rand(p.n, generator=g, dtype=torch.float64)
     fresh = torch.zeros(p.d, dtype=torch.float64)
     ChainProblem(model, ds).accumulate(fresh, idx, z, coef)  # no gram before: the per-token path
+    T = p._batch_T(idx)
     p.gram(idx, z)
-    assert p._gram_memo_for(idx, z, p._batch_T(idx)) is not None
+    assert p._gram_memo_for(idx, z, T) is not None
+    assert p._gram_memo_for(idx.clone(), z, T) is None  # another index tensor
     reused = torch.zeros(p.d, dtype=torch.float64)
     p.accumulate(reused, idx, z, coef)
     torch.testing.assert_close(reused, fresh, rtol=1e-12, atol=1e-12)
-    z.mul_(2.0)  # modified in place after gram: the rows are stale and must not be used
-    assert p._gram_memo_for(idx, z, p._batch_T(idx)) is None
+    assert p._gram_memo is None  # used once, then dropped
+    p.gram(idx, z)
+    z.mul_(2.0)  # modified in place after gram: what gram built is stale and must not be used
+    assert p._gram_memo_for(idx, z, T) is None
     doubled = torch.zeros(p.d, dtype=torch.float64)
     p.accumulate(doubled, idx, z, coef)
     torch.testing.assert_close(doubled, 2.0 * fresh, rtol=1e-12, atol=1e-12)
-    assert p._gram_memo_for(idx.clone(), z, p._batch_T(idx)) is None  # another index tensor
 
 
 def test_chain_problem_writes_model_and_validates():

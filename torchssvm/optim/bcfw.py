@@ -90,7 +90,9 @@ class BCFW(DualSolver):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
-        self.backend = backend
+        # the step's bookkeeping kernels (the atoms, the end of the step) have torch and Triton forms only: "numba"
+        # (the distance transforms of tree problems) leaves them to "auto"
+        self.backend = backend if backend in ("torch", "triton") else "auto"
         if batch_size > self.n:
             raise ValueError(f"batch_size must be <= n = {self.n}, got {batch_size}")
         self.sampling, self.step_type = sampling, step
@@ -100,7 +102,7 @@ class BCFW(DualSolver):
         self.seed = seed
         self.generator = torch.Generator().manual_seed(int(seed))
         p = self.problem
-        self.atoms = AtomStore(p.truth, cache_size, backend) if (cache_size > 0 or step != "fw") else None
+        self.atoms = AtomStore(p.truth, cache_size, self.backend) if (cache_size > 0 or step != "fw") else None
         self.global_gap = float(p.max_loss(torch.arange(self.n, device=p.device)).sum()) / self.n
         self.first_visit = torch.randperm(self.n, generator=self.generator)  # Alg. 2's g_i = inf blocks
         self.first_visit_pos = 0
@@ -210,7 +212,6 @@ class BCFW(DualSolver):
                 self.oracle_calls += misses
             away_atom = away_atoms_torch(a_H, used, a_alpha, a_labels, a_loss) if find_away else None
         self.visits += B
-        g_fw = (base + s_H) / n - ell_i
 
         # Insert the FW atoms. The away atoms are active atoms, which insertion leaves where they are (it fills an
         # inactive or a new slot, and evicts only under FW steps): they are read from the atoms before it.
@@ -225,7 +226,8 @@ class BCFW(DualSolver):
         if self.step_type == "fw":
             direction = p.corner(idx, s_labels) - zi
             d_ell = s_loss / n - ell_i
-            c, upper = g_fw, torch.ones_like(g_fw)
+            c = (base + s_H) / n - ell_i  # the FW gap
+            upper = torch.ones_like(c)
         else:
             away, away_H, alpha_a, labels_a, loss_a = away_atom
             if self.step_type == "pairwise":
@@ -235,7 +237,7 @@ class BCFW(DualSolver):
                 # the FW atom may be the away atom: a zero direction, whatever rounding says about c
                 upper = torch.where(s_slot == away, 0.0, alpha_a)
             else:
-                g_away = ell_i - (base + away_H) / n
+                g_fw, g_away = (base + s_H) / n - ell_i, ell_i - (base + away_H) / n
                 use_away = (g_away > g_fw) & (alpha_a < 1)  # |S_i| > 1 iff alpha(y_a) < 1
                 direction = torch.where(use_away.unsqueeze(1), zi - p.corner(idx, labels_a),
                                         p.corner(idx, s_labels) - zi)

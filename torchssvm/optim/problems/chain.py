@@ -286,16 +286,18 @@ class ChainProblem(DualProblem):
         T = self._batch_T(idx)
         coef = coef.to(self.dtype)
         memo = self._gram_memo_for(idx, z, T)
-        if not self.sparse:  # w += Phi^T coef, with the joint features `gram` built for this z if it did
-            w.addmv_((memo if memo is not None else self._joint_features(idx, z, T)).T, coef)
+        self._gram_memo = None  # used once: do not keep the (B, d) features or the rows alive
+        if memo is not None and not self.sparse:  # w += Phi^T coef with the joint features `gram` built for this z
+            w.addmv_(memo.T, coef)
             return
         E = self._part(w, "emission")
-        rows = memo
         zc = z * coef.unsqueeze(1)
         u, t, s, e = self._split(zc, T)
-        if rows is not None:  # the (block, attribute) rows `gram` built for this z: one per distinct pair
-            attr, row, V = rows
+        if memo is not None:  # the (block, attribute) rows `gram` built for this z: one per distinct pair
+            attr, row, V = memo
             E.index_add_(0, attr, V * coef[row].unsqueeze(1))
+        elif not self.sparse:  # one product over every token of the batch (no (B, d) matrix: any batch size)
+            E.add_(self._x(idx, T).reshape(-1, self.D).T @ u.reshape(-1, self.K))
         else:  # one row per present token attribute
             x = self._x(idx, T)
             ids = x.ids.reshape(-1)
