@@ -14,7 +14,7 @@
 #   tree   issue 7: python scripts/bench_tree.py --device cuda without the mixtures (26 parts at 32/64/128, distance
 #          transform against brute force; the target is <= 0.1 ms per image at 64x64)
 #   tree-mixture  the same with the mixture section (T = 3, 13 and the paper's 169), into $OUT/mixture
-#   bcfw   issue 4: time to a certified gap of 1e-3 on OCR-large, B = 64, 256, 1024 on the GPU, against the CPU's
+#   bcfw   issue 4: time to a certified gap of 1e-3 on OCR-large, B = 64, 128, 256 on the GPU, against the CPU's
 #          sequential run in docs/benchmarks/bcfw_time_to_gap.json (target: >= 50x less time)
 #   speed  issue 4: gap against passes and seconds by batch size on the GPU (bench_bcfw_speed.py --device cuda;
 #          B = 1 runs on the CPU: docs/benchmarks/bcfw_speed.md)

@@ -125,7 +125,7 @@ def test_device_cache_test_takes_the_misses_answers_of_a_whole_batch_oracle():
     ({"sampling": "gap", "step": "pairwise", "cache_size": 4, "gap_check_every": 0}, 72)])
 def test_minibatch_bcfw_step_kernel_launch_budget(config, budget):
     """A regression guard on the step's fixed cost on a GPU: kernel launches per mini-batch with the Triton kernels
-    (``backend="auto"`` on CUDA), the pass's report read included. Measured 51 (FW) and 61 (pairwise + cache)
+    (``backend="auto"`` on CUDA), the pass's report read included. Measured 51 (FW) and 58 (pairwise + cache)
     here; 85 and 112 before the step's end and ``<theta_i, z_i>`` became one kernel each and the chain's Gram
     matrix and update of w one product each; before the step's bookkeeping was fused, about 117 and 357 on OCR's
     shapes (docs/benchmarks/host_syncs.md)."""
