@@ -185,6 +185,62 @@ def test_minibatch_bcfw_on_cuda_matches_cpu():
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
 
 
+@pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
+def test_step_kernels_equal_their_twins_on_cuda(step):
+    """The mini-batch step's bookkeeping kernels compiled for the GPU against their torch twins there, at OCR's
+    shapes: the end of the step (compiled without fused multiply-adds), the atoms' selection and the corners
+    bitwise; the scores of marginals and labellings to rounding. (BCFW's own tests above run the torch twins.)"""
+    from torchssvm.kernels import apply_block_step, chain_inner, chain_labels_score, chain_marginals, select_atoms
+
+    g = torch.Generator().manual_seed(7)
+    n, B, C, T, K = 500, 64, 10, 14, 26
+    f64 = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    idx = torch.randperm(n, generator=g)[:B]
+    count = torch.randint(1, C + 1, (n,), generator=g)
+    s_slot, away = ((torch.rand(B, generator=g) * count[idx]).long() for _ in range(2))
+    upper = torch.rand(B, generator=g, dtype=torch.float64)
+    gamma = upper * torch.rand(B, generator=g, dtype=torch.float64)
+    gamma[:3] = torch.stack([torch.tensor(0.0, dtype=torch.float64), upper[1], upper[2] + 1.0])  # 0, drop, > bound
+    kind = (torch.arange(B) % 2) * 2 if step == "away" else None
+    alpha = torch.rand(n, C, generator=g, dtype=torch.float64) * (torch.rand(n, C, generator=g) < 0.7)
+    valid = torch.rand(n, generator=g) < 0.9
+    m = T * K + K * K + 2 * K
+    z, ell, direction, d_ell = f64(n, m), f64(n), f64(B, m), f64(B)
+    on = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    ends = {}
+    for backend in ("torch", "triton"):
+        zz, ee, aa = on(z.clone()), on(ell.clone()), on(alpha.clone())
+        apply_block_step(zz, ee, on(idx), on(z[idx]), on(ell[idx]), on(gamma), on(direction), on(d_ell), aa,
+                         on(valid), step, on(s_slot), None if step == "fw" else on(away), on(upper), on(kind),
+                         backend=backend)
+        ends[backend] = [t.cpu() for t in (zz, ee, aa)]
+    assert all(torch.equal(a, b) for a, b in zip(ends["torch"], ends["triton"]))
+    assert not torch.equal(ends["torch"][0], z)
+
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    labels = torch.randint(0, K, (B, C, T), generator=g).masked_fill(torch.arange(T) >= lengths.view(B, 1, 1), -1)
+    theta = [on(t) for t in (f64(B, T, K), f64(K, K), f64(K), f64(K))]
+    for op in (lambda be: chain_inner(*theta, on(direction), backend=be),
+               lambda be: chain_labels_score(*theta, on(labels), on(lengths), backend=be)):
+        torch.testing.assert_close(op("triton").cpu(), op("torch").cpu(), rtol=1e-12, atol=1e-12)
+    corners = [chain_marginals(on(labels[:, 0]), on(lengths), K, on(labels[:, 1]), backend=be).cpu()
+               for be in ("torch", "triton")]
+    assert torch.equal(*corners)
+
+    a_H = torch.randint(-2, 3, (B, C), generator=g).double() / 8  # small integers: ties, first index wins
+    gaps, base = torch.rand(n, generator=g, dtype=torch.float64) / 4, f64(B) / 4
+    picks = {}
+    for backend in ("torch", "triton"):  # the store's losses and weights: alpha's rows will do
+        gp, misses = on(gaps.clone()), on(torch.zeros((), dtype=torch.long))
+        out = select_atoms(on(a_H), on(count), on(labels), on(alpha[idx]), on(alpha[idx]), on(idx), on(base),
+                           on(ell[idx] / 4), gp, on(labels[:, 0]), on(d_ell.abs()), on(d_ell), n, 0.25, 0.01, misses,
+                           step != "fw", backend=backend)
+        picks[backend] = [t.cpu() for t in out[:3]] + [gp.cpu(), misses.cpu()] + \
+            ([] if out[3] is None else [t.cpu() for t in out[3]])
+    assert all(torch.equal(a, b) for a, b in zip(picks["torch"], picks["triton"]))
+    assert 0 < int(picks["torch"][4]) < B  # hits and misses both
+
+
 @pytest.mark.skipif(DRY_RUN, reason="counts the CUDA runtime's waiting calls: a real GPU")
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 @pytest.mark.parametrize("config,per_step", [
