@@ -1,8 +1,10 @@
 """Shared by the benchmark scripts: the machine line their reports print (CPU model from /proc/cpuinfo where
-there is one, and cores), a median timer, and the report writer that keeps the hand-written findings."""
+there is one, and cores), a median timer, the measure-or-reload step of ``--report-only``, and the report writer
+that keeps the hand-written findings."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -38,6 +40,25 @@ def code_version() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + ("+dirty" if dirty else "")
+
+
+def device_description(device) -> str:
+    """The GPU's name for a CUDA ``device``, else `cpu_description`."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return cpu_description()
+
+
+def measured_or_saved(path: Path, report_only: bool, measure) -> dict:
+    """The results saved at ``path`` (``--report-only``), or ``measure()``'s, saved there first."""
+    if report_only:
+        return json.loads(path.read_text())
+    results = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    return results
 
 
 def median_seconds(fn, repeats: int = 5, cuda: bool = False) -> float:

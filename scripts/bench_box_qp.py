@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import code_version, cpu_description, write_report
+from _bench_machine import code_version, device_description, measured_or_saved, write_report
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
@@ -110,20 +110,19 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    path = args.out / ("box_qp_cuda.json" if cuda else "box_qp.json")
-    if args.report_only:
-        results = json.loads(path.read_text())
-    else:
+
+    def measure() -> dict:
         from torchssvm.optim.box_qp import _NUMPY_MAX_B
 
-        results = {"device": torch.cuda.get_device_name(device) if cuda else cpu_description(),
-                   "torch": torch.__version__, "code": code_version(), "count": args.count, "repeats": args.repeats,
-                   "numpy_max_b": _NUMPY_MAX_B, "sizes": {}}
+        results = {"device": device_description(device), "torch": torch.__version__, "code": code_version(),
+                   "count": args.count, "repeats": args.repeats, "numpy_max_b": _NUMPY_MAX_B, "sizes": {}}
         for B in args.batch_sizes:
             results["sizes"][str(B)] = time_paths(capture(B, args.count), device, args.repeats)
             print(B, json.dumps(results["sizes"][str(B)]), flush=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1))
+        return results
+
+    results = measured_or_saved(args.out / ("box_qp_cuda.json" if cuda else "box_qp.json"), args.report_only,
+                                measure)
     write(results, args.out, cuda)
 
 

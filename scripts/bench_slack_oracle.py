@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import torch
-from _bench_machine import cpu_description, median_seconds, write_report
+from _bench_machine import device_description, median_seconds, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -52,7 +52,7 @@ def main() -> None:
             row[f"ratio_{be}"] = row[f"slack_{be}_ms"] / row[f"viterbi_{be}_ms"]
         rows.append(row)
         print(row, flush=True)
-    device = torch.cuda.get_device_name() if cuda else cpu_description()
+    device = device_description(torch.device("cuda" if cuda else "cpu"))
     meta = {"machine": f"{device}, {torch.get_num_threads()} torch threads; torch {torch.__version__}"}
     name = "slack_oracle_cuda" if cuda else "slack_oracle"
     args.out.mkdir(parents=True, exist_ok=True)

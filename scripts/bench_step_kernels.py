@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import code_version, cpu_description, write_report
+from _bench_machine import code_version, device_description, measured_or_saved, write_report
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 N, B, C, T, K = 6251, 64, 10, 14, 26
@@ -129,16 +129,15 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    path = args.out / ("step_kernels_cuda.json" if cuda else "step_kernels.json")
-    if args.report_only:
-        results = json.loads(path.read_text())
-    else:
-        results = {"device": torch.cuda.get_device_name(device) if cuda else cpu_description(),
-                   "torch": torch.__version__, "code": code_version(), "calls": args.calls,
-                   "ops": measure(device, args.calls)}
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1))
+
+    def run() -> dict:
+        results = {"device": device_description(device), "torch": torch.__version__, "code": code_version(),
+                   "calls": args.calls, "ops": measure(device, args.calls)}
         print(json.dumps(results["ops"], indent=1))
+        return results
+
+    results = measured_or_saved(args.out / ("step_kernels_cuda.json" if cuda else "step_kernels.json"),
+                                args.report_only, run)
     write(results, args.out, cuda)
 
 
