@@ -1,4 +1,5 @@
-"""numba, when installed: the compiled CPU twins (`distance_transform_numba`, `torchssvm.optim.gdmm_numba`).
+"""numba, when installed: the compiled CPU twins (`distance_transform_numba`, `torchssvm.optim.gdmm_numba`,
+`torchssvm.optim.box_qp_numba`).
 
 ``numba`` is None when it does not import; the twins' functions are then plain Python and ``available()``
 is False, so ``"auto"`` choices keep the torch code.
@@ -16,11 +17,13 @@ def available() -> bool:
     return numba is not None
 
 
-def jit(parallel: bool = False):
-    """``numba.njit`` with an on-disk cache (compiled once per machine), or a no-op without numba."""
+def jit(parallel: bool = False, fastmath=False):
+    """``numba.njit`` with an on-disk cache (compiled once per machine), or a no-op without numba. ``fastmath``:
+    numba's flags, e.g. ``{"reassoc", "contract"}`` to let LLVM reorder sums and fuse multiply-adds (vectorized
+    dot products; results change at rounding level, infinities and NaNs keep their meaning)."""
     if numba is None:
         return lambda fn: fn
-    return numba.njit(cache=True, nogil=True, parallel=parallel)
+    return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)
 
 
 prange = numba.prange if numba is not None else range

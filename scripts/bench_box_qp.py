@@ -1,14 +1,16 @@
-"""Benchmark: the mini-batch step's B x B box QP solved on the host (numpy) or on the inputs' device (torch).
+"""Benchmark: the mini-batch step's B x B box QP solved on the host (numba's compiled loop, numpy) or on the
+inputs' device (torch).
 
-`torchssvm.optim.box_qp` solves problems of up to ``_NUMPY_MAX_B`` = 64 blocks with the numpy iteration on the
-host, from one copy of the inputs, and larger ones with the torch iteration on the device. On the 2-core CPU that
-crossover was measured (CoNLL passes); on a GPU it is not: there the host path costs a copy and numpy's time, the
-device path a few dozen kernel launches per Newton iteration. This script times both on the same problems.
+`torchssvm.optim.box_qp` picks the solver by size and device (`_host_solver`): with numba, the compiled host loop
+for CPU inputs of any size and for device inputs up to ``_NUMBA_DEVICE_MAX_B`` = 256 blocks; without it, numpy on
+the host up to ``_NUMPY_MAX_B`` = 64 blocks; the torch iteration on the device above. On a GPU the host paths
+cost a copy of the inputs and a wait, the device path a few dozen kernel launches per Newton iteration; where they
+cross there is not measured yet. This script times the three on the same problems.
 
 The problems are the QPs of real steps: BCFW (pairwise steps, gap sampling, a cache of 10, lambda 1e-3) on a
 seeded synthetic chain with OCR's shapes (26 labels, 128 features, 2,048 sequences), captured on the CPU over
-passes 3 to 5 at each B. Both paths solve each one on ``--device``; the table gives milliseconds per QP (copies
-and waits included) and checks that the two reach the same objective.
+passes 3 to 5 at each B. Each path solves each one from ``--device``'s tensors; the table gives milliseconds per
+QP (copies and waits included) and checks that all reach the same objective.
 
     python scripts/bench_box_qp.py                 # docs/benchmarks/box_qp.{json,md}
     python scripts/bench_box_qp.py --device cuda   # docs/benchmarks/box_qp_cuda.{json,md}
@@ -53,17 +55,21 @@ def capture(B: int, count: int, seed: int = 0) -> list:
 
 
 def time_paths(qps: list, device: torch.device, repeats: int) -> dict:
-    """Milliseconds per QP on each path (the minimum over ``repeats`` rounds) and the largest relative difference
-    of the objectives the two reach."""
+    """Milliseconds per QP on each path (the minimum over ``repeats`` rounds; None for numba's where it is not
+    installed) and the largest relative difference between the objectives the paths reach."""
     from torchssvm.optim import box_qp as bq
+    from torchssvm.optim import box_qp_numba
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     on = [tuple(t.to(device) for t in qp) for qp in qps]
-    paths = {"host": 10 ** 9, "device": 0}  # the numpy iteration for every B, or the torch one for every B
-    saved, out, answers = bq._NUMPY_MAX_B, {}, {}
+    paths = {"numba": box_qp_numba.projected_newton, "numpy": bq._projected_newton_numpy, "device": None}
+    if not box_qp_numba.available():
+        del paths["numba"]
+    saved, out, answers = bq._host_solver, {"numba": None}, {}
     try:
-        for name, limit in paths.items():
-            bq._NUMPY_MAX_B = limit
+        for name, solve in paths.items():
+            bq._host_solver = lambda B, dev, solve=solve: solve
+            bq.box_qp(*on[0])  # numba compiles (or loads its cache) on the first call
             best = float("inf")
             for _ in range(repeats):
                 sync()
@@ -74,27 +80,39 @@ def time_paths(qps: list, device: torch.device, repeats: int) -> dict:
             out[name] = 1e3 * best
             answers[name] = [g.cpu() for g in got]
     finally:
-        bq._NUMPY_MAX_B = saved
+        bq._host_solver = saved
     diff = 0.0
-    for (c, H, _), a, b in zip(qps, answers["host"], answers["device"]):
-        fa, fb = float(bq.qp_objective(c, H, a)), float(bq.qp_objective(c, H, b))
-        diff = max(diff, abs(fa - fb) / max(abs(fa), abs(fb), 1e-300))
+    for i, (c, H, _) in enumerate(qps):
+        values = [float(bq.qp_objective(c, H, a[i])) for a in answers.values()]
+        diff = max(diff, (max(values) - min(values)) / max(max(map(abs, values)), 1e-300))
     out["objective_rel_diff"] = diff
     return out
 
 
+def _picked(B: int, results: dict) -> str:
+    numba, cuda = results.get("numba_installed", True), results.get("cuda", False)
+    if numba and (not cuda or B <= results["numba_device_max_b"]):
+        return "numba"
+    return "numpy" if B <= results["numpy_max_b"] else "device"
+
+
 def write(results: dict, out: Path, cuda: bool) -> None:
-    lines = ["# The mini-batch step's box QP: host (numpy) against device (torch)", "",
+    results["cuda"] = cuda
+    lines = ["# The mini-batch step's box QP: host (numba, numpy) against device (torch)", "",
              f"Command: `python scripts/bench_box_qp.py{' --device cuda' if cuda else ''}`; {results['device']}; "
              f"torch {results['torch']}, code {results['code']}. QPs of BCFW steps (pairwise, gap sampling, cache "
-             f"10) on a synthetic chain with OCR's shapes, {results['count']} per B; milliseconds per QP, the "
-             f"minimum over {results['repeats']} rounds. `box_qp` takes the host path up to B = "
-             f"{results['numpy_max_b']}.", "",
-             "| B | host, numpy (ms) | device, torch (ms) | device / host | objectives' largest relative difference |",
-             "|---|---|---|---|---|"]
+             f"10) on a synthetic chain with OCR's shapes, {results['count']} per B; milliseconds per QP from "
+             f"{'device' if cuda else 'CPU'} tensors (copies and waits included), the minimum over "
+             f"{results['repeats']} rounds. The last column but one is the path `box_qp` takes (with numba: the "
+             f"compiled loop{' up to B = ' + str(results['numba_device_max_b']) if cuda else ' at every B'}).", "",
+             "| B | host, numba (ms) | host, numpy (ms) | device, torch (ms) | numpy / numba | torch / numba | "
+             "`box_qp` takes | objectives' largest relative difference |",
+             "|---|---|---|---|---|---|---|---|"]
     for B, r in results["sizes"].items():
-        lines.append(f"| {B} | {r['host']:.3f} | {r['device']:.3f} | {r['device'] / r['host']:.2f} | "
-                     f"{r['objective_rel_diff']:.1e} |")
+        nb = r.get("numba")
+        cells = [f"{nb:.3f}" if nb else "-", f"{r['numpy']:.3f}", f"{r['device']:.3f}",
+                 f"{r['numpy'] / nb:.1f}" if nb else "-", f"{r['device'] / nb:.1f}" if nb else "-"]
+        lines.append(f"| {B} | {' | '.join(cells)} | {_picked(int(B), results)} | {r['objective_rel_diff']:.1e} |")
     lines.append("")
     write_report(out, "box_qp_cuda" if cuda else "box_qp", lines)
 
@@ -102,7 +120,7 @@ def write(results: dict, out: Path, cuda: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch-sizes", nargs="*", type=int, default=[32, 64, 128, 256])
+    parser.add_argument("--batch-sizes", nargs="*", type=int, default=[32, 64, 128, 256, 512])
     parser.add_argument("--count", type=int, default=24, help="QPs per batch size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -112,10 +130,13 @@ def main() -> None:
     cuda = device.type == "cuda"
 
     def measure() -> dict:
-        from torchssvm.optim.box_qp import _NUMPY_MAX_B
+        from torchssvm.optim import box_qp_numba
+        from torchssvm.optim.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B
 
         results = {"device": device_description(device), "torch": torch.__version__, "code": code_version(),
-                   "count": args.count, "repeats": args.repeats, "numpy_max_b": _NUMPY_MAX_B, "sizes": {}}
+                   "count": args.count, "repeats": args.repeats, "numpy_max_b": _NUMPY_MAX_B,
+                   "numba_device_max_b": _NUMBA_DEVICE_MAX_B, "numba_installed": box_qp_numba.available(),
+                   "sizes": {}}
         for B in args.batch_sizes:
             results["sizes"][str(B)] = time_paths(capture(B, args.count), device, args.repeats)
             print(B, json.dumps(results["sizes"][str(B)]), flush=True)

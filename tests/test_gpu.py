@@ -160,7 +160,7 @@ def test_box_qp_newton_on_cuda_equals_cpu():
     from torchssvm.optim.box_qp import box_qp, qp_objective
 
     g = torch.Generator().manual_seed(0)
-    for B in (2, 16, 64, 256):
+    for B in (2, 16, 64, 256, 320):  # the host's compiled loop up to 256 blocks (with numba), the device's above
         M = torch.randn(B, B + 8, generator=g, dtype=torch.float64) + torch.randn(1, B + 8, generator=g,
                                                                                    dtype=torch.float64)
         H, c = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64)

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -146,8 +147,22 @@ def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
     assert checked >= 5
 
 
+@pytest.fixture(params=["numba", "no numba"])
+def qp_host(request, monkeypatch):
+    """`box_qp`'s CPU path: the compiled host loop (numba) or, as without numba, numpy up to ``_NUMPY_MAX_B``
+    blocks and torch above."""
+    from torchssvm.optim import box_qp_numba
+
+    if request.param == "numba":
+        if not box_qp_numba.available():  # CI has it (the dev extra)
+            pytest.fail("numba is not installed") if os.environ.get("CI") else pytest.skip("needs numba")
+    else:
+        monkeypatch.setattr(box_qp_numba, "available", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("method", ["newton", "sweeps"])
-def test_box_qp_matches_projected_brute_force(method):
+def test_box_qp_matches_projected_brute_force(method, qp_host):
     g = torch.Generator().manual_seed(0)
     for B in (1, 2, 5):
         M = torch.randn(B, B + 1, generator=g, dtype=torch.float64)
@@ -171,7 +186,7 @@ def _kkt_violation(c, H, u, gamma):
     return float((gamma - torch.minimum(torch.maximum(gamma - grad, torch.zeros_like(u)), u)).abs().max())
 
 
-def test_box_qp_newton_reaches_the_optimum_of_full_rank_problems():
+def test_box_qp_newton_reaches_the_optimum_of_full_rank_problems(qp_host):
     g = torch.Generator().manual_seed(1)
     for trial in range(60):
         B = int(torch.randint(2, 48, (1,), generator=g))
@@ -188,7 +203,7 @@ def test_box_qp_newton_reaches_the_optimum_of_full_rank_problems():
         assert _kkt_violation(c, H, u, gamma) <= 1e-9 * (1 + float(c.abs().max()))
 
 
-def test_box_qp_newton_is_monotone_and_feasible_on_singular_problems():
+def test_box_qp_newton_is_monotone_and_feasible_on_singular_problems(qp_host):
     g = torch.Generator().manual_seed(2)
     for _ in range(40):
         B = int(torch.randint(2, 30, (1,), generator=g))
@@ -225,9 +240,69 @@ def test_box_qp_newton_torch_and_numpy_paths_agree():
         assert _kkt_violation(c, H, u, a) <= 1e-8 * (1 + float(c.abs().max()))
 
 
-def test_box_qp_newton_solves_both_sides_of_the_numpy_cutoff():
-    """CPU problems up to `_NUMPY_MAX_B` take the numpy iteration, larger ones the torch one: both reach a
-    KKT point of the box QP (the optimum: the objective is convex)."""
+def _needs_box_qp_numba():
+    from torchssvm.optim import box_qp_numba
+
+    if not box_qp_numba.available():
+        pytest.fail("numba is not installed") if os.environ.get("CI") else pytest.skip("needs numba")
+    return box_qp_numba
+
+
+def test_box_qp_numba_and_torch_iterations_reach_the_same_optimum():
+    """The compiled host loop (exact arc minima) and the torch iteration (a grid of trial lengths) take other
+    steps to the same optimum: the same objective to rounding, a KKT point, on full-rank, correlated and singular
+    problems, with zero directions and zero upper bounds."""
+    from torchssvm.optim.box_qp import _projected_newton
+
+    nb = _needs_box_qp_numba()
+    g = torch.Generator().manual_seed(5)
+    for trial in range(40):
+        B = int(torch.randint(2, 150, (1,), generator=g))
+        M = torch.randn(B, B // (1 + 3 * (trial % 3 == 2)) + 1, generator=g, dtype=torch.float64)
+        M = M + (trial % 2) * 3 * torch.randn(1, M.shape[1], generator=g, dtype=torch.float64)
+        H, c = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        if trial % 4 == 3:
+            H[0], H[:, 0], u[-1] = 0.0, 0.0, 0.0
+        a = _projected_newton(c, H, u, 50, 1e-12)
+        b = torch.from_numpy(nb.projected_newton(c.numpy(), H.numpy(), u.numpy(), 50, 1e-12))
+        assert ((b >= 0) & (b <= u)).all()
+        fa, fb = float(qp_objective(c, H, a)), float(qp_objective(c, H, b))
+        assert fb <= fa + 1e-10 * (1 + abs(fa))
+        assert _kkt_violation(c, H, u, b) <= 1e-9 * (1 + float(c.abs().max()))
+
+
+def test_box_qp_numba_arc_minimum_is_the_minimum_along_the_projection_arc():
+    """`_arc_minimum`'s walk over the breakpoints against ``f(P(gamma + t d))`` evaluated on a dense grid of ``t``
+    (every breakpoint, 300 points in each piece and past the last)."""
+    import numpy as np
+
+    nb = _needs_box_qp_numba()
+    rng = np.random.default_rng(0)
+    f = lambda c, H, x: -c @ x + 0.5 * x @ H @ x  # noqa: E731
+    for _ in range(60):
+        B = int(rng.integers(1, 12))
+        M = rng.standard_normal((B, int(rng.integers(1, B + 3))))
+        H, c, u = M @ M.T, 2 * rng.standard_normal(B), rng.random(B)
+        gamma = np.clip(rng.random(B) * 1.4 - 0.2, 0.0, 1.0) * u  # some coordinates at a bound
+        d = rng.standard_normal(B) * (rng.random(B) < 0.8)
+        grad = H @ gamma - c
+        t = nb._arc_minimum(H, grad, gamma, u, d, np.empty(B), np.empty(B), np.empty(B), np.empty(B, np.int64))
+        assert t >= 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tau = np.where(d > 0, (u - gamma) / d, np.where(d < 0, -gamma / d, np.nan))
+        knots = np.unique(np.concatenate([[0.0], tau[np.isfinite(tau) & (tau >= 0)]]))
+        grid = np.concatenate([np.linspace(a, b, 300) for a, b in zip(knots, np.append(knots[1:], knots[-1] + 10))])
+        arc = np.clip(gamma + np.append(grid, t)[:, None] * d, 0.0, u)  # the grid's points, then t's
+        values = [f(c, H, x) for x in arc]
+        assert values[-1] <= min(values[:-1]) + 1e-12 * (1 + abs(min(values[:-1])))
+        assert values[-1] <= f(c, H, gamma) + 1e-15
+
+
+def test_box_qp_newton_solves_both_sides_of_the_numpy_cutoff(qp_host):
+    """Without numba, CPU problems up to `_NUMPY_MAX_B` take the numpy iteration, larger ones the torch one; with
+    it, all take the compiled loop: each reaches a KKT point of the box QP (the optimum: the objective is
+    convex)."""
     from torchssvm.optim.box_qp import _NUMPY_MAX_B
 
     g = torch.Generator().manual_seed(4)

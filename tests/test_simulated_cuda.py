@@ -139,14 +139,16 @@ def test_minibatch_bcfw_step_kernel_launch_budget(config, budget):
     assert (mode.launches - before) / 4 <= budget
 
 
-def test_device_box_qp_reads_its_stop_flag_every_few_iterations():
+def test_device_box_qp_reads_its_stop_flag_every_few_iterations(monkeypatch):
     """Above the host-solve size the projected Newton iteration runs on the device, reading its stop flag once
     per `_DEVICE_CHECK_EVERY` iterations; a converged iterate stays frozen, so the answer is the one of the same
     iteration on the CPU, which reads the flag every iteration."""
-    from torchssvm.optim.box_qp import _DEVICE_CHECK_EVERY, _NUMPY_MAX_B, _projected_newton, box_qp
+    from torchssvm.optim import box_qp as box_qp_module
+    from torchssvm.optim.box_qp import _DEVICE_CHECK_EVERY, _projected_newton, box_qp
 
+    monkeypatch.setattr(box_qp_module, "_host_solver", lambda B, device: None)  # every size on the device
     g = torch.Generator().manual_seed(0)
-    B = _NUMPY_MAX_B + 16
+    B = 80
     M = torch.randn(B, B // 2, generator=g, dtype=torch.float64)
     H, c, u = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64), torch.rand(B, generator=g,
                                                                                    dtype=torch.float64)
@@ -161,6 +163,31 @@ def test_device_box_qp_reads_its_stop_flag_every_few_iterations():
         assert -(-k // E) + 1 <= mode.syncs <= -(-(k + 1) // E) + 1 < k
         gamma = gamma.cpu()
     assert torch.equal(gamma, ref)
+
+
+@pytest.mark.parametrize("numba", [True, False])
+def test_device_box_qp_is_solved_on_the_host_from_one_copy_up_to_its_size(numba, monkeypatch):
+    """With numba, device QPs up to `_NUMBA_DEVICE_MAX_B` blocks (without it, `_NUMPY_MAX_B`) are solved on the host:
+    one copy there (the one wait) and the answer sent back; it is the CPU's answer, bitwise."""
+    from torchssvm.optim import box_qp_numba
+    from torchssvm.optim.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B, box_qp
+
+    if numba and not box_qp_numba.available():
+        pytest.skip("needs numba")
+    if not numba:
+        monkeypatch.setattr(box_qp_numba, "available", lambda: False)
+    g = torch.Generator().manual_seed(1)
+    for B, host in ((_NUMPY_MAX_B, True), (_NUMBA_DEVICE_MAX_B, numba), (_NUMBA_DEVICE_MAX_B + 1, False)):
+        M = torch.randn(B, B + 4, generator=g, dtype=torch.float64)
+        H, c, u = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64), torch.rand(B, generator=g,
+                                                                                       dtype=torch.float64)
+        with simulated_cuda() as mode:
+            gamma = box_qp(*(t.to("cuda", non_blocking=True) for t in (c, H, u)))
+            assert gamma.device.type == "cuda"
+            assert (mode.syncs == 1) == host, (B, mode.syncs)
+            gamma = gamma.cpu()
+        if host:
+            assert torch.equal(gamma, box_qp(c, H, u))
 
 
 def test_gpu_check_counts_only_the_runtime_calls_that_block_the_host():

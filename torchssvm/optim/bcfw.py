@@ -151,7 +151,7 @@ class BCFW(DualSolver):
         """One (mini-batch) block update of the distinct blocks ``host_idx (B,)`` (on the host).
 
         On a device the host waits for it at most twice (docs/benchmarks/host_syncs.md): for which blocks gained a
-        cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for B <= 64).
+        cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for B <= 256 with numba).
         Everything else is whole-batch tensor work, each quantity computed once (kernel launches: the same page)."""
         p, n, lam = self.problem, self.n, self.lam
         idx = p.block_index(host_idx)

@@ -6,10 +6,14 @@ positive semi-definite. For ``B = 1`` the answer is the closed-form line search 
 
 Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
 
-- ``"newton"`` (default): projected Newton on the device of the inputs, a fixed-size batched linear
-  solve and a batched search along the projection arc per iteration, no Python loop over B (for B <= 64,
-  the same iteration in numpy on the host, from one copy of the inputs: see ``_NUMPY_MAX_B``). It
-  returns the QP's optimum to ``tol`` (in a few iterations on the OCR mini-batch QPs we measured),
+- ``"newton"`` (default): projected Newton. Where it runs (`_host_solver`):
+  - with numba, on the host as one compiled loop (`box_qp_numba`: the arcs' exact minima; fastest at every B
+    we measured on the CPU, 7x numpy's loop at B = 64 and 2.7x torch's at B = 256), for CPU inputs of any size
+    and device inputs up to ``_NUMBA_DEVICE_MAX_B`` blocks, from one copy of the inputs;
+  - without numba, in numpy on the host up to ``_NUMPY_MAX_B`` blocks;
+  - otherwise on the device of the inputs: a fixed-size batched linear solve and a batched search along the
+    projection arc per iteration, no Python loop over B.
+  Each returns the QP's optimum to ``tol`` (in two or three iterations on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
   reference of DESIGN.md.
@@ -25,14 +29,30 @@ from .._device import host_to_device
 METHODS = ("newton", "sweeps")
 
 
-# Problems up to this size run the numpy twin of the iteration on the host. On CPU torch's per-operation
-# overhead dominates there (a CoNLL pass at B = 64 is 1.3x faster with it); above it numpy's OpenBLAS solve goes
-# multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise steps,
-# cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores. On a GPU the
-# device iteration launches a few dozen small kernels per iteration and reads its stop flag every
-# `_DEVICE_CHECK_EVERY` iterations (docs/benchmarks/host_syncs.md); one copy of (c, H, upper) to the host
-# replaces that (where the two cross on a GPU is not yet measured).
+# Without numba, problems up to this size run the numpy twin of the iteration on the host. On CPU torch's
+# per-operation overhead dominates there (a CoNLL pass at B = 64 is 1.3x faster with it); above it numpy's OpenBLAS
+# solve goes multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise
+# steps, cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores.
 _NUMPY_MAX_B = 64
+
+# With numba, device problems up to this size are solved on the host (one copy of (c, H, upper), one wait). The
+# compiled loop takes 0.03 ms at B = 64 and 0.85 ms at B = 256 on the 2-core CPU (docs/benchmarks/box_qp.md),
+# where the device iteration launches a few dozen small kernels per iteration (some 280 at B = 256) and reads its
+# stop flag every `_DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3) factorization grows (51 ms at
+# B = 1024) while a GPU's does not. Where the two cross on a GPU is not yet measured.
+_NUMBA_DEVICE_MAX_B = 256
+
+
+def _host_solver(B: int, device: torch.device):
+    """The host function that solves a ``B``-block QP whose inputs are on ``device``, or None for the torch
+    iteration on the device."""
+    from . import box_qp_numba  # here: importing numba costs 0.2 s, paid by the first QP, not by `import torchssvm`
+
+    if box_qp_numba.available() and (device.type == "cpu" or B <= _NUMBA_DEVICE_MAX_B):
+        return box_qp_numba.projected_newton
+    if B <= _NUMPY_MAX_B:
+        return _projected_newton_numpy
+    return None
 
 
 def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
@@ -54,14 +74,15 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         return torch.tensor([g], dtype=torch.float64, device=c.device)
     if method == "sweeps":
         return _sweeps(c, H, upper, max_iter, tol)
-    if B <= _NUMPY_MAX_B:  # the same iteration in numpy (see _NUMPY_MAX_B)
+    solve = _host_solver(B, c.device)
+    if solve is not None:
         if c.device.type == "cpu":
-            host = [t.detach().to(torch.float64).numpy() for t in (c, H, upper)]
+            host = [np.ascontiguousarray(t.detach().to(torch.float64).numpy()) for t in (c, H, upper)]
         else:  # one copy to the host: c, upper and H packed in a single tensor
             packed = torch.cat([c.reshape(1, B), upper.reshape(1, B), H.reshape(B, B)]).detach()
             packed = packed.to(device="cpu", dtype=torch.float64).numpy()
             host = [packed[0], packed[2:], packed[1]]
-        gamma = torch.from_numpy(_projected_newton_numpy(*host, max_iter, tol))
+        gamma = torch.from_numpy(solve(*host, max_iter, tol))
         return gamma if c.device.type == "cpu" else host_to_device(gamma, c.device)
     return _projected_newton(c.to(torch.float64), H.to(torch.float64), upper.to(torch.float64), max_iter, tol)
 
