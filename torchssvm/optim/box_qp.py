@@ -8,7 +8,7 @@ Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never 
 
 - ``"newton"`` (default): projected Newton. Where it runs (`_host_solver`):
   - with numba, on the host as one compiled loop (`box_qp_numba`: the arcs' exact minima; fastest at every B
-    we measured on the CPU, 7x numpy's loop at B = 64 and 2.7x torch's at B = 256), for CPU inputs of any size
+    we measured on the CPU, 5.5x numpy's loop at B = 64 and 2.4x torch's at B = 256), for CPU inputs of any size
     and device inputs up to ``_NUMBA_DEVICE_MAX_B`` blocks, from one copy of the inputs;
   - without numba, in numpy on the host up to ``_NUMPY_MAX_B`` blocks;
   - otherwise on the device of the inputs: a fixed-size batched linear solve and a batched search along the
@@ -36,7 +36,7 @@ METHODS = ("newton", "sweeps")
 _NUMPY_MAX_B = 64
 
 # With numba, device problems up to this size are solved on the host (one copy of (c, H, upper), one wait). The
-# compiled loop takes 0.03 ms at B = 64 and 0.85 ms at B = 256 on the 2-core CPU (docs/benchmarks/box_qp.md),
+# compiled loop takes 0.04 ms at B = 64 and 0.83 ms at B = 256 on the 2-core CPU (docs/benchmarks/box_qp.md),
 # where the device iteration launches a few dozen small kernels per iteration (some 280 at B = 256) and reads its
 # stop flag every `_DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3) factorization grows (51 ms at
 # B = 1024) while a GPU's does not. Where the two cross on a GPU is not yet measured.
