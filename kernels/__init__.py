@@ -2,8 +2,8 @@
 
 ``backend="auto"`` runs Triton on CUDA tensors when triton imports, torch otherwise;
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
-The distance transforms (and so the spatial trees) also have a compiled CPU twin, ``"numba"``
-(`distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports.
+Viterbi and the distance transforms (and so the spatial trees) also have a compiled CPU twin, ``"numba"``
+(`viterbi_numba`, `distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports.
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -56,7 +56,7 @@ def numba_available() -> bool:
 
 def resolve_backend(backend: str, device: torch.device, has_numba: bool = False) -> str:
     """Map ``backend`` to ``"torch"``, ``"triton"`` or ``"numba"`` for tensors on ``device``; ``has_numba``:
-    whether the operation has a numba twin (the distance transforms and spatial trees)."""
+    whether the operation has a numba twin (Viterbi, the distance transforms and spatial trees)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -65,7 +65,7 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
         return "numba" if has_numba and device.type == "cpu" and numba_available() else "torch"
     if backend == "numba":
         if not has_numba:
-            raise ValueError("backend='numba' exists only for the distance transforms and spatial trees")
+            raise ValueError("backend='numba' exists only for Viterbi, the distance transforms and spatial trees")
         if not numba_available():
             raise RuntimeError("backend='numba' needs the numba package (pip install torchssvm[cpu])")
         if device.type != "cpu":
@@ -82,12 +82,17 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
 
 @torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
-    """Dispatch to `viterbi_torch` or `viterbi_triton`; see `viterbi_torch` for the contract. Inputs are
-    not checked here (the structures validate at the boundary)."""
-    if resolve_backend(backend, unary.device) == "triton":
+    """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
+    the contract. Inputs are not checked here (the structures validate at the boundary)."""
+    be = resolve_backend(backend, unary.device, has_numba=True)
+    if be == "triton":
         from .viterbi_triton import viterbi_triton
 
         return viterbi_triton(unary, transition, start, end, lengths)
+    if be == "numba":
+        from .viterbi_numba import viterbi_numba
+
+        return viterbi_numba(unary, transition, start, end, lengths)
     return viterbi_torch(unary, transition, start, end, lengths)
 
 

@@ -3,8 +3,9 @@
 Measures, at (B, T, K) in {(32,14,26), (32,50,45), (8,50,300), (512,100,45)}, all in one run on one
 machine, median of repeats after warm-up (CUDA synchronized before reading clocks):
 
-- decode throughput (tokens/s): our loss-augmented Viterbi (``Chain.max_oracle``, torch backend and,
-  on CUDA, the Triton kernel) against pytorch-crf's ``CRF.decode`` and torch-struct's max semiring
+- decode throughput (tokens/s): our loss-augmented Viterbi (``Chain.max_oracle``, torch backend, on CPU
+  the compiled numba twin when numba imports, on CUDA the Triton kernel) against pytorch-crf's
+  ``CRF.decode`` and torch-struct's max semiring
   (``LinearChainCRF(...).argmax``) when it imports;
 - training step time: our ``StructuredHingeLoss`` forward+backward against pytorch-crf's NLL
   forward+backward, both with respect to the same unary and transition tensors.
@@ -69,6 +70,9 @@ def bench_size(B, T, K, device, quick):
         return lambda: chain.max_oracle(pot, y, lengths, backend=backend)
 
     row["ours_torch_decode_s"] = timeit(ours_decode("torch"), device, **kw)
+    numba = device.type == "cpu" and ts.kernels.numba_available()
+    if numba:
+        row["ours_numba_decode_s"] = timeit(ours_decode("numba"), device, **kw)
     if device.type == "cuda" and ts.kernels.triton_available():
         row["ours_triton_decode_s"] = timeit(ours_decode("triton"), device, **kw)
 
@@ -81,6 +85,14 @@ def bench_size(B, T, K, device, quick):
         hinge(ts.ChainPotentials(u_req, t_req), y, lengths).backward()
 
     row["ours_torch_hinge_fb_s"] = timeit(ours_train, device, **kw)
+    if numba:
+        hinge_nb = ts.StructuredHingeLoss(chain, backend="numba")
+
+        def ours_train_numba():
+            u_req.grad = t_req.grad = None
+            hinge_nb(ts.ChainPotentials(u_req, t_req), y, lengths).backward()
+
+        row["ours_numba_hinge_fb_s"] = timeit(ours_train_numba, device, **kw)
     if device.type == "cuda" and ts.kernels.triton_available():
         hinge_tr = ts.StructuredHingeLoss(chain, backend="triton")
 
@@ -142,6 +154,7 @@ def write_report(rows, meta, out):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "oracles.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    has_numba = any("ours_numba_decode_s" in r for r in rows)  # a column only where it was measured (CPU)
     lines = [
         "# Oracle benchmark: loss-augmented Viterbi and hinge forward+backward",
         "",
@@ -151,9 +164,9 @@ def write_report(rows, meta, out):
         "",
         "## Decode throughput (tokens/s) and our speed-up",
         "",
-        "| B, T, K | ours (torch) | ours (Triton) | pytorch-crf decode | torch-struct max | "
-        "ours / pytorch-crf | ours / torch-struct |",
-        "|---|---|---|---|---|---|---|",
+        f"| B, T, K | ours (torch) | {'ours (numba) | ' if has_numba else ''}ours (Triton) | pytorch-crf decode | "
+        "torch-struct max | ours / pytorch-crf | ours / torch-struct |",
+        "|---|---|---|---|---|---|---|" + ("---|" if has_numba else ""),
     ]
     notes = []
     for r in rows:
@@ -164,6 +177,8 @@ def write_report(rows, meta, out):
             notes.append(f"torch-struct at {r['B']}, {r['T']}, {r['K']}: {r['torchstruct_note']}.")
         lines.append(
             f"| {r['B']}, {r['T']}, {r['K']} | {fmt_rate(r['tokens'], r['ours_torch_decode_s'])} | "
+            + (f"{fmt_rate(r['tokens'], r['ours_numba_decode_s']) if 'ours_numba_decode_s' in r else '-'} | "
+               if has_numba else "") +
             f"{fmt_rate(r['tokens'], r['ours_triton_decode_s']) if 'ours_triton_decode_s' in r else '-'} | "
             f"{fmt_rate(r['tokens'], crf) if crf else '-'} | {fmt_rate(r['tokens'], tsd) if tsd else '-'} | "
             f"{crf / best:.1f}x | {f'{tsd / best:.1f}x' if tsd else '-'} |"
@@ -172,16 +187,19 @@ def write_report(rows, meta, out):
         "",
         "## Training step: hinge forward+backward vs CRF NLL forward+backward (ms)",
         "",
-        "| B, T, K | ours hinge (torch) | ours hinge (Triton) | pytorch-crf NLL | NLL / hinge |",
-        "|---|---|---|---|---|",
+        f"| B, T, K | ours hinge (torch) | {'ours hinge (numba) | ' if has_numba else ''}ours hinge (Triton) | "
+        "pytorch-crf NLL | NLL / hinge |",
+        "|---|---|---|---|---|" + ("---|" if has_numba else ""),
     ]
     for r in rows:
         best = min(v for k, v in r.items() if k.startswith("ours_") and k.endswith("hinge_fb_s"))
         crf = r.get("pytorchcrf_nll_fb_s")
-        tri = r.get("ours_triton_hinge_fb_s")
+        tri, nb = r.get("ours_triton_hinge_fb_s"), r.get("ours_numba_hinge_fb_s")
         lines.append(
             f"| {r['B']}, {r['T']}, {r['K']} | {1e3 * r['ours_torch_hinge_fb_s']:.2f} | "
-            f"{f'{1e3 * tri:.2f}' if tri else '-'} | {f'{1e3 * crf:.2f}' if crf else '-'} | "
+            + (f"{f'{1e3 * nb:.2f}' if nb else '-'} | " if has_numba else "")
+            + f"{f'{1e3 * tri:.2f}' if tri else '-'} | "
+            f"{f'{1e3 * crf:.2f}' if crf else '-'} | "
             f"{f'{crf / best:.1f}x' if crf else '-'} |"
         )
     lines += ["", "Decodes agree with pytorch-crf's (same potentials, no loss augmentation): "
@@ -197,6 +215,10 @@ def write_report(rows, meta, out):
             f"- Hinge forward+backward no slower than pytorch-crf's NLL forward+backward: smallest ratio "
             f"{min(fb):.1f}x ({'met' if min(fb) >= 1 else 'NOT met'}).",
         ]
+        nb = [r["ours_torch_decode_s"] / r["ours_numba_decode_s"] for r in rows if r.get("ours_numba_decode_s")]
+        if nb:
+            lines.append(f"- The numba twin (what `backend=\"auto\"` runs on CPU) against the torch twin, decode: "
+                         f"{min(nb):.1f}x to {max(nb):.1f}x faster.")
         big = [r for r in rows if (r["B"], r["T"], r["K"]) == (512, 100, 45) and "ours_triton_decode_s" in r]
         if big:
             ratio = big[0]["pytorchcrf_decode_s"] / big[0]["ours_triton_decode_s"]
@@ -218,14 +240,15 @@ def write_report(rows, meta, out):
     labels = [f"{r['B']},{r['T']},{r['K']}" for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     x = range(len(rows))
-    for key, name in [("ours_torch_decode_s", "ours (torch)"), ("ours_triton_decode_s", "ours (Triton)"),
+    for key, name in [("ours_torch_decode_s", "ours (torch)"), ("ours_numba_decode_s", "ours (numba)"),
+                      ("ours_triton_decode_s", "ours (Triton)"),
                       ("pytorchcrf_decode_s", "pytorch-crf"), ("torchstruct_decode_s", "torch-struct")]:
         if any(r.get(key) for r in rows):
             vals = [r["tokens"] / r[key] if r.get(key) else float("nan") for r in rows]
             axes[0].plot(x, vals, marker="o", label=name)
     axes[0].set_yscale("log")
     axes[0].set_title("decode throughput (tokens/s)")
-    for key, name in [("ours_torch_hinge_fb_s", "ours hinge (torch)"),
+    for key, name in [("ours_torch_hinge_fb_s", "ours hinge (torch)"), ("ours_numba_hinge_fb_s", "ours hinge (numba)"),
                       ("ours_triton_hinge_fb_s", "ours hinge (Triton)"),
                       ("pytorchcrf_nll_fb_s", "pytorch-crf NLL")]:
         if any(r.get(key) for r in rows):

@@ -18,9 +18,11 @@
 #          sequential run in docs/benchmarks/bcfw_time_to_gap.json (target: >= 50x less time)
 #   speed  issue 4: gap against passes and seconds by batch size on the GPU (bench_bcfw_speed.py --device cuda;
 #          B = 1 runs on the CPU: docs/benchmarks/bcfw_speed.md)
+#   backends  issue 4: seconds per BCFW pass with the torch kernels against the Triton ones, OCR-large and CoNLL
+#          (bench_bcfw_backends.py --device cuda; a few minutes)
 # Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
 set -uo pipefail
-stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed}"
+stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends}"
 OUT="${OUT:-/tmp/gpu_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -56,6 +58,9 @@ case "$stage" in
         ;;
     speed)
         run python3 scripts/bench_bcfw_speed.py --device cuda --batch-sizes 64 256 1024 --passes 20 --out "$OUT"
+        ;;
+    backends)
+        run python3 scripts/bench_bcfw_backends.py --device cuda --out "$OUT"
         ;;
     *)
         echo "unknown stage $stage" >&2

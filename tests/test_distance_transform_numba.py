@@ -107,8 +107,9 @@ def test_backend_rules(monkeypatch):
     with pytest.raises(ValueError, match="backend='numba'"):
         resolve_backend("numba", cpu)
     chain = ts.Chain(3)
-    with pytest.raises(ValueError, match="backend='numba'"):
-        chain.max_oracle(ChainPotentials(torch.zeros(1, 2, 3), torch.zeros(3, 3)), backend="numba")
+    with pytest.raises(ValueError, match="backend='numba'"):  # the slack oracle has no numba twin
+        chain.slack_max_oracle(ChainPotentials(torch.zeros(1, 2, 3), torch.zeros(3, 3)), torch.zeros(1, 2).long(),
+                               backend="numba")
     with pytest.raises(ValueError, match="float32 or float64"):
         dtn.distance_transform_1d_numba(torch.zeros(2, 3, dtype=torch.bfloat16), *torch.zeros(3, 2))
     monkeypatch.setattr(_numba, "numba", None)  # as without numba installed

@@ -1,13 +1,16 @@
-"""Viterbi oracles: torch twin and Triton kernel against brute-force enumeration and each other."""
+"""Viterbi: the torch twin, the Triton kernel and the numba twin against brute-force enumeration and each other."""
 
 import importlib
 
 import pytest
 import torch
-from conftest import brute_force_chain, needs_triton
+from conftest import brute_force_chain, needs_numba, needs_triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchssvm.kernels import resolve_backend, viterbi_torch
+
+import torchssvm as ts
+from torchssvm.structures.chain import ChainPotentials
 
 
 def random_chain(B, T, K, *, per_position, integer, start=True, end=True, seed=0, dtype=torch.float64):
@@ -175,3 +178,110 @@ def test_property_torch_viterbi_is_exact(B, T, K, per_position, integer, seed, b
     finally:
         vt._BATCH_LAST_MIN_B = old
     check_against_brute_force(labels, scores, *args)
+
+
+# -- the compiled CPU twin (numba) ------------------------------------------------------------------------------
+
+
+def _viterbi_numba():
+    from torchssvm.kernels.viterbi_numba import viterbi_numba
+
+    return viterbi_numba
+
+
+@needs_numba()
+@pytest.mark.parametrize("K", [2, 3, 4, 5])
+@pytest.mark.parametrize("per_position", [False, True])
+@pytest.mark.parametrize("integer", [True, False])
+def test_numba_viterbi_matches_brute_force(K, per_position, integer):
+    for seed in range(3):
+        unary, trans, s, e, _ = random_chain(7, 6, K, per_position=per_position, integer=integer,
+                                             seed=seed + 10 * K, start=seed != 1, end=seed != 2)
+        args = (unary, trans, s, e, torch.tensor([6, 5, 4, 3, 2, 1, 6]))  # every length 1..6
+        labels, scores = _viterbi_numba()(*args)
+        check_against_brute_force(labels, scores, *args)
+
+
+@needs_numba()
+@pytest.mark.parametrize(
+    "B,T,K,per_position,integer,dtype",
+    [
+        (6, 7, 26, False, True, torch.float32),
+        (4, 9, 45, True, False, torch.float32),
+        (3, 5, 64, False, True, torch.float64),
+        (2, 4, 300, False, False, torch.float64),
+        (1, 3, 1024, False, True, torch.float32),
+        (20, 6, 45, True, True, torch.float32),
+        (1, 1, 7, True, False, torch.float64),  # one position: no transitions, a (1, 0, K, K) per-position tensor
+        (64, 14, 26, False, False, torch.float64),  # OCR's shapes, batch-last layout in torch
+    ],
+)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_numba_equals_torch_bitwise(B, T, K, per_position, integer, dtype, parallel, monkeypatch):
+    vn = importlib.import_module("torchssvm.kernels.viterbi_numba")
+    monkeypatch.setattr(vn, "_PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
+    for start_end in (True, False):
+        args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K + T, dtype=dtype,
+                            start=start_end, end=start_end)
+        a, b = viterbi_torch(*args), vn.viterbi_numba(*args)
+        assert torch.equal(a[0], b[0])
+        assert torch.equal(a[1], b[1]) and b[1].dtype == dtype
+
+
+@needs_numba()
+def test_numba_ties_and_nan_follow_torch():
+    vit = _viterbi_numba()
+    z = torch.zeros(2, 4, 3, dtype=torch.float64)
+    labels, _ = vit(z, torch.zeros(3, 3, dtype=torch.float64), None, None, torch.tensor([4, 2]))
+    assert labels.tolist() == [[0, 0, 0, 0], [0, 0, -1, -1]]
+    # a NaN wins a maximum and the first NaN an argmax, in torch and here alike
+    unary, trans, s, e, lengths = random_chain(3, 5, 4, per_position=False, integer=False, seed=8)
+    unary[0, 2, 1] = float("nan")
+    unary[1, 4, 2] = float("nan")
+    trans[3, 0] = float("nan")
+    a, b = viterbi_torch(unary, trans, s, e, lengths), vit(unary, trans, s, e, lengths)
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(a[1].isnan(), b[1].isnan()) and torch.equal(a[1][~a[1].isnan()], b[1][~b[1].isnan()])
+
+
+@needs_numba()
+def test_numba_viterbi_is_what_auto_runs_on_cpu(monkeypatch):
+    from torchssvm.kernels import _numba, viterbi
+
+    vn = importlib.import_module("torchssvm.kernels.viterbi_numba")
+    with pytest.raises(ValueError, match="float32 or float64"):
+        vn.viterbi_numba(torch.zeros(1, 2, 3, dtype=torch.bfloat16), torch.zeros(3, 3), None, None,
+                         torch.tensor([2]))
+    for bad in ([0], [3], [1, 1]):  # out of [1, T], or not one per sequence: the compiled loop does not check
+        with pytest.raises(ValueError, match="lengths"):
+            vn.viterbi_numba(torch.zeros(1, 2, 3), torch.zeros(3, 3), None, None, torch.tensor(bad))
+    for trans, start in ((torch.zeros(3, 4), None), (torch.zeros(1, 2, 3, 3), None), (torch.zeros(3, 3),
+                                                                                       torch.zeros(2))):
+        with pytest.raises(ValueError, match="transition|start"):
+            vn.viterbi_numba(torch.zeros(1, 2, 3), trans, start, None, torch.tensor([2]))
+    calls = []
+    monkeypatch.setattr(vn, "viterbi_numba", lambda *a: calls.append(1) or viterbi_torch(*a))
+    args = random_chain(2, 3, 3, per_position=False, integer=False)
+    viterbi(*args)
+    assert calls == [1]
+    chain = ts.Chain(3)
+    pot = ChainPotentials(*args[:4])
+    chain.max_oracle(pot, lengths=args[4], backend="numba")
+    assert calls == [1, 1]
+    monkeypatch.setattr(_numba, "numba", None)  # as without numba installed: auto keeps torch
+    viterbi(*args)
+    assert calls == [1, 1]
+
+
+@needs_numba()
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 4), T=st.integers(1, 6), K=st.integers(2, 5), per_position=st.booleans(),
+    integer=st.booleans(), seed=st.integers(0, 2**31 - 1),
+)
+def test_property_numba_viterbi_is_exact_and_equals_torch(B, T, K, per_position, integer, seed):
+    args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=seed)
+    labels, scores = _viterbi_numba()(*args)
+    check_against_brute_force(labels, scores, *args)
+    a = viterbi_torch(*args)
+    assert torch.equal(a[0], labels) and torch.equal(a[1], scores)

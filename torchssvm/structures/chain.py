@@ -47,6 +47,7 @@ class Chain(Structure):
     """
 
     potential_names = ("unary", "transition", "start", "end")
+    has_numba_oracle = True  # `viterbi_numba`
 
     def __init__(self, num_labels: int, *, normalize: bool = True, class_weights=None):
         super().__init__(num_labels, class_weights)
