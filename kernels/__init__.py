@@ -2,8 +2,9 @@
 
 ``backend="auto"`` runs Triton on CUDA tensors when triton imports, torch otherwise;
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
-Viterbi and the distance transforms (and so the spatial trees) also have a compiled CPU twin, ``"numba"``
-(`viterbi_numba`, `distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports.
+Viterbi, the chain scores and marginals and the distance transforms (and so the spatial trees) also have a
+compiled CPU twin, ``"numba"`` (`viterbi_numba`, `chain_score_numba`, `chain_marginals_numba`,
+`distance_transform_numba`), which ``"auto"`` picks for CPU tensors of float32 or float64 when numba imports.
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -56,7 +57,8 @@ def numba_available() -> bool:
 
 def resolve_backend(backend: str, device: torch.device, has_numba: bool = False) -> str:
     """Map ``backend`` to ``"torch"``, ``"triton"`` or ``"numba"`` for tensors on ``device``; ``has_numba``:
-    whether the operation has a numba twin (Viterbi, the distance transforms and spatial trees)."""
+    whether the operation has a numba twin (Viterbi, the chain scores and marginals, the distance transforms and
+    spatial trees)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -65,7 +67,8 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
         return "numba" if has_numba and device.type == "cpu" and numba_available() else "torch"
     if backend == "numba":
         if not has_numba:
-            raise ValueError("backend='numba' exists only for Viterbi, the distance transforms and spatial trees")
+            raise ValueError("backend='numba' exists only for Viterbi, the chain scores and marginals, the distance "
+                             "transforms and spatial trees")
         if not numba_available():
             raise RuntimeError("backend='numba' needs the numba package (pip install torchssvm[cpu])")
         if device.type != "cpu":
@@ -80,11 +83,21 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
     return backend
 
 
+_NUMBA_DTYPES = (torch.float32, torch.float64)
+
+
+def _chain_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`resolve_backend` for the chain kernels, which have numba twins; ``"auto"`` keeps torch for the dtypes the
+    numba twins do not take (half types)."""
+    be = resolve_backend(backend, device, has_numba=True)
+    return "torch" if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES else be
+
+
 @torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
     the contract. Inputs are not checked here (the structures validate at the boundary)."""
-    be = resolve_backend(backend, unary.device, has_numba=True)
+    be = _chain_backend(backend, unary.device, unary.dtype)
     if be == "triton":
         from .viterbi_triton import viterbi_triton
 
@@ -99,19 +112,31 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 @torch.no_grad()
 def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto"):
     """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
-    `chain_labels_score_torch` or `chain_labels_score_triton` (one launch instead of about fifteen)."""
-    if resolve_backend(backend, unary.device) == "triton":
+    `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
+    `chain_labels_score_numba` (one compiled loop; equal to rounding)."""
+    be = _chain_backend(backend, unary.device, unary.dtype)
+    if be == "triton":
         from .chain_score_triton import chain_labels_score_triton
 
         return chain_labels_score_triton(unary, transition, start, end, labels, lengths)
+    if be == "numba":
+        from .chain_score_numba import chain_labels_score_numba
+
+        return chain_labels_score_numba(unary, transition, start, end, labels, lengths)
     return chain_labels_score_torch(unary, transition, start, end, labels, lengths)
 
 
 @torch.no_grad()
 def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
-    `chain_inner_torch` or `chain_inner_triton` (one launch instead of about nine; equal to rounding)."""
-    if resolve_backend(backend, unary.device) == "triton":
+    `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
+    rounding)."""
+    be = _chain_backend(backend, unary.device, torch.promote_types(unary.dtype, z.dtype))
+    if be == "numba":
+        from .chain_score_numba import chain_inner_numba
+
+        return chain_inner_numba(unary, transition, start, end, z)
+    if be == "triton":
         from .chain_score_triton import chain_inner_triton
 
         return chain_inner_triton(unary, transition, start, end, z)
@@ -160,11 +185,16 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
 @torch.no_grad()
 def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto"):
     """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
-    `chain_marginals_torch` or `chain_marginals_triton` (bitwise equal)."""
-    if resolve_backend(backend, labels.device) == "triton":
+    `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal)."""
+    be = _chain_backend(backend, labels.device, dtype)
+    if be == "triton":
         from .chain_marginals_triton import chain_marginals_triton
 
         return chain_marginals_triton(labels, lengths, num_labels, minus, dtype)
+    if be == "numba":
+        from .chain_marginals_numba import chain_marginals_numba
+
+        return chain_marginals_numba(labels, lengths, num_labels, minus, dtype)
     return chain_marginals_torch(labels, lengths, num_labels, minus, dtype)
 
 

@@ -1,14 +1,18 @@
 """What the compiled kernels buy a BCFW pass: seconds per pass with ``backend="torch"`` against ``"auto"``.
 
-``"auto"`` runs, on the CPU, the numba twin of Viterbi (`kernels/viterbi_numba.py`; the rest of the step stays
-torch) and, on CUDA, the Triton kernels (Viterbi and the step's bookkeeping). Everything else is the same: data,
-seed, batch size, configuration. Two configurations on OCR-large (lambda 1e-3) and CoNLL-2000 chunking (1e-2):
-the paper's (uniform sampling, FW steps, no cache: every block visit decodes) and the time-to-gap one (gap
-sampling, pairwise steps, a cache of 10, an exact gap pass every 5 passes: most visits hit the cache). Each cell
-runs one warm-up pass, then ``--passes`` passes timed by the solver's own clock; torch and auto alternate twice
-and each keeps its faster run, so that a drift of the machine hits both. The duals after the passes are compared:
-on the CPU the numba twin is bitwise equal to torch's, so the iterates must be the same. A second table times an
-exact duality gap pass (``duality_gap()``: n oracle calls, what certifies a gap) after one pass at B = 64.
+``"auto"`` runs, on the CPU, the numba twins of the chain kernels (Viterbi, the scores of labellings and of
+marginals, the one-hot marginals; the rest of the step stays torch) and, on CUDA, the Triton kernels (the same and
+the step's other bookkeeping). Everything else is the same: data, seed, batch size, configuration. Two
+configurations on OCR-large (lambda 1e-3) and CoNLL-2000 chunking (1e-2): the paper's (uniform sampling, FW steps,
+no cache: every block visit decodes) and the time-to-gap one (gap sampling, pairwise steps, a cache of 10, an exact
+gap pass every 5 passes: most visits hit the cache). Each cell runs one warm-up pass, then ``--passes`` passes
+timed by the solver's own clock; torch and auto alternate twice and each keeps its faster run, so that a drift of
+the machine hits both. A second table times an exact duality gap pass (``duality_gap()``: n oracle calls, what
+certifies a gap) after one pass at B = 64.
+
+The duals reached are compared, not asserted: the compiled score sums run in a fixed order and torch's reductions
+in their own, so scores differ at rounding level, and the sampling and cache decisions, which compare scores, can
+make two runs part after a few passes (the Triton kernels' runs likewise).
 
     python scripts/bench_bcfw_backends.py                          # CPU -> docs/benchmarks/bcfw_backends.md
     python scripts/bench_bcfw_backends.py --device cuda --out DIR  # GPU -> bcfw_backends_cuda.md
@@ -100,8 +104,13 @@ def measure(args, device) -> dict:
     return results
 
 
+def _relative_difference(a: float, b: float) -> str:
+    return "0 (bitwise)" if a == b else f"{abs(a - b) / max(abs(a), abs(b)):.0e}"
+
+
 def write(results: dict, out: Path, cuda: bool) -> None:
-    auto = {"numba": "numba Viterbi", "triton": "Triton kernels"}.get(results["auto"], results["auto"])
+    names = {"numba": "numba twins of the chain kernels", "triton": "Triton kernels"}
+    auto = names.get(results["auto"], results["auto"])
     lines = ["# BCFW passes: torch kernels against what `backend=\"auto\"` runs", "",
              f"Command: `python scripts/bench_bcfw_backends.py{' --device cuda' if cuda else ''}`; "
              f"{results['device']}, {results['threads']} torch threads; torch {results['torch']}; code "
@@ -109,11 +118,11 @@ def write(results: dict, out: Path, cuda: bool) -> None:
              f"{results['passes']} passes after a warm-up pass, the faster of two runs per backend (alternated); "
              "float64, seed 0. *paper*: uniform sampling, FW steps, no cache. *time-to-gap*: gap sampling, pairwise "
              "steps, cache of 10, an exact gap pass every 5 passes.", "",
-             "| data | configuration | B | torch (s / pass) | auto (s / pass) | torch / auto | same duals |",
+             "| data | configuration | B | torch (s / pass) | auto (s / pass) | torch / auto | "
+             "duals' relative difference |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
-        same = "yes" if r["dual_torch"] == r["dual_auto"] else \
-            f"no (relative {abs(r['dual_torch'] - r['dual_auto']) / abs(r['dual_torch']):.0e})"
+        same = _relative_difference(r["dual_torch"], r["dual_auto"])
         lines.append(f"| {r['data']} (lambda {r['lam']:g}) | {r['config']} | {r['batch_size']} | {r['torch']:.3f} | "
                      f"{r['auto']:.3f} | {r['torch'] / r['auto']:.2f}x | {same} |")
     ratios = [r["torch"] / r["auto"] for r in results["rows"]]
@@ -122,10 +131,10 @@ def write(results: dict, out: Path, cuda: bool) -> None:
               "## An exact duality gap pass (n oracle calls)", "",
               "`duality_gap()` after one pass of the time-to-gap configuration at B = 64: the fastest of 3 calls, "
               "the faster of two solvers per backend (alternated).", "",
-              "| data | n | torch (s) | auto (s) | torch / auto | same gap |", "|---|---|---|---|---|---|"]
+              "| data | n | torch (s) | auto (s) | torch / auto | gaps' relative difference |",
+              "|---|---|---|---|---|---|"]
     for r in results["exact"]:
-        same = "yes" if r["gap_torch"] == r["gap_auto"] else \
-            f"no (relative {abs(r['gap_torch'] - r['gap_auto']) / abs(r['gap_torch']):.0e})"
+        same = _relative_difference(r["gap_torch"], r["gap_auto"])
         lines.append(f"| {r['data']} (lambda {r['lam']:g}) | {r['n']} | {r['torch']:.3f} | {r['auto']:.3f} | "
                      f"{r['torch'] / r['auto']:.2f}x | {same} |")
     write_report(out, "bcfw_backends_cuda" if cuda else "bcfw_backends", lines)

@@ -1,10 +1,10 @@
 """The chain SSVM's bookkeeping kernels: labelling scores, scores of flat marginals and flat one-hot marginals,
-torch twin against explicit sums and `Chain.marginals`, Triton kernel against the twin, and the problem's solver
-on either backend."""
+torch twin against explicit sums and `Chain.marginals`, the Triton kernels and the numba twins against it, and the
+problem's solver on each backend."""
 
 import pytest
 import torch
-from conftest import needs_triton
+from conftest import needs_numba, needs_triton
 from torchssvm.kernels import chain_inner, chain_labels_score, chain_marginals, chain_score_torch
 
 import torchssvm as ts
@@ -133,4 +133,99 @@ def test_bcfw_on_the_triton_kernels_follows_the_torch_twins():
     assert r_torch[-1]["cache_hits"] > 0
     torch.testing.assert_close(w_triton, w_torch, rtol=1e-9, atol=1e-9)
     for a, b in zip(r_torch, r_triton):
+        assert a["gap"] == pytest.approx(b["gap"], rel=1e-8, abs=1e-12)
+
+
+# -- the compiled CPU twins (numba) ------------------------------------------------------------------------------
+
+
+@needs_numba()
+@pytest.mark.parametrize("T", [1, 5, 33])
+def test_numba_kernels_match_their_twins(T):
+    g = torch.Generator().manual_seed(T)
+    B, C, K = 9, 4, 5
+    lengths = _lengths(B, T, g)
+    for start_end in (True, False):
+        theta = _potentials(B, T, K, g, start_end)
+        y = _labellings(B, C, T, K, lengths, g, width=T + 3)
+        ref = chain_labels_score(*theta, y, lengths, backend="torch")
+        for labels in (y, y.int()):
+            torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend="numba"), ref,
+                                       rtol=0, atol=1e-12)
+        for b in range(B):  # and the explicit sum
+            for c in range(C):
+                expect = _explicit_score(theta[0][b], *theta[1:], y[b, c].tolist(), int(lengths[b]))
+                assert float(chain_labels_score(*theta, y, lengths, backend="numba")[b, c]) == \
+                    pytest.approx(expect, abs=1e-12)
+        th32 = [None if t is None else t.float() for t in theta]
+        got32 = chain_labels_score(*th32, y, lengths, backend="numba")
+        assert got32.dtype == torch.float32
+        torch.testing.assert_close(got32, chain_labels_score(*th32, y, lengths, backend="torch"), rtol=1e-5, atol=1e-5)
+        for T_flat in (T, T + 2):  # rows as long as the potentials, and longer
+            z = _flat_marginals(B, T_flat, K, g)
+            torch.testing.assert_close(chain_inner(*theta, z, backend="numba"), chain_inner(*theta, z, backend="torch"),
+                                       rtol=1e-12, atol=1e-12)
+            got = chain_inner(*th32, z.float(), backend="numba")
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, chain_inner(*th32, z.float(), backend="torch"), rtol=1e-5, atol=1e-5)
+    y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
+    for minus in (None, y2):  # counts: exact, so bitwise equal
+        for dtype in (torch.float64, torch.float32):
+            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend="numba"),
+                               chain_marginals(y, lengths, K, minus, dtype, backend="torch"))
+
+
+@needs_numba()
+def test_numba_kernels_check_what_their_loops_do_not():
+    from torchssvm.kernels.chain_marginals_numba import chain_marginals_numba
+    from torchssvm.kernels.chain_score_numba import chain_inner_numba, chain_labels_score_numba
+
+    g = torch.Generator().manual_seed(0)
+    B, T, K = 3, 4, 5
+    theta = _potentials(B, T, K, g)
+    lengths = torch.tensor([4, 2, 1])
+    y = _labellings(B, 2, T, K, lengths, g)
+    bad = y.clone()
+    bad[1, 0, 1] = K  # inside the length
+    with pytest.raises(ValueError, match="labels must be < num_labels"):
+        chain_labels_score_numba(*theta, bad, lengths)
+    with pytest.raises(ValueError, match="labels must be < num_labels"):
+        chain_marginals_numba(bad[:, 0], lengths, K)
+    ignored = y.clone()
+    ignored[1, 0, 3] = K + 7  # past the length: not read, as in the torch twin
+    torch.testing.assert_close(chain_labels_score_numba(*theta, ignored, lengths),
+                               chain_labels_score(*theta, y, lengths, backend="torch"), rtol=0, atol=1e-12)
+    for ln in (torch.tensor([5, 1, 1]), torch.tensor([0, 1, 1]), torch.tensor([1, 1])):
+        with pytest.raises(ValueError, match="lengths"):
+            chain_labels_score_numba(*theta, y, ln)
+        with pytest.raises(ValueError, match="lengths"):
+            chain_marginals_numba(y[:, 0], ln, K)
+    with pytest.raises(ValueError, match="transition"):
+        chain_labels_score_numba(theta[0], torch.zeros(B, T - 1, K, K), None, None, y, lengths)
+    with pytest.raises(ValueError, match="z must have shape"):
+        chain_inner_numba(*theta, torch.zeros(B, (T - 1) * K + K * K + 2 * K, dtype=torch.float64))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        chain_marginals_numba(y[:, 0], lengths, K, dtype=torch.float16)
+    # "auto" on CPU runs them for float32 / float64 and keeps torch for half types
+    half = [t.to(torch.bfloat16) for t in theta]
+    torch.testing.assert_close(chain_labels_score(*half, y, lengths), chain_labels_score(*half, y, lengths,
+                                                                                         backend="torch"))
+
+
+@needs_numba()
+def test_bcfw_on_the_numba_kernels_follows_the_torch_twins():
+    """The chain problem on the numba twins (what "auto" runs on CPU): the same pairwise + cache run as on torch,
+    up to the rounding of the scores' sums."""
+    ds = ts.data.synthetic_chain("train", 48, num_labels=4, num_features=6, seed=0)
+    runs = {}
+    for backend in ("torch", "numba", "auto"):
+        model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
+        s = ts.optim.BCFW(model, ds, lam=0.05, batch_size=16, step="pairwise", sampling="gap", cache_size=4,
+                          gap_check_every=2, seed=0, backend=backend)
+        runs[backend] = [s.step() for _ in range(4)], s.w
+    (r_torch, w_torch), (r_numba, w_numba), (_, w_auto) = runs["torch"], runs["numba"], runs["auto"]
+    assert r_torch[-1]["cache_hits"] > 0
+    assert torch.equal(w_auto, w_numba)
+    torch.testing.assert_close(w_numba, w_torch, rtol=1e-9, atol=1e-9)
+    for a, b in zip(r_torch, r_numba):
         assert a["gap"] == pytest.approx(b["gap"], rel=1e-8, abs=1e-12)

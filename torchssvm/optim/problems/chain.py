@@ -50,9 +50,9 @@ class ChainProblem(DualProblem):
         self.model, self.backend = model, backend
         self.device = model.emission.device
         resolve_backend(backend, self.device, has_numba=True)  # a bad name fails here, not at the first oracle
-        # the scores, marginals and slack oracle have torch and Triton forms only: "numba" (Viterbi's compiled
-        # twin) leaves them to "auto"
-        self._twin_backend = "auto" if backend == "numba" else backend
+        # the slack oracle has torch and Triton forms only: "numba" (the other chain kernels' compiled twins) leaves
+        # it to "auto"
+        self._slack_backend = "auto" if backend == "numba" else backend
         self.K, self.D = model.num_labels, model.num_features
         self.sparse = model.sparse
         self.n = len(dataset)
@@ -186,14 +186,14 @@ class ChainProblem(DualProblem):
         labels, value = viterbi(theta.unary + aug, theta.transition, theta.start, theta.end, lengths,
                                 backend=self.backend)
         loss = aug.gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)  # padding costs 0
-        truth_score = chain_labels_score(*theta, self.truth[idx].unsqueeze(1), lengths, backend=self._twin_backend)
+        truth_score = chain_labels_score(*theta, self.truth[idx].unsqueeze(1), lengths, backend=self.backend)
         return self._pad(labels), loss, value - truth_score.squeeze(1)
 
     def slack_oracle(self, theta: ChainPotentials, idx: torch.Tensor):
         """The exact error-count DP (`Chain.slack_max_oracle`); needs a Chain without class weights."""
         T = theta.unary.shape[1]
         lengths = self.lengths[idx]
-        labels, value = self.structure._slack_max_oracle(theta, lengths, self.truth[idx, :T], self._twin_backend)
+        labels, value = self.structure._slack_max_oracle(theta, lengths, self.truth[idx, :T], self._slack_backend)
         loss = self.loss_aug[idx, :T].gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)
         return self._pad(labels), loss, value.to(self.dtype)
 
@@ -202,7 +202,7 @@ class ChainProblem(DualProblem):
         return self._pad(labels)
 
     def labels_score(self, theta: ChainPotentials, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return chain_labels_score(*theta, labels, self.lengths[idx], backend=self._twin_backend)
+        return chain_labels_score(*theta, labels, self.lengths[idx], backend=self.backend)
 
     def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, _ = labels.shape
@@ -212,15 +212,14 @@ class ChainProblem(DualProblem):
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # m(y_i) - m(y), flat (the module's layout)
-        return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype,
-                               backend=self._twin_backend)
+        return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
 
     def corner_difference(self, idx: torch.Tensor, labels: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         # m(other) - m(labels): counts, so the same floats as the difference of the two corners, in one scatter
-        return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self._twin_backend)
+        return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
 
     def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
-        return chain_inner(*theta, z, backend=self._twin_backend)
+        return chain_inner(*theta, z, backend=self.backend)
 
     def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int) -> torch.Tensor:
         """Emission part of ``Phi_b z_b`` for dense inputs, ``(B, D K)``."""
