@@ -4,7 +4,8 @@
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
 Viterbi, the chain scores and marginals and the distance transforms (and so the spatial trees) also have a
 compiled CPU twin, ``"numba"`` (`viterbi_numba`, `chain_score_numba`, `chain_marginals_numba`,
-`distance_transform_numba`), which ``"auto"`` picks for CPU tensors of float32 or float64 when numba imports.
+`distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports (the chain kernels' only
+for float32 or float64 inputs of one dtype; the twins take no half types).
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -86,18 +87,23 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
 _NUMBA_DTYPES = (torch.float32, torch.float64)
 
 
-def _chain_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`resolve_backend` for the chain kernels, which have numba twins; ``"auto"`` keeps torch for the dtypes the
-    numba twins do not take (half types)."""
+def _chain_backend(backend: str, device: torch.device, *tensors) -> str:
+    """`resolve_backend` for the chain kernels, which have numba twins. ``"auto"`` keeps torch where the numba twins
+    would not compute what torch does: half types (they take float32 and float64 only) and mixed dtypes among the
+    float ``tensors`` (they compute in one dtype, torch promotes); None entries are skipped."""
     be = resolve_backend(backend, device, has_numba=True)
-    return "torch" if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES else be
+    if be == "numba" and backend == "auto":
+        dtypes = {t.dtype for t in tensors if t is not None}
+        if len(dtypes) != 1 or not dtypes <= set(_NUMBA_DTYPES):
+            return "torch"
+    return be
 
 
 @torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
     the contract. Inputs are not checked here (the structures validate at the boundary)."""
-    be = _chain_backend(backend, unary.device, unary.dtype)
+    be = _chain_backend(backend, unary.device, unary, transition, start, end)
     if be == "triton":
         from .viterbi_triton import viterbi_triton
 
@@ -113,8 +119,11 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto"):
     """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
     `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
-    `chain_labels_score_numba` (one compiled loop; equal to rounding)."""
-    be = _chain_backend(backend, unary.device, unary.dtype)
+    `chain_labels_score_numba` (one compiled loop; equal to rounding; ``"auto"`` keeps torch for the per-position
+    transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example)."""
+    be = _chain_backend(backend, unary.device, unary, transition, start, end)
+    if be == "numba" and backend == "auto" and transition.dim() != 2:
+        be = "torch"
     if be == "triton":
         from .chain_score_triton import chain_labels_score_triton
 
@@ -131,7 +140,7 @@ def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
     `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
     rounding)."""
-    be = _chain_backend(backend, unary.device, torch.promote_types(unary.dtype, z.dtype))
+    be = _chain_backend(backend, unary.device, unary, transition, start, end, z)
     if be == "numba":
         from .chain_score_numba import chain_inner_numba
 
@@ -186,7 +195,9 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
 def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto"):
     """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
     `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal)."""
-    be = _chain_backend(backend, labels.device, dtype)
+    be = resolve_backend(backend, labels.device, has_numba=True)
+    if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES:
+        be = "torch"
     if be == "triton":
         from .chain_marginals_triton import chain_marginals_triton
 

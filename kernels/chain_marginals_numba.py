@@ -53,6 +53,8 @@ def chain_marginals_numba(labels: torch.Tensor, lengths: torch.Tensor, num_label
         raise ValueError(f"backend='numba' needs float32 or float64, got dtype {dtype}")
     B, T = labels.shape
     K = int(num_labels)
+    if K < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
     out = torch.zeros(B, T * K + K * K + 2 * K, dtype=dtype)
     if B == 0:
         return out

@@ -82,6 +82,8 @@ def _check(unary: torch.Tensor, transition: torch.Tensor, start, end) -> None:
     if unary.dtype not in _DTYPES:
         raise ValueError(f"backend='numba' needs float32 or float64, got unary of {unary.dtype}")
     K = unary.shape[2]
+    if K < 1:
+        raise ValueError("unary must have at least one label (K >= 1)")
     if tuple(transition.shape) != (K, K):
         raise ValueError(f"transition must have shape ({K}, {K}) (shared), got {tuple(transition.shape)}")
     for name, t in (("start", start), ("end", end)):
@@ -93,12 +95,19 @@ def _arrays(dt, *tensors):
     return [t.detach().to(dt).contiguous().numpy() for t in tensors]
 
 
+def _same_dtype(unary: torch.Tensor, *others) -> None:
+    for name, t in others:
+        if t is not None and t.dtype != unary.dtype:
+            raise ValueError(f"backend='numba' computes in one dtype: {name} is {t.dtype}, unary {unary.dtype}")
+
+
 def chain_labels_score_numba(unary: torch.Tensor, transition: torch.Tensor, start: Optional[torch.Tensor],
                              end: Optional[torch.Tensor], labels: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Same contract as `chain_labels_score_torch`: scores ``(B, C)`` of ``labels (B, C, W)`` (``W >= T``, entries
     at or past each length ignored) under ``unary (B, T, K)`` and shared ``transition (K, K)``; ``lengths`` in
     ``[1, T]`` and labels ``< K`` within them (checked: the compiled loop does not check its indices)."""
     _check(unary, transition, start, end)
+    _same_dtype(unary, ("transition", transition), ("start", start), ("end", end))
     B, T, K = unary.shape
     C = labels.shape[1]
     out = unary.new_empty(B, C)

@@ -15,7 +15,8 @@ def chain_score_torch(unary: torch.Tensor, transition: torch.Tensor, start: Opti
         unary: ``(B, T, K)``.
         transition: ``(K, K)`` shared or ``(B, T-1, K, K)`` per position.
         start, end: ``(K,)`` or None.
-        labels: ``(B, T)`` long; entries at or past ``lengths`` are ignored (any value, -1 padding included).
+        labels: ``(B, T)`` long; entries at or past ``lengths`` do not count (any value below K, -1 padding
+            included).
         lengths: ``(B,)`` long, ``1 <= L <= T``.
 
     Returns ``(B,)`` in the dtype of ``unary``."""

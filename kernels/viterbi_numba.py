@@ -117,6 +117,11 @@ def viterbi_numba(
     if unary.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"backend='numba' needs float32 or float64, got unary of {unary.dtype}")
     B, T, K = unary.shape
+    if K < 1:
+        raise ValueError("unary must have at least one label (K >= 1)")
+    for name, t in (("transition", transition), ("start", start), ("end", end)):
+        if t is not None and t.dtype != unary.dtype:
+            raise ValueError(f"backend='numba' computes in one dtype: {name} is {t.dtype}, unary {unary.dtype}")
     if tuple(transition.shape) not in ((K, K), (B, T - 1, K, K)):
         raise ValueError(f"transition must have shape ({K}, {K}) or ({B}, {T - 1}, {K}, {K}), "
                          f"got {tuple(transition.shape)}")
@@ -130,13 +135,12 @@ def viterbi_numba(
     ln = lengths.detach().to(torch.long).contiguous().numpy()
     if ln.shape != (B,) or ln.min() < 1 or ln.max() > T:
         raise ValueError(f"lengths must have shape ({B},) and values in [1, {T}]")
-    dt = unary.dtype
     per_position = transition.dim() == 4
-    trans = transition.detach().to(dt).contiguous()
+    trans = transition.detach().contiguous()
     trans = trans if per_position else trans.view(1, 1, K, K)
     zeros = unary.new_zeros(K)
-    s = zeros if start is None else start.detach().to(dt).contiguous()
-    e = zeros if end is None else end.detach().to(dt).contiguous()
+    s = zeros if start is None else start.detach().contiguous()
+    e = zeros if end is None else end.detach().contiguous()
     fn = _viterbi_parallel if B > 1 and B * T * K * K >= _PARALLEL_MIN_WORK else _viterbi_serial
     if fn is _viterbi_parallel:
         _threads()

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from test_cutting_plane import random_table
+from torchssvm.kernels import numba_available
 
 from torchssvm.optim import BCFW, BMRM, FeatureTableProblem, OneSlackCuttingPlane
 from torchssvm.optim.risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
@@ -269,3 +270,27 @@ def test_errors():
     solver = BMRM(FeatureTableProblem(F, L, y), lam=0.1)
     with pytest.raises(ValueError, match="state_dict"):
         solver.load_state_dict({"w": torch.zeros(2)})
+
+
+
+@pytest.mark.skipif(not numba_available(), reason="needs numba")
+def test_chain_solvers_take_backend_numba():
+    """``backend="numba"`` runs the chain oracles' compiled twins and leaves the solvers' own QP and projection kernels
+    (torch and Triton only) to "auto": the same iterates as with "torch", up to the rounding of the scores."""
+    from test_optim_problems import _dense_problem
+
+    from torchssvm.optim import NSlackCuttingPlane
+
+    def make(kind, backend):
+        model, ds = _dense_problem(n=8)
+        if kind == "bmrm":
+            return BMRM(model, ds, lam=0.5, variant="qp", backend=backend)
+        return NSlackCuttingPlane(model, ds, lam=0.5, qp_step="projected", backend=backend)
+
+    for kind in ("bmrm", "n-slack"):
+        runs = {}
+        for backend in ("torch", "numba"):
+            solver = make(kind, backend)
+            runs[backend] = [solver.step() for _ in range(3)]
+        for a, b in zip(runs["torch"], runs["numba"]):
+            assert a["primal"] == pytest.approx(b["primal"], rel=1e-9, abs=1e-12)

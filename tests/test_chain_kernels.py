@@ -192,7 +192,7 @@ def test_numba_kernels_check_what_their_loops_do_not():
     with pytest.raises(ValueError, match="labels must be < num_labels"):
         chain_marginals_numba(bad[:, 0], lengths, K)
     ignored = y.clone()
-    ignored[1, 0, 3] = K + 7  # past the length: not read, as in the torch twin
+    ignored[1, 0, 3] = K + 7  # past the length the compiled loop reads nothing (the torch twin gathers, so < K)
     torch.testing.assert_close(chain_labels_score_numba(*theta, ignored, lengths),
                                chain_labels_score(*theta, y, lengths, backend="torch"), rtol=0, atol=1e-12)
     for ln in (torch.tensor([5, 1, 1]), torch.tensor([0, 1, 1]), torch.tensor([1, 1])):
@@ -229,3 +229,53 @@ def test_bcfw_on_the_numba_kernels_follows_the_torch_twins():
     torch.testing.assert_close(w_numba, w_torch, rtol=1e-9, atol=1e-9)
     for a, b in zip(r_torch, r_numba):
         assert a["gap"] == pytest.approx(b["gap"], rel=1e-8, abs=1e-12)
+
+
+@needs_numba()
+def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
+    """Negative labels inside a length (clamped to 0 by both twins' scores, skipped by both twins' counts), labels
+    past a length (counted by the marginals' unary part in both twins), K = 0; and that "auto" runs the numba twins
+    on CPU for float64 and keeps torch for mixed dtypes and per-position transitions."""
+    import importlib
+
+    from torchssvm.kernels.chain_marginals_numba import chain_marginals_numba
+    from torchssvm.kernels.chain_score_numba import chain_labels_score_numba
+
+    g = torch.Generator().manual_seed(3)
+    B, T, K = 4, 5, 3
+    theta = _potentials(B, T, K, g)
+    lengths = torch.tensor([5, 3, 2, 1])
+    y = _labellings(B, 2, T, K, lengths, g)
+    y[0, 0, 2], y[1, 1, 0], y[0, 1, 4] = -1, -2, -5  # inside the lengths
+    y[2, 0, 3] = 1  # past the length
+    torch.testing.assert_close(chain_labels_score(*theta, y, lengths, backend="numba"),
+                               chain_labels_score(*theta, y, lengths, backend="torch"), rtol=0, atol=1e-12)
+    for minus in (None, y[:, 1]):
+        assert torch.equal(chain_marginals(y[:, 0], lengths, K, minus, backend="numba"),
+                           chain_marginals(y[:, 0], lengths, K, minus, backend="torch"))
+    with pytest.raises(ValueError, match="minus"):
+        chain_marginals_numba(y[:, 0], lengths, K, y[:, 1, :T - 1])
+    with pytest.raises(ValueError, match="num_labels"):
+        chain_marginals_numba(torch.full((1, 2), -1), torch.tensor([2]), 0)
+    with pytest.raises(ValueError, match="K >= 1"):
+        chain_labels_score_numba(torch.zeros(1, 2, 0), torch.zeros(0, 0), None, None, torch.zeros(1, 1, 2).long(),
+                                 torch.tensor([2]))
+    with pytest.raises(ValueError, match="one dtype"):
+        chain_labels_score_numba(theta[0].float(), *theta[1:], y, lengths)
+
+    calls = []
+    for module, name in (("chain_score_numba", "chain_labels_score_numba"), ("chain_score_numba", "chain_inner_numba"),
+                         ("chain_marginals_numba", "chain_marginals_numba")):
+        mod = importlib.import_module(f"torchssvm.kernels.{module}")
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    z = _flat_marginals(B, T, K, g)
+    chain_labels_score(*theta, y, lengths)
+    chain_inner(*theta, z)
+    chain_marginals(y[:, 0], lengths, K)
+    assert calls == ["chain_labels_score_numba", "chain_inner_numba", "chain_marginals_numba"]
+    chain_labels_score(theta[0].float(), *theta[1:], y, lengths)  # mixed dtypes: torch promotes
+    chain_inner(theta[0].bfloat16(), *theta[1:], z)  # a half type among them
+    per_position = torch.randn(B, T - 1, K, K, generator=g, dtype=torch.float64)
+    chain_labels_score(theta[0], per_position, *theta[2:], y[:, :1], lengths)
+    assert len(calls) == 3

@@ -234,14 +234,20 @@ def test_numba_ties_and_nan_follow_torch():
     z = torch.zeros(2, 4, 3, dtype=torch.float64)
     labels, _ = vit(z, torch.zeros(3, 3, dtype=torch.float64), None, None, torch.tensor([4, 2]))
     assert labels.tolist() == [[0, 0, 0, 0], [0, 0, -1, -1]]
-    # a NaN wins a maximum and the first NaN an argmax, in torch and here alike
-    unary, trans, s, e, lengths = random_chain(3, 5, 4, per_position=False, integer=False, seed=8)
-    unary[0, 2, 1] = float("nan")
-    unary[1, 4, 2] = float("nan")
-    trans[3, 0] = float("nan")
-    a, b = viterbi_torch(unary, trans, s, e, lengths), vit(unary, trans, s, e, lengths)
-    assert torch.equal(a[0], b[0])
-    assert torch.equal(a[1].isnan(), b[1].isnan()) and torch.equal(a[1][~a[1].isnan()], b[1][~b[1].isnan()])
+    # a NaN wins a maximum and the first NaN an argmax, in torch (each of its layouts) and here alike: a NaN score
+    # at a nonzero label of one sequence, and a NaN transition that reaches only the sequences using its labels
+    for B in (1, 3, 20):
+        for case in ("unary", "transition"):
+            unary, trans, s, e, lengths = random_chain(B, 5, 4, per_position=False, integer=False, seed=8 + B)
+            if case == "unary":
+                unary[0, 2, 3] = float("nan")  # sequence 0 has the full length
+            else:
+                unary[:, 1:, 2] = -1e9  # label 2 only ever comes first: the NaN transition 2 -> 1 is reached once
+                trans[2, 1] = float("nan")
+            a, b = viterbi_torch(unary, trans, s, e, lengths), vit(unary, trans, s, e, lengths)
+            assert torch.equal(a[0], b[0]), (B, case)
+            nan = a[1].isnan()
+            assert nan.any() and torch.equal(nan, b[1].isnan()) and torch.equal(a[1][~nan], b[1][~nan]), (B, case)
 
 
 @needs_numba()

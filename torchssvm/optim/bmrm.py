@@ -77,7 +77,9 @@ class BMRM:
         kw = {} if hasattr(model, "cut") else {"structure": structure, "backend": backend}
         self.risk = as_risk(model, dataset, **kw)
         self.lam, self.variant, self.eps, self.qp_tol = _check_lam(lam), variant, float(eps), float(qp_tol)
-        self.backend, self.writer = backend, writer
+        # the QP's simplex kernels have torch and Triton forms only: "numba" (the oracles' compiled twins) leaves them
+        # to "auto"
+        self.backend, self.writer = (backend if backend in ("torch", "triton") else "auto"), writer
         r = self.risk
         self.n, self.d = r.n, r.d
         self.w = r.initial_w().to(torch.float64)

@@ -88,7 +88,8 @@ class NSlackCuttingPlane(DualSolver):
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         super().__init__(model, dataset, lam, box=None, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
-        self.separation, self.eps, self.backend = separation, float(eps), backend
+        self.separation, self.eps = separation, float(eps)
+        self.backend = backend if backend in ("torch", "triton") else "auto"  # the projection: no numba twin
         self.inactive_after, self.qp_max_iter, self.qp_tol = inactive_after, qp_max_iter, qp_tol
         self.qp_step, self.qp_batch, self.qp_inner, self.chunk = qp_step, qp_batch, qp_inner, chunk
         self.generator = torch.Generator().manual_seed(int(seed))

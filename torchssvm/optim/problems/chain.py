@@ -20,6 +20,7 @@ from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
 from .sparse_gram import attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
+from .sparse_gram_numba import attribute_rows_numba, sparse_emission_gram_numba
 
 
 class ChainProblem(DualProblem):
@@ -53,6 +54,12 @@ class ChainProblem(DualProblem):
         # the slack oracle has torch and Triton forms only: "numba" (the other chain kernels' compiled twins) leaves
         # it to "auto"
         self._slack_backend = "auto" if backend == "numba" else backend
+        # the sparse Gram matrix's sort-and-join steps: compiled on the CPU where the chain kernels are (`"auto"`,
+        # `"numba"`)
+        compiled = resolve_backend(backend, self.device, has_numba=True) == "numba" and \
+            model.emission.dtype in (torch.float32, torch.float64)
+        self._attribute_rows = attribute_rows_numba if compiled else attribute_rows
+        self._sparse_gram = sparse_emission_gram_numba if compiled else sparse_emission_gram
         self.K, self.D = model.num_labels, model.num_features
         self.sparse = model.sparse
         self.n = len(dataset)
@@ -251,14 +258,14 @@ class ChainProblem(DualProblem):
         ub, tb, sb, eb = (ua, ta, sa, ea) if same else self._split(z_b, T)
         xa = self._x(idx_a, T)
         if same:
-            rows = attribute_rows(xa.ids, xa.values, ua)
+            rows = self._attribute_rows(xa.ids, xa.values, ua)
             # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
             self._gram_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
-            G = sparse_emission_gram(xa.ids, xa.values, ua, rows=rows)
+            G = self._sparse_gram(xa.ids, xa.values, ua, rows=rows)
         else:
             xb, Ba = self._x(idx_b, T), ua.shape[0]
             vals = None if xa.values is None else torch.cat([xa.values, xb.values])
-            G = sparse_emission_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
+            G = self._sparse_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
         G = G + ta.flatten(1) @ tb.flatten(1).T
         if "bias" in self._slices:
             G = G + ua.sum(1) @ ub.sum(1).T
@@ -273,7 +280,7 @@ class ChainProblem(DualProblem):
         u, t, s, e = self._split(z, T)
         if self.sparse:
             x = self._x(idx, T)
-            out = sparse_emission_sqnorm(x.ids, x.values, u)
+            out = sparse_emission_sqnorm(x.ids, x.values, u, rows=self._attribute_rows(x.ids, x.values, u))
         else:
             E = self._emission(idx, u, T)
             out = (E * E).sum(1)

@@ -110,8 +110,9 @@ def _pairs_into(G, row, V, counts, per_entry, shared):
         G.view(-1).index_add_(0, row[i] * R + row[j], (V[i] * V[j]).sum(1))
 
 
-def sparse_emission_sqnorm(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor) -> torch.Tensor:
-    """``(R,)``: ``||E_r||^2``, the diagonal of `sparse_emission_gram` (no block pairs)."""
-    _, row, V = attribute_rows(ids, values, u)
+def sparse_emission_sqnorm(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
+                           rows=None) -> torch.Tensor:
+    """``(R,)``: ``||E_r||^2``, the diagonal of `sparse_emission_gram` (no block pairs); ``rows`` as there."""
+    _, row, V = attribute_rows(ids, values, u) if rows is None else rows
     out = torch.zeros(ids.shape[0], dtype=u.dtype, device=u.device)
     return out.index_add_(0, row, (V * V).sum(1))
