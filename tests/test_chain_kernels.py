@@ -93,28 +93,40 @@ def test_marginals_twin_is_the_structures_one_hot_counts(minus):
     assert torch.equal(got, flat(y) - flat(y2) if minus else flat(y))
 
 
-@needs_triton()
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=needs_triton()),
+                                     pytest.param("numba", marks=needs_numba())])
 @pytest.mark.parametrize("T", [1, 5, 33])
-def test_triton_kernels_match_their_twins(T):
+def test_compiled_kernels_match_their_twins(T, backend):
+    """The Triton kernels and the numba twins against the torch twins: scores equal to rounding (float64 and
+    float32), counts bitwise."""
     g = torch.Generator().manual_seed(T)
     B, C, K = 9, 4, 5
     lengths = _lengths(B, T, g)
     for start_end in (True, False):
         theta = _potentials(B, T, K, g, start_end)
+        th32 = [None if t is None else t.float() for t in theta]
         y = _labellings(B, C, T, K, lengths, g, width=T + 3)
         ref = chain_labels_score(*theta, y, lengths, backend="torch")
         for labels in (y, y.int()):
-            torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend="triton"), ref,
+            torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend=backend), ref,
                                        rtol=0, atol=1e-12)
-        for K_in in (K, 40):  # 40: more than one chunk of the unary and transition parts
+        got32 = chain_labels_score(*th32, y, lengths, backend=backend)
+        assert got32.dtype == torch.float32
+        torch.testing.assert_close(got32, chain_labels_score(*th32, y, lengths, backend="torch"), rtol=1e-5, atol=1e-5)
+        for K_in in (K, 40):  # 40: more than one chunk of the unary and transition parts (Triton)
             th = theta if K_in == K else _potentials(B, T, K_in, g, start_end)
-            z = _flat_marginals(B, T + 2, K_in, g)
-            torch.testing.assert_close(chain_inner(*th, z, backend="triton"), chain_inner(*th, z, backend="torch"),
-                                       rtol=1e-12, atol=1e-12)
+            for T_flat in (T, T + 2):  # rows as long as the potentials, and longer
+                z = _flat_marginals(B, T_flat, K_in, g)
+                torch.testing.assert_close(chain_inner(*th, z, backend=backend), chain_inner(*th, z, backend="torch"),
+                                           rtol=1e-12, atol=1e-12)
+        z32 = _flat_marginals(B, T, K, g).float()
+        got32 = chain_inner(*th32, z32, backend=backend)
+        assert got32.dtype == torch.float32
+        torch.testing.assert_close(got32, chain_inner(*th32, z32, backend="torch"), rtol=1e-5, atol=1e-5)
     y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
-    for minus in (None, y2):  # counts: the same floats in any order of the atomic adds
+    for minus in (None, y2):  # counts: the same floats in any order of the adds
         for dtype in (torch.float64, torch.float32):
-            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend="triton"),
+            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend=backend),
                                chain_marginals(y, lengths, K, minus, dtype, backend="torch"))
 
 
@@ -137,42 +149,6 @@ def test_bcfw_on_the_triton_kernels_follows_the_torch_twins():
 
 
 # -- the compiled CPU twins (numba) ------------------------------------------------------------------------------
-
-
-@needs_numba()
-@pytest.mark.parametrize("T", [1, 5, 33])
-def test_numba_kernels_match_their_twins(T):
-    g = torch.Generator().manual_seed(T)
-    B, C, K = 9, 4, 5
-    lengths = _lengths(B, T, g)
-    for start_end in (True, False):
-        theta = _potentials(B, T, K, g, start_end)
-        y = _labellings(B, C, T, K, lengths, g, width=T + 3)
-        ref = chain_labels_score(*theta, y, lengths, backend="torch")
-        for labels in (y, y.int()):
-            torch.testing.assert_close(chain_labels_score(*theta, labels, lengths, backend="numba"), ref,
-                                       rtol=0, atol=1e-12)
-        for b in range(B):  # and the explicit sum
-            for c in range(C):
-                expect = _explicit_score(theta[0][b], *theta[1:], y[b, c].tolist(), int(lengths[b]))
-                assert float(chain_labels_score(*theta, y, lengths, backend="numba")[b, c]) == \
-                    pytest.approx(expect, abs=1e-12)
-        th32 = [None if t is None else t.float() for t in theta]
-        got32 = chain_labels_score(*th32, y, lengths, backend="numba")
-        assert got32.dtype == torch.float32
-        torch.testing.assert_close(got32, chain_labels_score(*th32, y, lengths, backend="torch"), rtol=1e-5, atol=1e-5)
-        for T_flat in (T, T + 2):  # rows as long as the potentials, and longer
-            z = _flat_marginals(B, T_flat, K, g)
-            torch.testing.assert_close(chain_inner(*theta, z, backend="numba"), chain_inner(*theta, z, backend="torch"),
-                                       rtol=1e-12, atol=1e-12)
-            got = chain_inner(*th32, z.float(), backend="numba")
-            assert got.dtype == torch.float32
-            torch.testing.assert_close(got, chain_inner(*th32, z.float(), backend="torch"), rtol=1e-5, atol=1e-5)
-    y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
-    for minus in (None, y2):  # counts: exact, so bitwise equal
-        for dtype in (torch.float64, torch.float32):
-            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend="numba"),
-                               chain_marginals(y, lengths, K, minus, dtype, backend="torch"))
 
 
 @needs_numba()
