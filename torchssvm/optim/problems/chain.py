@@ -28,7 +28,10 @@ class ChainProblem(DualProblem):
         model: the `LinearChainModel` whose parameters are ``w`` (its flattened ``parameters()``).
         dataset: the training sequences (dense float features or `TokenFeatures`).
         structure: the task loss; default ``Chain(K)`` (Hamming normalized by length, as the papers).
-        backend: oracle backend (`torchssvm.kernels`).
+        backend: the kernels' backend (`torchssvm.kernels`): ``"auto"`` runs the compiled twins (numba) of Viterbi,
+            the scores, the corners and the sparse Gram matrix on the CPU when numba imports, the Triton kernels on
+            CUDA; ``"torch"``, ``"triton"`` and ``"numba"`` force one (the slack oracle has no numba twin: it runs
+            under ``"auto"`` then).
     """
 
     def __init__(self, model: LinearChainModel, dataset: SequenceDataset, structure: Optional[Chain] = None,
@@ -50,14 +53,13 @@ class ChainProblem(DualProblem):
             raise ValueError(f"structure must be a Chain with {dataset.num_labels} labels, got {self.structure!r}")
         self.model, self.backend = model, backend
         self.device = model.emission.device
-        resolve_backend(backend, self.device, has_numba=True)  # a bad name fails here, not at the first oracle
+        resolved = resolve_backend(backend, self.device, has_numba=True)  # a bad name fails here
         # the slack oracle has torch and Triton forms only: "numba" (the other chain kernels' compiled twins) leaves
         # it to "auto"
         self._slack_backend = "auto" if backend == "numba" else backend
         # the sparse Gram matrix's sort-and-join steps: compiled on the CPU where the chain kernels are (`"auto"`,
         # `"numba"`)
-        compiled = resolve_backend(backend, self.device, has_numba=True) == "numba" and \
-            model.emission.dtype in (torch.float32, torch.float64)
+        compiled = resolved == "numba" and model.emission.dtype in (torch.float32, torch.float64)
         self._attribute_rows = attribute_rows_numba if compiled else attribute_rows
         self._sparse_gram = sparse_emission_gram_numba if compiled else sparse_emission_gram
         self.K, self.D = model.num_labels, model.num_features
