@@ -27,3 +27,10 @@ def jit(parallel: bool = False, fastmath=False):
 
 
 prange = numba.prange if numba is not None else range
+
+
+def set_threads() -> None:
+    """Let the parallel loops use as many threads as torch does (at most numba's own limit)."""
+    import torch
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))

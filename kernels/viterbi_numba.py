@@ -143,12 +143,8 @@ def viterbi_numba(
     e = zeros if end is None else end.detach().contiguous()
     fn = _viterbi_parallel if B > 1 and B * T * K * K >= _PARALLEL_MIN_WORK else _viterbi_serial
     if fn is _viterbi_parallel:
-        _threads()
+        _numba.set_threads()
     fn(unary.detach().contiguous().numpy(), trans.numpy(), s.numpy(), e.numpy(), ln, per_position,
        start is not None, end is not None, labels.numpy(), scores.numpy())
     return labels, scores
 
-
-def _threads():
-    nb = _numba.numba
-    nb.set_num_threads(max(1, min(torch.get_num_threads(), nb.config.NUMBA_NUM_THREADS)))
