@@ -2,10 +2,11 @@
 
 ``backend="auto"`` runs Triton on CUDA tensors when triton imports, torch otherwise;
 ``"torch"`` and ``"triton"`` force one (``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1``).
-Viterbi, the chain scores and marginals and the distance transforms (and so the spatial trees) also have a
-compiled CPU twin, ``"numba"`` (`viterbi_numba`, `chain_score_numba`, `chain_marginals_numba`,
-`distance_transform_numba`), which ``"auto"`` picks for CPU tensors when numba imports (the chain kernels' only
-for float32 or float64 inputs of one dtype; the twins take no half types).
+Viterbi, the chain scores and marginals, the distance transforms (and so the spatial trees) and the BCFW block step
+also have a compiled CPU twin, ``"numba"`` (`viterbi_numba`, `chain_score_numba`, `chain_marginals_numba`,
+`distance_transform_numba`, `block_step_numba`), which ``"auto"`` picks for CPU tensors when numba imports (the
+chain kernels' only for float32 or float64 inputs of one dtype, the block step's for contiguous float64 duals; the
+twins take no half types).
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -59,7 +60,7 @@ def numba_available() -> bool:
 def resolve_backend(backend: str, device: torch.device, has_numba: bool = False) -> str:
     """Map ``backend`` to ``"torch"``, ``"triton"`` or ``"numba"`` for tensors on ``device``; ``has_numba``:
     whether the operation has a numba twin (Viterbi, the chain scores and marginals, the distance transforms and
-    spatial trees)."""
+    spatial trees, the BCFW block step)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -69,7 +70,7 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
     if backend == "numba":
         if not has_numba:
             raise ValueError("backend='numba' exists only for Viterbi, the chain scores and marginals, the distance "
-                             "transforms and spatial trees")
+                             "transforms and spatial trees and the BCFW block step")
         if not numba_available():
             raise RuntimeError("backend='numba' needs the numba package (pip install torchssvm[cpu])")
         if device.type != "cpu":
@@ -170,7 +171,8 @@ def select_atoms(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, la
 def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None, alpha_valid=None, step: str = "fw",
                      s_slot=None, away=None, upper=None, kind=None, backend: str = "auto") -> None:
     """The end of a mini-batch BCFW step, in place (``z``, ``l`` and the atoms' weights): dispatch to
-    `apply_block_step_torch` or `apply_block_step_triton` (one launch instead of about twenty; bitwise equal)."""
+    `apply_block_step_torch`, `apply_block_step_triton` (one launch instead of about twenty) or
+    `apply_block_step_numba` (one CPU loop); bitwise equal."""
     if step not in STEP_TYPES:
         raise ValueError(f"step must be one of {STEP_TYPES}, got {step!r}")
     if alpha is not None:
@@ -182,11 +184,20 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
         missing = [name for name, t in needed.items() if t is None]
         if missing:
             raise ValueError(f"{', '.join(missing)} must be given with alpha for {step!r} steps")
-    if resolve_backend(backend, z.device) == "triton":
+    be = resolve_backend(backend, z.device, has_numba=True)
+    if be == "numba" and backend == "auto" and not all(t.is_contiguous() and t.dtype == torch.float64
+                                                      for t in (z, ell) + (() if alpha is None else (alpha,))):
+        be = "torch"  # the compiled loop writes contiguous float64 storage in place
+    if be == "triton":
         from .block_step_triton import apply_block_step_triton
 
         return apply_block_step_triton(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step,
                                        s_slot, away, upper, kind)
+    if be == "numba":
+        from .block_step_numba import apply_block_step_numba
+
+        return apply_block_step_numba(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step,
+                                      s_slot, away, upper, kind)
     return apply_block_step_torch(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step, s_slot,
                                   away, upper, kind)
 

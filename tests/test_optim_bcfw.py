@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from conftest import needs_triton
+from conftest import needs_numba, needs_triton
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, FeatureTableProblem
@@ -577,12 +577,14 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
         assert 0 < int(ga[1]) < B and not torch.equal(ga[0], gaps)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton())])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton()),
+                                     pytest.param("numba", marks=needs_numba())])
 @pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
 def test_batched_block_step_equals_block_by_block(step, backend):
-    """`apply_block_step` (the end of a mini-batch step: z, l and the atoms' weights; on CUDA one Triton kernel)
-    against the sequential solver's host loop, block by block, bitwise: FW steps past 1, drop steps at the
-    bound, zero steps, the FW atom equal to the away atom, and a block whose weights are no longer valid."""
+    """`apply_block_step` (the end of a mini-batch step: z, l and the atoms' weights; on CUDA one Triton kernel, on
+    the CPU one numba loop) against the sequential solver's host loop, block by block, bitwise: FW steps past 1,
+    drop steps at the bound, zero steps, the FW atom equal to the away atom, and a block whose weights are no
+    longer valid."""
     from torchssvm.kernels import apply_block_step
 
     F, L, y = random_table(n=16, seed=4)
@@ -648,3 +650,29 @@ def test_bcfw_leaves_numba_to_the_oracles():
              backend="numba")
     assert s.backend == "auto" and s.atoms.backend == "auto"
     assert s.step()["dual"] > 0
+
+
+@needs_numba()
+def test_numba_block_step_checks_blocks_and_slots_before_writing():
+    from torchssvm.kernels import apply_block_step
+    from torchssvm.kernels.block_step_numba import apply_block_step_numba
+
+    g = torch.Generator().manual_seed(0)
+    z, ell = torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    alpha, valid = torch.rand(5, 4, generator=g, dtype=torch.float64), torch.ones(5, dtype=torch.bool)
+    idx, gamma = torch.tensor([1, 4]), torch.tensor([0.5, 0.25], dtype=torch.float64)
+    d = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    args = (z, ell, idx, z[idx], ell[idx], gamma, d, d[:, 0])
+    before = (z.clone(), ell.clone(), alpha.clone())
+    with pytest.raises(ValueError, match="idx must lie in"):
+        apply_block_step_numba(z, ell, torch.tensor([1, 5]), *args[3:])
+    with pytest.raises(ValueError, match="atom slots"):
+        apply_block_step_numba(*args, alpha, valid, "pairwise", torch.tensor([0, 1]), torch.tensor([2, 4]),
+                               torch.ones(2, dtype=torch.float64))
+    assert all(torch.equal(a, b) for a, b in zip((z, ell, alpha), before))  # nothing was written
+    with pytest.raises(ValueError, match="contiguous float64"):
+        apply_block_step_numba(z.float(), *args[1:])
+    zt = z.t().contiguous().t()  # not contiguous: "auto" leaves it to torch, which writes it the same way
+    apply_block_step(zt, ell.clone(), *args[2:])
+    apply_block_step(z, ell, *args[2:])
+    assert torch.equal(zt, z) and not torch.equal(z, before[0])

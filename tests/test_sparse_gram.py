@@ -118,3 +118,64 @@ def test_sparse_chain_problem_uses_the_numba_twin_where_the_chain_kernels_are():
     assert picked["torch"] is sparse_emission_gram
     torch.testing.assert_close(grams["auto"], grams["torch"], rtol=1e-12, atol=1e-12)
     assert grams["torch"].abs().max() > 0
+
+
+def _data_set(n=9, T=6, A=4, D=40, K=3, seed=0, with_values=True):
+    """A data set's padded attributes ``(n, T, A)`` and lengths (padding holds -1 ids)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, D, (n, T, A), generator=g)
+    ids[torch.rand(n, T, A, generator=g) < 0.3] = -1
+    lengths = torch.randint(1, T + 1, (n,), generator=g)
+    ids[torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+    values = torch.randn(n, T, A, generator=g, dtype=torch.float64) if with_values else None
+    return ids, values, lengths, D
+
+
+@needs_numba()
+@pytest.mark.parametrize("with_values", [True, False])
+@pytest.mark.parametrize("D", [40, 10**6])  # many entries per attribute (counting sort), few (merge sort)
+def test_numba_rows_read_a_data_set_in_place(with_values, D):
+    """With ``index`` the twins read the data set's arrays in place: the same rows, bitwise, as on the gathered
+    batch, with the batch narrower than the data set (T < T')."""
+    from torchssvm.optim.problems.sparse_gram_numba import attribute_rows_numba, sparse_emission_gram_numba
+
+    ids, values, lengths, _ = _data_set(D=D, with_values=with_values)
+    index = torch.tensor([7, 2, 5, 0])
+    T = int(lengths[index].max())
+    u = torch.randn(4, T, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    u[1, 0] = 0.0
+    x_ids = ids[index][:, :T]
+    x_vals = None if values is None else values[index][:, :T]
+    expected = attribute_rows(x_ids, x_vals, u)
+    assert expected[0].numel() > 0 and int(expected[0].max()) >= (D // 2 if D > 100 else 0)
+    for rows in (attribute_rows_numba(ids, values, u, index), attribute_rows(ids, values, u, index),
+                 attribute_rows_numba(x_ids, x_vals, u)):
+        for a, b in zip(rows, expected):
+            assert torch.equal(a, b)
+    E = _explicit(x_ids, x_vals, u, D) if D < 100 else None
+    G = sparse_emission_gram_numba(ids, values, u, index=index)
+    torch.testing.assert_close(G, sparse_emission_gram(x_ids, x_vals, u), rtol=1e-13, atol=1e-13)
+    if E is not None:
+        torch.testing.assert_close(G, E @ E.T, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="index must lie in"):
+        attribute_rows_numba(ids, values, u, torch.tensor([7, 2, 5, 9]))
+    with pytest.raises(ValueError, match="T <= ids.shape"):
+        attribute_rows_numba(ids, values, torch.zeros(4, 7, 3, dtype=torch.float64), index)
+
+
+@needs_numba()
+def test_numba_update_of_w_equals_index_add():
+    from torchssvm.optim.problems.sparse_gram_numba import add_attribute_rows_numba, attribute_rows_numba
+
+    ids, values, u, D = _batch(R=9, seed=5)
+    rows = attribute_rows_numba(ids, values, u)
+    g = torch.Generator().manual_seed(2)
+    coef = torch.rand(9, generator=g, dtype=torch.float64)
+    E = torch.randn(D, 3, generator=g, dtype=torch.float64)
+    expected = E.clone().index_add_(0, rows[0], rows[2] * coef[rows[1]].unsqueeze(1))
+    add_attribute_rows_numba(E, rows, coef)
+    assert torch.equal(E, expected)  # the same products, added in the same order
+    with pytest.raises(ValueError, match="outside E"):
+        add_attribute_rows_numba(E[: int(rows[0].max())].clone(), rows, coef)
+    with pytest.raises(ValueError, match="dtype"):
+        add_attribute_rows_numba(E.float(), rows, coef)

@@ -20,7 +20,9 @@ from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
 from .sparse_gram import attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
-from .sparse_gram_numba import attribute_rows_numba, sparse_emission_gram_numba
+from .sparse_gram_numba import add_attribute_rows_numba, attribute_rows_numba, sparse_emission_gram_numba
+from .sparse_unary import sparse_unary
+from .sparse_unary_numba import sparse_unary_numba
 
 
 class ChainProblem(DualProblem):
@@ -57,11 +59,13 @@ class ChainProblem(DualProblem):
         # the slack oracle has torch and Triton forms only: "numba" (the other chain kernels' compiled twins) leaves
         # it to "auto"
         self._slack_backend = "auto" if backend == "numba" else backend
-        # the sparse Gram matrix's sort-and-join steps: compiled on the CPU where the chain kernels are (`"auto"`,
-        # `"numba"`)
+        # the sparse attributes' potentials, the Gram matrix's sort-and-join steps and the update of w: compiled on
+        # the CPU where the chain kernels are (`"auto"`, `"numba"`)
         compiled = resolved == "numba" and model.emission.dtype in (torch.float32, torch.float64)
+        self._sparse_unary = sparse_unary_numba if compiled else sparse_unary
         self._attribute_rows = attribute_rows_numba if compiled else attribute_rows
         self._sparse_gram = sparse_emission_gram_numba if compiled else sparse_emission_gram
+        self._add_rows = add_attribute_rows_numba if compiled else None
         self.K, self.D = model.num_labels, model.num_features
         self.sparse = model.sparse
         self.n = len(dataset)
@@ -97,7 +101,12 @@ class ChainProblem(DualProblem):
                 self._slices[name] = (off, off + p.numel(), tuple(p.shape))
                 off += p.numel()
         self.d = off
-        self._gram_memo = None  # (idx, z, versions, T, attribute rows or joint features) of the last `gram`
+        # z's tail [transition | start | end] without the parts w lacks: one product applies it (`gram`, `accumulate`)
+        a, b, _ = self._cut
+        self._tail = slice(a, self.m if "start" in self._slices else b)
+        if ("start" in self._slices) != ("end" in self._slices):
+            raise ValueError("a chain model has both the start and the end biases or neither")
+        self._gram_memo = None  # (idx, z, versions, T, attribute rows or joint features) of the last gram or sqnorm
         self._T_memo = []  # (idx, its version, T) of the last few index tensors (`_batch_T`, `block_index`)
 
     # -- parameters -----------------------------------------------------------------------------
@@ -149,10 +158,6 @@ class ChainProblem(DualProblem):
             self._remember_T(on_device, int(self._lengths_host[idx.cpu()].max()))
         return on_device
 
-    def _token_mask(self, idx: torch.Tensor, T: int) -> torch.Tensor:
-        """``(B, T)`` bool: position t is inside sequence ``idx[b]``."""
-        return torch.arange(T, device=self.device).unsqueeze(0) < self.lengths[idx].unsqueeze(1)
-
     def _x(self, idx: torch.Tensor, T: int):
         if self.sparse:
             return self.x[idx][:, :T]
@@ -162,17 +167,8 @@ class ChainProblem(DualProblem):
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> ChainPotentials:
         T = self._batch_T(idx)
         E = self._part(w, "emission")
-        if self.sparse:
-            # one bag per real token (padding positions stay 0); absent attributes weigh 0
-            x, B = self._x(idx, T), idx.shape[0]
-            tokens = self._token_mask(idx, T)
-            ids = x.ids[tokens]
-            wt = (ids >= 0).to(self.dtype)
-            if x.values is not None:
-                wt = wt * x.values[tokens]
-            unary = E.new_zeros(B, T, self.K)
-            unary[tokens] = torch.nn.functional.embedding_bag(ids.clamp_min(0), E, per_sample_weights=wt,
-                                                              mode="sum")
+        if self.sparse:  # read from the data set's attributes in place (padding positions stay 0)
+            unary = self._sparse_unary(self.x.ids, self.x.values, idx, self.lengths, E, T)
         else:
             unary = self._x(idx, T) @ E
         bias = self._part(w, "bias")
@@ -256,43 +252,36 @@ class ChainProblem(DualProblem):
                 return Pa @ Pa.T
             return Pa @ self._joint_features(idx_b, z_b, T).T
         # factored: no (B, D K) vectors (sparse_gram.py)
-        ua, ta, sa, ea = self._split(z_a, T)
-        ub, tb, sb, eb = (ua, ta, sa, ea) if same else self._split(z_b, T)
-        xa = self._x(idx_a, T)
+        ua = self._split(z_a, T)[0]
+        ub = ua if same else self._split(z_b, T)[0]
         if same:
-            rows = self._attribute_rows(xa.ids, xa.values, ua)
+            rows = self._attribute_rows(self.x.ids, self.x.values, ua, index=idx_a)
             # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
             self._gram_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
-            G = self._sparse_gram(xa.ids, xa.values, ua, rows=rows)
+            G = self._sparse_gram(self.x.ids, self.x.values, ua, rows=rows)
         else:
-            xb, Ba = self._x(idx_b, T), ua.shape[0]
+            xa, xb, Ba = self._x(idx_a, T), self._x(idx_b, T), ua.shape[0]
             vals = None if xa.values is None else torch.cat([xa.values, xb.values])
             G = self._sparse_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
-        G = G + ta.flatten(1) @ tb.flatten(1).T
+        G = G + z_a[:, self._tail] @ z_b[:, self._tail].T  # transition, start and end: one product
         if "bias" in self._slices:
             G = G + ua.sum(1) @ ub.sum(1).T
-        if "start" in self._slices:
-            G = G + sa @ sb.T
-        if "end" in self._slices:
-            G = G + ea @ eb.T
         return G
 
     def sqnorm(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = self._batch_T(idx)
-        u, t, s, e = self._split(z, T)
+        u = self._split(z, T)[0]
         if self.sparse:
-            x = self._x(idx, T)
-            out = sparse_emission_sqnorm(x.ids, x.values, u, rows=self._attribute_rows(x.ids, x.values, u))
+            rows = self._attribute_rows(self.x.ids, self.x.values, u, index=idx)
+            self._gram_memo = (idx, z, (idx._version, z._version), T, rows)  # for `accumulate`, as `gram`'s
+            out = sparse_emission_sqnorm(self.x.ids, self.x.values, u, rows=rows)
         else:
             E = self._emission(idx, u, T)
             out = (E * E).sum(1)
-        out = out + (t * t).sum((1, 2))
+        tail = z[:, self._tail]  # transition, start and end
+        out = out + (tail * tail).sum(1)
         if "bias" in self._slices:
             out = out + (u.sum(1) ** 2).sum(1)
-        if "start" in self._slices:
-            out = out + (s * s).sum(1)
-        if "end" in self._slices:
-            out = out + (e * e).sum(1)
         return out
 
     def accumulate(self, w: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, coef: torch.Tensor) -> None:
@@ -304,25 +293,32 @@ class ChainProblem(DualProblem):
             w.addmv_(memo.T, coef)
             return
         E = self._part(w, "emission")
-        zc = z * coef.unsqueeze(1)
-        u, t, s, e = self._split(zc, T)
-        if memo is not None:  # the (block, attribute) rows `gram` built for this z: one per distinct pair
+        u = self._split(z, T)[0]
+        if memo is not None and self._add_rows is not None:  # the (block, attribute) rows `gram` built for this z
+            self._add_rows(E, memo, coef)
+        elif memo is not None:  # the same, one per distinct pair, in torch
             attr, row, V = memo
             E.index_add_(0, attr, V * coef[row].unsqueeze(1))
         elif not self.sparse:  # one product over every token of the batch (no (B, d) matrix: any batch size)
-            E.add_(self._x(idx, T).reshape(-1, self.D).T @ u.reshape(-1, self.K))
+            uc = u * coef.view(-1, 1, 1)
+            E.add_(self._x(idx, T).reshape(-1, self.D).T @ uc.reshape(-1, self.K))
         else:  # one row per present token attribute
+            uc = u * coef.view(-1, 1, 1)
             x = self._x(idx, T)
             ids = x.ids.reshape(-1)
-            flat = ((x.ids >= 0) & (u != 0).any(2).unsqueeze(2)).reshape(-1).nonzero().squeeze(1)
-            vals = u.reshape(-1, self.K).index_select(0, flat // x.ids.shape[2])
+            flat = ((x.ids >= 0) & (uc != 0).any(2).unsqueeze(2)).reshape(-1).nonzero().squeeze(1)
+            vals = uc.reshape(-1, self.K).index_select(0, flat // x.ids.shape[2])
             if x.values is not None:
                 vals = vals * x.values.reshape(-1)[flat].unsqueeze(1)
             E.index_add_(0, ids[flat], vals)
-        self._part(w, "transition").add_(t.sum(0))
-        for name, part in (("bias", u.sum((0, 1))), ("start", s.sum(0)), ("end", e.sum(0))):
-            if name in self._slices:
-                self._part(w, name).add_(part)
+        tail = z[:, self._tail].T @ coef  # transition, start and end: one product
+        KK = self.K * self.K
+        self._part(w, "transition").view(-1).add_(tail[:KK])
+        if "start" in self._slices:
+            lo, hi = self._slices["start"][0], self._slices["end"][1]
+            w[lo:hi].add_(tail[KK:])
+        if "bias" in self._slices:
+            self._part(w, "bias").add_(u.sum(1).T @ coef)
 
     def _gram_memo_for(self, idx: torch.Tensor, z: torch.Tensor, T: int):
         """The attribute rows (sparse) or joint features (dense) of the last `gram` if it was called on these very,

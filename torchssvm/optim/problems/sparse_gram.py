@@ -29,16 +29,23 @@ import torch
 _PAIR_CHUNK_ELEMENTS = 1 << 23
 
 
-def attribute_rows(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor):
+def attribute_rows(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
+                   index: Optional[torch.Tensor] = None):
     """The distinct (block, attribute) pairs of a batch and their rows ``V``.
 
     Args:
         ids: ``(R, T, A)`` long attribute ids, ``-1`` for absent (padding).
         values: ``(R, T, A)`` float attribute values, or None for all ones.
         u: ``(R, T, K)`` float, the per-token vectors (unary part of the block vectors).
+        index: ``(R,)`` or None: ``ids`` and ``values`` are then a data set's ``(n, T', A)`` arrays (``T' >= T``)
+            and block ``r`` is their row ``index[r]``.
 
     Returns ``(attr (P,), row (P,), V (P, K))`` sorted by attribute then block.
     """
+    if index is not None:
+        T = u.shape[1]
+        ids = ids[index][:, :T]
+        values = None if values is None else values[index][:, :T]
     R, T, A = ids.shape
     K = u.shape[2]
     # only tokens whose vector is nonzero contribute (few in a FW direction: positions where labellings differ)
@@ -56,15 +63,16 @@ def attribute_rows(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.T
 
 
 def sparse_emission_gram(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
-                         dense_min: Optional[int] = None, rows=None) -> torch.Tensor:
+                         dense_min: Optional[int] = None, rows=None, index: Optional[torch.Tensor] = None
+                         ) -> torch.Tensor:
     """``G (R, R)`` with ``G_rs = <E_r, E_s>`` (see the module docstring; same arguments as
     `attribute_rows`). ``dense_min``: attributes carried by at least this many blocks go through the
     dense product (default ``max(2, R // 8)``). ``rows``: the output of `attribute_rows` for these
     arguments, if the caller already has it."""
-    R = ids.shape[0]
+    R = u.shape[0]
     if dense_min is None:
         dense_min = max(2, R // 8)
-    attr, row, V = attribute_rows(ids, values, u) if rows is None else rows
+    attr, row, V = attribute_rows(ids, values, u, index) if rows is None else rows
     K = V.shape[1]
     G = torch.zeros(R, R, dtype=u.dtype, device=u.device)
     if attr.numel() == 0:
@@ -111,8 +119,9 @@ def _pairs_into(G, row, V, counts, per_entry, shared):
 
 
 def sparse_emission_sqnorm(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
-                           rows=None) -> torch.Tensor:
-    """``(R,)``: ``||E_r||^2``, the diagonal of `sparse_emission_gram` (no block pairs); ``rows`` as there."""
-    _, row, V = attribute_rows(ids, values, u) if rows is None else rows
-    out = torch.zeros(ids.shape[0], dtype=u.dtype, device=u.device)
+                           rows=None, index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(R,)``: ``||E_r||^2``, the diagonal of `sparse_emission_gram` (no block pairs); ``rows`` and ``index`` as
+    there."""
+    _, row, V = attribute_rows(ids, values, u, index) if rows is None else rows
+    out = torch.zeros(u.shape[0], dtype=u.dtype, device=u.device)
     return out.index_add_(0, row, (V * V).sum(1))

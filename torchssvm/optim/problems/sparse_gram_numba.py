@@ -20,13 +20,17 @@ from ...kernels._numba import jit as _jit
 
 
 @_jit()
-def _entries(ids, values, has_values, u):
-    """The token attributes whose token vector is nonzero: keys ``attr * R + block``, token index, value."""
-    R, T, A = ids.shape
-    K = u.shape[2]
+def _entries(ids, values, has_values, index, u):
+    """The token attributes whose token vector is nonzero, block by block in token order: attribute, block, token
+    index (into ``u``'s ``(R T)`` tokens) and value; block ``r`` reads row ``index[r]`` of ``ids`` and ``values``.
+    Also returns the largest attribute (-1 without entries)."""
+    R, T, K = u.shape
+    A = ids.shape[2]
     n = 0
+    top = -1
     nonzero = np.zeros(R * T, dtype=np.bool_)
     for r in range(R):
+        i = index[r]
         for t in range(T):
             for k in range(K):
                 if u[r, t, k] != 0:
@@ -34,44 +38,63 @@ def _entries(ids, values, has_values, u):
                     break
             if nonzero[r * T + t]:
                 for a in range(A):
-                    if ids[r, t, a] >= 0:
+                    if ids[i, t, a] >= 0:
                         n += 1
-    keys = np.empty(n, dtype=np.int64)
+                        top = max(top, ids[i, t, a])
+    attr = np.empty(n, dtype=np.int64)
+    block = np.empty(n, dtype=np.int64)
     token = np.empty(n, dtype=np.int64)
     val = np.empty(n, dtype=u.dtype)
-    i = 0
+    e = 0
     for r in range(R):
+        i = index[r]
         for t in range(T):
             if nonzero[r * T + t]:
                 for a in range(A):
-                    if ids[r, t, a] >= 0:
-                        keys[i] = ids[r, t, a] * R + r
-                        token[i] = r * T + t
-                        val[i] = values[r, t, a] if has_values else 1.0
-                        i += 1
-    return keys, token, val
+                    if ids[i, t, a] >= 0:
+                        attr[e] = ids[i, t, a]
+                        block[e] = r
+                        token[e] = r * T + t
+                        val[e] = values[i, t, a] if has_values else 1.0
+                        e += 1
+    return attr, block, token, val, top
 
 
 @_jit()
-def _rows(keys, token, val, has_values, u_flat, R):
-    """``(attr, row, V)`` of the distinct keys, sorted, each row summed in token order."""
-    order = np.argsort(keys, kind="mergesort")  # stable: the entries of one key stay in token order
-    n = keys.shape[0]
+def _rows(attr, block, token, val, top, has_values, u_flat):
+    """``(attr, row, V)`` of the distinct (attribute, block) keys, sorted, each row summed in token order.
+
+    The entries come block by block in token order, so a stable sort on the attribute alone orders them by
+    attribute, then block, then token: the order of a stable sort on ``attr * R + block``. A counting sort (linear
+    in the entries and the largest attribute) where the entries are many, a merge sort where they are few."""
+    n = attr.shape[0]
     K = u_flat.shape[1]
+    if n * 16 < top:  # few entries (a small batch) over many attributes: a comparison sort, also stable
+        order = np.argsort(attr, kind="mergesort")
+    else:
+        start = np.zeros(top + 2, dtype=np.int64)
+        for e in range(n):
+            start[attr[e] + 1] += 1
+        for a in range(top + 1):
+            start[a + 1] += start[a]
+        order = np.empty(n, dtype=np.int64)
+        for e in range(n):
+            order[start[attr[e]]] = e
+            start[attr[e]] += 1
     P = 0
     for i in range(n):
-        if i == 0 or keys[order[i]] != keys[order[i - 1]]:
+        if i == 0 or attr[order[i]] != attr[order[i - 1]] or block[order[i]] != block[order[i - 1]]:
             P += 1
-    attr = np.empty(P, dtype=np.int64)
+    out_attr = np.empty(P, dtype=np.int64)
     row = np.empty(P, dtype=np.int64)
     V = np.zeros((P, K), dtype=u_flat.dtype)
     p = -1
     for i in range(n):
         e = order[i]
-        if i == 0 or keys[e] != keys[order[i - 1]]:
+        if i == 0 or attr[e] != attr[order[i - 1]] or block[e] != block[order[i - 1]]:
             p += 1
-            attr[p] = keys[e] // R
-            row[p] = keys[e] % R
+            out_attr[p] = attr[e]
+            row[p] = block[e]
         tk = token[e]
         if has_values:
             for k in range(K):
@@ -79,15 +102,27 @@ def _rows(keys, token, val, has_values, u_flat, R):
         else:
             for k in range(K):
                 V[p, k] += u_flat[tk, k]
-    return attr, row, V
+    return out_attr, row, V
+
+
+@_jit()
+def _add_rows(E, attr, row, V, coef):
+    """``E[attr[p]] += V[p] coef[row[p]]`` in the order of ``p`` (that of ``index_add_``)."""
+    for p in range(attr.shape[0]):
+        c = coef[row[p]]
+        a = attr[p]
+        for k in range(V.shape[1]):
+            E[a, k] += V[p, k] * c
 
 
 @_jit()
 def _rare_pairs(attr, row, V, dense_min, G):
     """``G[r, s] += <V_i, V_j>`` for the entries ``i, j`` (blocks ``r, s``) of each attribute carried by fewer than
-    ``dense_min`` blocks, the diagonal included; returns, per entry, whether its attribute is dense."""
+    ``dense_min`` blocks, the diagonal included. Returns, per entry, the column of its attribute among the dense
+    ones (-1 for a rare attribute), and the number of dense attributes."""
     P, K = V.shape
-    dense = np.zeros(P, dtype=np.bool_)
+    column = np.full(P, -1, dtype=np.int64)
+    F = 0
     start = 0
     while start < P:
         end = start + 1
@@ -95,59 +130,99 @@ def _rare_pairs(attr, row, V, dense_min, G):
             end += 1
         if end - start >= dense_min:
             for i in range(start, end):
-                dense[i] = True
-        else:
+                column[i] = F
+            F += 1
+        else:  # each pair once: <V_i, V_j> and <V_j, V_i> are the same products summed in the same order
             for i in range(start, end):
-                for j in range(start, end):
+                for j in range(i, end):
                     d = V.dtype.type(0)
                     for k in range(K):
                         d += V[i, k] * V[j, k]
                     G[row[i], row[j]] += d
+                    if j != i:
+                        G[row[j], row[i]] += d
         start = end
-    return dense
+    return column, F
 
 
-def _check(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor) -> None:
+@_jit()
+def _dense_rows(row, V, column, Vd):
+    """``Vd[row[i], column[i]] = V[i]`` for the dense attributes' entries: the ``(R, F, K)`` layout of their
+    product."""
+    for i in range(V.shape[0]):
+        if column[i] >= 0:
+            for k in range(V.shape[1]):
+                Vd[row[i], column[i], k] = V[i, k]
+
+
+def _check(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor, index: Optional[torch.Tensor]):
     if u.device.type != "cpu" or u.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"the numba twin runs on CPU float32/float64 tensors, got u of {u.dtype} on {u.device}")
-    if ids.dim() != 3 or tuple(u.shape[:2]) != tuple(ids.shape[:2]):
+    if ids.dim() != 3 or u.dim() != 3:
         raise ValueError(f"ids must be (R, T, A) with u (R, T, K), got {tuple(ids.shape)} and {tuple(u.shape)}")
     if values is not None and values.shape != ids.shape:
         raise ValueError(f"values must have the shape of ids {tuple(ids.shape)}, got {tuple(values.shape)}")
+    if index is None:
+        if tuple(u.shape[:2]) != tuple(ids.shape[:2]):
+            raise ValueError(f"ids must be (R, T, A) with u (R, T, K), got {tuple(ids.shape)} and {tuple(u.shape)}")
+        return
+    if index.dim() != 1 or index.shape[0] != u.shape[0] or u.shape[1] > ids.shape[1]:
+        raise ValueError(f"with index (R,), u must be (R, T, K) with T <= ids.shape[1]; got index "
+                         f"{tuple(index.shape)}, u {tuple(u.shape)}, ids {tuple(ids.shape)}")
+    if index.numel() and not (0 <= int(index.min()) and int(index.max()) < ids.shape[0]):
+        raise ValueError(f"index must lie in [0, {ids.shape[0]}), got values in [{int(index.min())}, "
+                         f"{int(index.max())}]")
 
 
-def attribute_rows_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor):
+def attribute_rows_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
+                         index: Optional[torch.Tensor] = None):
     """Same contract and result as `sparse_gram.attribute_rows` (bitwise): ``(attr (P,), row (P,), V (P, K))`` sorted
-    by attribute then block."""
-    _check(ids, values, u)
-    R, T, _ = ids.shape
+    by attribute then block. With ``index``, ``ids`` and ``values`` are read in place (no gathered copy)."""
+    _check(ids, values, u, index)
+    R, T, _ = u.shape
+    if index is None:
+        index = torch.arange(R)
     uu = u.detach().contiguous()
     ids_np = ids.detach().to(torch.long).contiguous().numpy()
     vals = uu.new_zeros(1, 1, 1) if values is None else values.detach().to(u.dtype).contiguous()
-    keys, token, val = _entries(ids_np, vals.numpy(), values is not None, uu.numpy())
-    attr, row, V = _rows(keys, token, val, values is not None, uu.reshape(R * T, -1).numpy(), R)
+    attr, block, token, val, top = _entries(ids_np, vals.numpy(), values is not None,
+                                            index.to(torch.long).contiguous().numpy(), uu.numpy())
+    attr, row, V = _rows(attr, block, token, val, top, values is not None, uu.reshape(R * T, -1).numpy())
     return torch.from_numpy(attr), torch.from_numpy(row), torch.from_numpy(V)
 
 
 def sparse_emission_gram_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
-                               dense_min: Optional[int] = None, rows=None) -> torch.Tensor:
+                               dense_min: Optional[int] = None, rows=None,
+                               index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Same contract as `sparse_gram.sparse_emission_gram`; equal to it to rounding."""
-    _check(ids, values, u)
-    R = ids.shape[0]
+    R = u.shape[0]
     if dense_min is None:
-        dense_min = max(2, R // 8)
-    attr, row, V = attribute_rows_numba(ids, values, u) if rows is None else rows
+        dense_min = max(2, R // 4)
+    attr, row, V = attribute_rows_numba(ids, values, u, index) if rows is None else rows
     G = torch.zeros(R, R, dtype=u.dtype)
     if attr.numel() == 0:
         return G
     rare = torch.zeros(R, R, dtype=u.dtype)
-    dense = torch.from_numpy(_rare_pairs(attr.numpy(), row.numpy(), V.contiguous().numpy(), int(dense_min),
-                                         rare.numpy()))
-    if bool(dense.any()):  # the frequent attributes: one dense product, as the torch code
-        columns = torch.unique_consecutive(attr[dense], return_inverse=True)[1]
-        F, K = int(columns.max()) + 1, V.shape[1]
-        Vd = torch.zeros(R, F, K, dtype=V.dtype)
-        Vd[row[dense], columns] = V[dense]
-        Vd = Vd.view(R, F * K)
+    row_np, V_np = row.numpy(), V.contiguous().numpy()
+    column, F = _rare_pairs(attr.numpy(), row_np, V_np, int(dense_min), rare.numpy())
+    if F:  # the frequent attributes: one dense product, as the torch code
+        Vd = torch.zeros(R, F, V.shape[1], dtype=V.dtype)
+        _dense_rows(row_np, V_np, column, Vd.numpy())
+        Vd = Vd.view(R, -1)
         G += Vd @ Vd.T
     return G + rare
+
+
+def add_attribute_rows_numba(E: torch.Tensor, rows, coef: torch.Tensor) -> None:
+    """``E[attr[p]] += V[p] coef[row[p]]`` in place, for the rows ``(attr, row, V)`` of `attribute_rows`: the
+    emission part of ``w += Phi^T coef``. Bitwise equal to ``E.index_add_(0, attr, V * coef[row, None])``."""
+    attr, row, V = rows
+    if not (E.is_contiguous() and E.device.type == "cpu" and E.dtype == V.dtype == coef.dtype):
+        raise ValueError(f"E must be a contiguous CPU tensor of V's and coef's dtype, got E {E.dtype} on {E.device}, "
+                         f"V {V.dtype}, coef {coef.dtype}")
+    if attr.numel():
+        if int(attr[-1]) >= E.shape[0] or int(row.max()) >= coef.shape[0]:  # attr is sorted: its last is its max
+            raise ValueError(f"the rows name attribute {int(attr[-1])} and block {int(row.max())}, outside E "
+                             f"{tuple(E.shape)} or coef {tuple(coef.shape)}")
+        _add_rows(E.detach().numpy(), attr.numpy(), row.numpy(), V.contiguous().numpy(),
+                  coef.detach().contiguous().numpy())
