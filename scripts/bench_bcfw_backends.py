@@ -1,14 +1,15 @@
 """What the compiled kernels buy a BCFW pass: seconds per pass with ``backend="torch"`` against ``"auto"``.
 
 ``"auto"`` runs, on the CPU, the numba twins of the chain kernels (Viterbi, the scores of labellings and of
-marginals, the one-hot marginals; the rest of the step stays torch) and, on CUDA, the Triton kernels (the same and
-the step's other bookkeeping). Everything else is the same: data, seed, batch size, configuration. Two
-configurations on OCR-large (lambda 1e-3) and CoNLL-2000 chunking (1e-2): the paper's (uniform sampling, FW steps,
-no cache: every block visit decodes) and the time-to-gap one (gap sampling, pairwise steps, a cache of 10, an exact
-gap pass every 5 passes: most visits hit the cache). Each cell runs one warm-up pass, then ``--passes`` passes
-timed by the solver's own clock; torch and auto alternate twice and each keeps its faster run, so that a drift of
-the machine hits both. A second table times an exact duality gap pass (``duality_gap()``: n oracle calls, what
-certifies a gap) after one pass at B = 64.
+marginals, the one-hot marginals), of the sparse attributes' potentials, Gram rows and update of ``w``, and of the
+block step; the rest of the step (cache tests, the dense products, the small vector sums) stays torch. On CUDA it
+runs the Triton kernels (the chain kernels and the step's bookkeeping). Everything else is the same: data, seed,
+batch size, configuration. Two configurations on OCR-large (lambda 1e-3) and CoNLL-2000 chunking (1e-2): the paper's
+(uniform sampling, FW steps, no cache: every block visit decodes) and the time-to-gap one (gap sampling, pairwise
+steps, a cache of 10, an exact gap pass every 5 passes: most visits hit the cache). Each cell runs one warm-up pass,
+then ``--passes`` passes timed by the solver's own clock; torch and auto alternate twice and each keeps its faster
+run, so that a drift of the machine hits both. A second table times an exact duality gap pass (``duality_gap()``: n
+oracle calls, what certifies a gap) after one pass at B = 64.
 
 The duals reached are compared, not asserted: the compiled score sums run in a fixed order and torch's reductions
 in their own, so scores differ at rounding level, and the sampling and cache decisions, which compare scores, can

@@ -31,9 +31,9 @@ class ChainProblem(DualProblem):
         dataset: the training sequences (dense float features or `TokenFeatures`).
         structure: the task loss; default ``Chain(K)`` (Hamming normalized by length, as the papers).
         backend: the kernels' backend (`torchssvm.kernels`): ``"auto"`` runs the compiled twins (numba) of Viterbi,
-            the scores, the corners and the sparse Gram matrix on the CPU when numba imports, the Triton kernels on
-            CUDA; ``"torch"``, ``"triton"`` and ``"numba"`` force one (the slack oracle has no numba twin: it runs
-            under ``"auto"`` then).
+            the scores, the corners, the sparse potentials, Gram rows and update of w on the CPU when numba
+            imports, the Triton kernels on CUDA; ``"torch"``, ``"triton"`` and ``"numba"`` force one (the slack
+            oracle has no numba twin: it runs under ``"auto"`` then).
     """
 
     def __init__(self, model: LinearChainModel, dataset: SequenceDataset, structure: Optional[Chain] = None,
