@@ -102,7 +102,7 @@ def report(results: dict, out: Path) -> None:
                 targets.append(f"- {name}: B = 64 gap after 20 passes / B = 1's = "
                                f"{'-' if ratio is None else f'{ratio:.2f}'} (target <= 1.5: "
                                f"{'met' if ratio is not None and ratio <= 1.5 else 'not met'}); seconds per pass "
-                               f"{speed:.1f}x lower (target >= 10x: {'met' if speed >= 10 else 'not met'}).")
+                               f"{speed:.2f}x lower (target >= 10x: {'met' if speed >= 10 else 'not met'}).")
         style_gap_axes(axes)
         fig.suptitle(f"{name}, lambda = {lam:g}: BCFW by batch size ({meta['device']})")
         fig.tight_layout()
