@@ -64,7 +64,8 @@ _NO_FLOATS, _NO_LONGS = np.zeros(1), np.zeros(1, dtype=np.int64)
 _NO_ALPHA, _NO_VALID = np.zeros((1, 1)), np.zeros(1, dtype=np.bool_)
 
 
-def _np(t: Optional[torch.Tensor], dtype: torch.dtype, absent: np.ndarray) -> np.ndarray:
+def _np(t: Optional[torch.Tensor], dtype: torch.dtype, absent: Optional[np.ndarray] = None) -> np.ndarray:
+    """``t`` as a contiguous array of ``dtype``; ``absent`` stands in for an optional argument left out."""
     return absent if t is None else t.to(dtype).contiguous().numpy()
 
 
@@ -86,9 +87,8 @@ def apply_block_step_numba(z: torch.Tensor, ell: torch.Tensor, idx: torch.Tensor
         raise ValueError(f"z must be (n, {M}) with zi ({B}, {M}), ell (n,) and alpha (n, C), got z "
                          f"{tuple(z.shape)}, zi {tuple(zi.shape)}, ell {tuple(ell.shape)}")
     f64, i64 = torch.float64, torch.long
-    code = _block_step(z.numpy(), ell.numpy(), _np(idx, i64, _NO_LONGS), _np(zi, f64, _NO_ALPHA),
-                       _np(ell_i, f64, _NO_FLOATS), _np(gamma, f64, _NO_FLOATS), _np(direction, f64, _NO_ALPHA),
-                       _np(d_ell, f64, _NO_FLOATS), _NO_ALPHA if alpha is None else alpha.numpy(),
+    code = _block_step(z.numpy(), ell.numpy(), _np(idx, i64), _np(zi, f64), _np(ell_i, f64), _np(gamma, f64),
+                       _np(direction, f64), _np(d_ell, f64), _NO_ALPHA if alpha is None else alpha.numpy(),
                        _np(alpha_valid, torch.bool, _NO_VALID), _np(s_slot, i64, _NO_LONGS),
                        _np(away, i64, _NO_LONGS), _np(upper, f64, _NO_FLOATS), _np(kind, i64, _NO_LONGS),
                        STEP_TYPES.index(step), alpha is not None)

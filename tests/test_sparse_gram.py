@@ -173,8 +173,10 @@ def test_numba_update_of_w_equals_index_add():
     coef = torch.rand(9, generator=g, dtype=torch.float64)
     E = torch.randn(D, 3, generator=g, dtype=torch.float64)
     expected = E.clone().index_add_(0, rows[0], rows[2] * coef[rows[1]].unsqueeze(1))
+    E_torch = E.clone()
+    sparse_gram.add_attribute_rows(E_torch, rows, coef)
     add_attribute_rows_numba(E, rows, coef)
-    assert torch.equal(E, expected)  # the same products, added in the same order
+    assert torch.equal(E, expected) and torch.equal(E_torch, expected)  # the same products, in the same order
     with pytest.raises(ValueError, match="outside E"):
         add_attribute_rows_numba(E[: int(rows[0].max())].clone(), rows, coef)
     with pytest.raises(ValueError, match="dtype"):

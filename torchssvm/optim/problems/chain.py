@@ -19,7 +19,7 @@ from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve
 from ...models import LinearChainModel, TokenFeatures
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
-from .sparse_gram import attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
+from .sparse_gram import add_attribute_rows, attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
 from .sparse_gram_numba import add_attribute_rows_numba, attribute_rows_numba, sparse_emission_gram_numba
 from .sparse_unary import sparse_unary
 from .sparse_unary_numba import sparse_unary_numba
@@ -65,7 +65,7 @@ class ChainProblem(DualProblem):
         self._sparse_unary = sparse_unary_numba if compiled else sparse_unary
         self._attribute_rows = attribute_rows_numba if compiled else attribute_rows
         self._sparse_gram = sparse_emission_gram_numba if compiled else sparse_emission_gram
-        self._add_rows = add_attribute_rows_numba if compiled else None
+        self._add_rows = add_attribute_rows_numba if compiled else add_attribute_rows
         self.K, self.D = model.num_labels, model.num_features
         self.sparse = model.sparse
         self.n = len(dataset)
@@ -294,11 +294,8 @@ class ChainProblem(DualProblem):
             return
         E = self._part(w, "emission")
         u = self._split(z, T)[0]
-        if memo is not None and self._add_rows is not None:  # the (block, attribute) rows `gram` built for this z
+        if memo is not None:  # the (block, attribute) rows `gram` or `sqnorm` built for this z
             self._add_rows(E, memo, coef)
-        elif memo is not None:  # the same, one per distinct pair, in torch
-            attr, row, V = memo
-            E.index_add_(0, attr, V * coef[row].unsqueeze(1))
         elif not self.sparse:  # one product over every token of the batch (no (B, d) matrix: any batch size)
             uc = u * coef.view(-1, 1, 1)
             E.add_(self._x(idx, T).reshape(-1, self.D).T @ uc.reshape(-1, self.K))

@@ -125,3 +125,10 @@ def sparse_emission_sqnorm(ids: torch.Tensor, values: Optional[torch.Tensor], u:
     _, row, V = attribute_rows(ids, values, u, index) if rows is None else rows
     out = torch.zeros(u.shape[0], dtype=u.dtype, device=u.device)
     return out.index_add_(0, row, (V * V).sum(1))
+
+
+def add_attribute_rows(E: torch.Tensor, rows, coef: torch.Tensor) -> None:
+    """``E[attr[p]] += V[p] coef[row[p]]`` in place, for the rows ``(attr, row, V)`` of `attribute_rows`: the emission
+    part of ``w += Phi^T coef``, one row per distinct (block, attribute) pair."""
+    attr, row, V = rows
+    E.index_add_(0, attr, V * coef[row].unsqueeze(1))

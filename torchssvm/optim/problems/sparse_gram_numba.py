@@ -198,7 +198,9 @@ def attribute_rows_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: t
 def sparse_emission_gram_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: torch.Tensor,
                                dense_min: Optional[int] = None, rows=None,
                                index: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Same contract as `sparse_gram.sparse_emission_gram`; equal to it to rounding."""
+    """Same contract as `sparse_gram.sparse_emission_gram`; equal to it to rounding. The default ``dense_min`` is
+    ``max(2, R // 4)``, not ``R // 8``: the compiled pair loop is cheaper than torch's gathered pairs, so fewer
+    attributes pay for the dense product (3% of a CoNLL pass at B = 64 on the development VM)."""
     R = u.shape[0]
     if dense_min is None:
         dense_min = max(2, R // 4)
@@ -218,8 +220,8 @@ def sparse_emission_gram_numba(ids: torch.Tensor, values: Optional[torch.Tensor]
 
 
 def add_attribute_rows_numba(E: torch.Tensor, rows, coef: torch.Tensor) -> None:
-    """``E[attr[p]] += V[p] coef[row[p]]`` in place, for the rows ``(attr, row, V)`` of `attribute_rows`: the
-    emission part of ``w += Phi^T coef``. Bitwise equal to ``E.index_add_(0, attr, V * coef[row, None])``."""
+    """`sparse_gram.add_attribute_rows` (same arguments, in place), bitwise: the same products, added in the same
+    order."""
     attr, row, V = rows
     if not (E.is_contiguous() and E.device.type == "cpu" and E.dtype == V.dtype == coef.dtype):
         raise ValueError(f"E must be a contiguous CPU tensor of V's and coef's dtype, got E {E.dtype} on {E.device}, "
