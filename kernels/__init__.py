@@ -203,21 +203,28 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
 
 
 @torch.no_grad()
-def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto"):
+def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto",
+                    subtract=None):
     """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
-    `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal)."""
+    `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal). ``subtract``
+    ``(B, m)`` of ``dtype``: the result minus it (the numba twin does it in the same pass; the FW direction of
+    BCFW)."""
+    if subtract is not None and subtract.dtype != dtype:
+        raise ValueError(f"subtract must be of dtype {dtype}, got {subtract.dtype}")
     be = resolve_backend(backend, labels.device, has_numba=True)
     if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES:
         be = "torch"
-    if be == "triton":
-        from .chain_marginals_triton import chain_marginals_triton
-
-        return chain_marginals_triton(labels, lengths, num_labels, minus, dtype)
     if be == "numba":
         from .chain_marginals_numba import chain_marginals_numba
 
-        return chain_marginals_numba(labels, lengths, num_labels, minus, dtype)
-    return chain_marginals_torch(labels, lengths, num_labels, minus, dtype)
+        return chain_marginals_numba(labels, lengths, num_labels, minus, dtype, subtract)
+    if be == "triton":
+        from .chain_marginals_triton import chain_marginals_triton
+
+        out = chain_marginals_triton(labels, lengths, num_labels, minus, dtype)
+    else:
+        out = chain_marginals_torch(labels, lengths, num_labels, minus, dtype)
+    return out if subtract is None else out - subtract
 
 
 @torch.no_grad()

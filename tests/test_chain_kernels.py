@@ -94,11 +94,17 @@ def test_marginals_twin_is_the_structures_one_hot_counts(minus):
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=needs_triton()),
-                                     pytest.param("numba", marks=needs_numba())])
+                                     pytest.param("numba", marks=needs_numba()),
+                                     pytest.param("numba-threads", marks=needs_numba())])
 @pytest.mark.parametrize("T", [1, 5, 33])
-def test_compiled_kernels_match_their_twins(T, backend):
+def test_compiled_kernels_match_their_twins(T, backend, monkeypatch):
     """The Triton kernels and the numba twins against the torch twins: scores equal to rounding (float64 and
-    float32), counts bitwise."""
+    float32), counts bitwise (also with the rows on threads, as for a large batch)."""
+    if backend == "numba-threads":
+        from torchssvm.kernels import chain_marginals_numba
+
+        monkeypatch.setattr(chain_marginals_numba, "_PARALLEL_MIN_WORK", 0)
+        backend = "numba"
     g = torch.Generator().manual_seed(T)
     B, C, K = 9, 4, 5
     lengths = _lengths(B, T, g)
@@ -124,10 +130,15 @@ def test_compiled_kernels_match_their_twins(T, backend):
         assert got32.dtype == torch.float32
         torch.testing.assert_close(got32, chain_inner(*th32, z32, backend="torch"), rtol=1e-5, atol=1e-5)
     y, y2 = _labellings(B, 2, T, K, lengths, g).unbind(1)
+    z = _flat_marginals(B, T, K, g)
+    z[:, ::3] = 0.0  # with exact zeros, where the count is zero and where it is not
     for minus in (None, y2):  # counts: the same floats in any order of the adds
         for dtype in (torch.float64, torch.float32):
-            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend=backend),
-                               chain_marginals(y, lengths, K, minus, dtype, backend="torch"))
+            ref = chain_marginals(y, lengths, K, minus, dtype, backend="torch")
+            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend=backend), ref)
+            # the FW direction m(y) - m(y') - z in one pass: the same floats as the subtraction after the counts
+            zd = z.to(dtype)
+            assert torch.equal(chain_marginals(y, lengths, K, minus, dtype, backend=backend, subtract=zd), ref - zd)
 
 
 @needs_triton()
@@ -231,6 +242,11 @@ def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
                            chain_marginals(y[:, 0], lengths, K, minus, backend="torch"))
     with pytest.raises(ValueError, match="minus"):
         chain_marginals_numba(y[:, 0], lengths, K, y[:, 1, :T - 1])
+    for bad in (torch.zeros(B, T * K, dtype=torch.float64), torch.zeros(B, T * K + K * K + 2 * K)):  # float32
+        with pytest.raises(ValueError, match="subtract must be"):
+            chain_marginals_numba(y[:, 0], lengths, K, subtract=bad)
+    with pytest.raises(ValueError, match="subtract must be of dtype"):
+        chain_marginals(y[:, 0], lengths, K, subtract=torch.zeros(B, T * K + K * K + 2 * K), backend="torch")
     with pytest.raises(ValueError, match="num_labels"):
         chain_marginals_numba(torch.full((1, 2), -1), torch.tensor([2]), 0)
     with pytest.raises(ValueError, match="K >= 1"):

@@ -578,14 +578,21 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton()),
-                                     pytest.param("numba", marks=needs_numba())])
+                                     pytest.param("numba", marks=needs_numba()),
+                                     pytest.param("numba-threads", marks=needs_numba())])
 @pytest.mark.parametrize("step", ["fw", "pairwise", "away"])
-def test_batched_block_step_equals_block_by_block(step, backend):
+def test_batched_block_step_equals_block_by_block(step, backend, monkeypatch):
     """`apply_block_step` (the end of a mini-batch step: z, l and the atoms' weights; on CUDA one Triton kernel, on
-    the CPU one numba loop) against the sequential solver's host loop, block by block, bitwise: FW steps past 1,
-    drop steps at the bound, zero steps, the FW atom equal to the away atom, and a block whose weights are no
-    longer valid."""
+    the CPU one numba loop, its blocks on threads for a large batch) against the sequential solver's host loop,
+    block by block, bitwise: FW steps past 1, drop steps at the bound, zero steps, the FW atom equal to the away
+    atom, and a block whose weights are no longer valid."""
     from torchssvm.kernels import apply_block_step
+
+    if backend == "numba-threads":  # this small batch on threads
+        from torchssvm.kernels import block_step_numba
+
+        monkeypatch.setattr(block_step_numba, "_PARALLEL_MIN_WORK", 0)
+        backend = "numba"
 
     F, L, y = random_table(n=16, seed=4)
     s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, step=step, cache_size=4, batch_size=1, seed=0)
@@ -669,6 +676,9 @@ def test_numba_block_step_checks_blocks_and_slots_before_writing():
     with pytest.raises(ValueError, match="atom slots"):
         apply_block_step_numba(*args, alpha, valid, "pairwise", torch.tensor([0, 1]), torch.tensor([2, 4]),
                                torch.ones(2, dtype=torch.float64))
+    twice = torch.tensor([4, 4])  # two loops would write one row (on threads: in either order)
+    with pytest.raises(ValueError, match="distinct"):
+        apply_block_step_numba(z, ell, twice, z[twice], ell[twice], *args[5:])
     assert all(torch.equal(a, b) for a, b in zip((z, ell, alpha), before))  # nothing was written
     with pytest.raises(ValueError, match="contiguous float64"):
         apply_block_step_numba(z.float(), *args[1:])

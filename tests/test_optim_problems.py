@@ -99,6 +99,11 @@ def test_chain_problem_products_match_explicit_features(kind):
     assert (p.max_loss(idx) >= loss - 1e-12).all()
     # a pairwise step's direction in one scatter: the same floats as the difference of the two corners
     assert torch.equal(p.corner_difference(idx, lab, labels), p.corner(idx, lab) - p.corner(idx, labels))
+    # a FW step's direction from a dual point in one pass (numba) or after the corner (torch): the same floats
+    zs = torch.rand(n, p.m, generator=g, dtype=torch.float64)
+    for backend in ("torch", "auto"):
+        q = ChainProblem(model, ds, backend=backend)
+        assert torch.equal(q.fw_direction(idx, lab, zs), q.corner(idx, lab) - zs)
 
 
 @pytest.mark.parametrize("kind", ["multilabel", "slack"])

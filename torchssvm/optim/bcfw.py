@@ -224,7 +224,7 @@ class BCFW(DualSolver):
                                             host_idx=host_idx)
         kind = None  # of an away step's blocks: 0 FW, 2 away
         if self.step_type == "fw":
-            direction = p.corner(idx, s_labels) - zi
+            direction = p.fw_direction(idx, s_labels, zi)
             d_ell = s_loss / n - ell_i
             c = (base + s_H) / n - ell_i  # the FW gap
             upper = torch.ones_like(c)
@@ -240,7 +240,7 @@ class BCFW(DualSolver):
                 g_fw, g_away = (base + s_H) / n - ell_i, ell_i - (base + away_H) / n
                 use_away = (g_away > g_fw) & (alpha_a < 1)  # |S_i| > 1 iff alpha(y_a) < 1
                 direction = torch.where(use_away.unsqueeze(1), zi - p.corner(idx, labels_a),
-                                        p.corner(idx, s_labels) - zi)
+                                        p.fw_direction(idx, s_labels, zi))
                 d_ell = torch.where(use_away, ell_i - loss_a / n, s_loss / n - ell_i)
                 c = torch.where(use_away, g_away, g_fw)
                 upper = torch.where(use_away, alpha_a / (1 - alpha_a).clamp_min(1e-300), 1.0)

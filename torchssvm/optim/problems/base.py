@@ -19,7 +19,8 @@ of example i. Solvers never build ``Phi_i``: they use the operations below, batc
 - ``labels_score(theta, idx, labels)``: ``<theta_i, m(y)>`` of ``(B, C, width)`` candidate labellings.
 - ``task_loss(idx, labels)``: ``L_i(y)`` of ``(B, C, width)`` labellings.
 - ``corner(idx, labels)``: ``m(y_i) - m(y)``, the block vector of the labelling (a simplex corner);
-  ``corner_difference(idx, labels, other)`` the difference of two corners (a pairwise step's direction).
+  ``corner_difference(idx, labels, other)`` the difference of two corners (a pairwise step's direction) and
+  ``fw_direction(idx, labels, z)`` = ``corner(idx, labels) - z`` (a FW step's).
 - ``inner(theta, z)``, ``gram(idx_a, z_a, idx_b, z_b)`` = ``<Phi_a z_a, Phi_b z_b>`` and ``sqnorm``.
 - ``accumulate(w, idx, z, coef)``: ``w += sum_b coef_b Phi_b z_b`` in place.
 - ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
@@ -92,6 +93,11 @@ class DualProblem:
         """``corner(idx, labels) - corner(idx, other)`` ``(B, m)``; problems whose marginals are exact counts
         override it with the one product ``m(other) - m(labels)``."""
         return self.corner(idx, labels) - self.corner(idx, other)
+
+    def fw_direction(self, idx: torch.Tensor, labels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``corner(idx, labels) - z`` ``(B, m)``, the FW direction from the blocks' ``z (B, m)``; problems may
+        build it in one pass (the same floats)."""
+        return self.corner(idx, labels) - z
 
     def inner(self, theta, z: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
