@@ -26,15 +26,15 @@ from .block_step_torch import STEP_TYPES
 def _check_blocks(n, idx, C, s_slot, away, step, has_alpha):
     """0, or 1 for a block outside ``z``, 2 for an atom slot outside ``alpha``, 3 for a block given twice (the
     blocks' loops then write the same row): checked before anything is written, as the writes are not."""
-    seen = np.zeros(n, dtype=np.bool_)
     for b in range(idx.shape[0]):
         if idx[b] < 0 or idx[b] >= n:
             return 1
         if has_alpha and (s_slot[b] < 0 or s_slot[b] >= C or (step != 0 and (away[b] < 0 or away[b] >= C))):
             return 2
-        if seen[idx[b]]:
+    ordered = np.sort(idx)  # O(B log B), whatever the number of blocks n
+    for b in range(1, ordered.shape[0]):
+        if ordered[b] == ordered[b - 1]:
             return 3
-        seen[idx[b]] = True
     return 0
 
 
