@@ -34,3 +34,12 @@ def set_threads() -> None:
     import torch
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def serial_or_parallel(serial, parallel, batch: int, work: int, min_work: int):
+    """``parallel`` (its threads set by `set_threads`) for a batch of more than one item with at least ``min_work``
+    work, else ``serial``: below that, starting the threads costs more than they save."""
+    if batch > 1 and work >= min_work:
+        set_threads()
+        return parallel
+    return serial

@@ -126,9 +126,7 @@ def apply_block_step_numba(z: torch.Tensor, ell: torch.Tensor, idx: torch.Tensor
         raise ValueError(f"z must be (n, {M}) with zi ({B}, {M}), ell (n,) and alpha (n, C), got z "
                          f"{tuple(z.shape)}, zi {tuple(zi.shape)}, ell {tuple(ell.shape)}")
     f64, i64 = torch.float64, torch.long
-    fn = _block_step_parallel if B > 1 and B * M >= _PARALLEL_MIN_WORK else _block_step
-    if fn is _block_step_parallel:
-        _numba.set_threads()
+    fn = _numba.serial_or_parallel(_block_step, _block_step_parallel, B, B * M, _PARALLEL_MIN_WORK)
     code = fn(z.numpy(), ell.numpy(), _np(idx, i64), _np(zi, f64), _np(ell_i, f64), _np(gamma, f64),
               _np(direction, f64), _np(d_ell, f64), _NO_ALPHA if alpha is None else alpha.numpy(),
               _np(alpha_valid, torch.bool, _NO_VALID), _np(s_slot, i64, _NO_LONGS), _np(away, i64, _NO_LONGS),

@@ -105,9 +105,7 @@ def chain_marginals_numba(labels: torch.Tensor, lengths: torch.Tensor, num_label
     if subtract is not None and (tuple(subtract.shape) != (B, M) or subtract.dtype != dtype):
         raise ValueError(f"subtract must be ({B}, {M}) of {dtype}, got {tuple(subtract.shape)} of {subtract.dtype}")
     sub = out.numpy()[:1] if subtract is None else subtract.detach().contiguous().numpy()
-    fn = _marginals_parallel if B > 1 and B * M >= _PARALLEL_MIN_WORK else _marginals
-    if fn is _marginals_parallel:
-        _numba.set_threads()
+    fn = _numba.serial_or_parallel(_marginals, _marginals_parallel, B, B * M, _PARALLEL_MIN_WORK)
     if not fn(lab, mi, minus is not None, ln, K, sub, subtract is not None, out.numpy()):
         raise ValueError(f"labels must be < num_labels = {K}")
     return out

@@ -295,7 +295,6 @@ def _cooccurrence_tree(unary, weights, rest, cooc, child_scores, parent_scores, 
             types[i, e] = t
 
 
-
 def _params(f, *ps):
     return [p.detach().to(f.dtype).contiguous().numpy() for p in ps]
 

@@ -141,9 +141,7 @@ def viterbi_numba(
     zeros = unary.new_zeros(K)
     s = zeros if start is None else start.detach().contiguous()
     e = zeros if end is None else end.detach().contiguous()
-    fn = _viterbi_parallel if B > 1 and B * T * K * K >= _PARALLEL_MIN_WORK else _viterbi_serial
-    if fn is _viterbi_parallel:
-        _numba.set_threads()
+    fn = _numba.serial_or_parallel(_viterbi_serial, _viterbi_parallel, B, B * T * K * K, _PARALLEL_MIN_WORK)
     fn(unary.detach().contiguous().numpy(), trans.numpy(), s.numpy(), e.numpy(), ln, per_position,
        start is not None, end is not None, labels.numpy(), scores.numpy())
     return labels, scores

@@ -83,9 +83,7 @@ def sparse_unary_numba(ids: torch.Tensor, values: Optional[torch.Tensor], index:
     out = torch.zeros(B, T, K, dtype=E.dtype)
     vals = E.new_zeros(1, 1, 1) if values is None else values.detach().to(E.dtype).contiguous()
     codes = np.zeros(B, dtype=np.int64)
-    fn = _unary_parallel if B > 1 and B * T * ids.shape[2] * K >= _PARALLEL_MIN_WORK else _unary_serial
-    if fn is _unary_parallel:
-        _numba.set_threads()
+    fn = _numba.serial_or_parallel(_unary_serial, _unary_parallel, B, B * T * ids.shape[2] * K, _PARALLEL_MIN_WORK)
     fn(ids.detach().contiguous().numpy(), vals.numpy(), values is not None, index.to(torch.long).contiguous().numpy(),
        lengths.to(torch.long).contiguous().numpy(), E.detach().contiguous().numpy(), out.numpy(), codes)
     code = int(codes.max()) if B else 0
