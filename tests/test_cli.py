@@ -70,3 +70,32 @@ def test_train_rejects_a_bad_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             main(["train", "--passes", "1", "--device", "cuda", "--logdir", ""])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--batch-size", "0", "--solver", "torch"], "--batch-size must be >= 1, got 0"),
+    (["--passes", "0"], "--passes must be >= 1"),
+    (["--epochs", "0", "--solver", "torch"], "--epochs must be >= 1"),
+    (["--block-batch", "0"], "--block-batch must be >= 1"),
+    (["--cache-size", "-1"], "--cache-size must be >= 0"),
+    (["--lam", "-1", "--solver", "torch"], "--lam must be a finite number > 0"),
+    (["--lam", "nan"], "--lam must be"),
+    (["--lr", "0", "--solver", "torch"], "--lr must be"),
+    (["--gap-tol", "0"], "--gap-tol must be"),
+    (["--device", "meta"], "device must be 'cpu' or a CUDA device"),
+    (["--types", "3"], "--types is for --data pose"),
+    (["--num-train", "5"], "--num-train / --num-test is for --data pose"),
+    (["--no-positivity"], "--no-positivity is for --data pose"),
+    (["--solver", "torch", "--rescaling", "slack"], "--rescaling slack needs a dual solver on chain data"),
+    (["--solver", "torch", "--nonneg-transition"], "--nonneg-transition needs a dual solver"),
+    (["--data", "pose", "--rescaling", "slack"], "--rescaling slack needs a dual solver on chain data"),
+    (["--data", "pose", "--nonneg-transition"], "--nonneg-transition needs"),
+    (["--data", "pose", "--solver", "torch", "--no-positivity"], "--no-positivity needs a dual solver"),
+    (["--data", "pose", "--grid", "7"], "--grid must be >= 8"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+])
+def test_train_rejects_bad_or_ignored_flags(argv, match, capsys):
+    """Checked before any data are loaded or any training starts: nothing is printed."""
+    with pytest.raises(ValueError, match=match):
+        main(["train", "--logdir", "", *argv])
+    assert capsys.readouterr().out == ""

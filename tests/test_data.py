@@ -157,3 +157,23 @@ def test_libsvm_multilabel_parser_errors():
         parse_libsvm_multilabel(["5 1:1"], 3, 3)
     with pytest.raises(ValueError, match="line 2: feature id 4"):
         parse_libsvm_multilabel(["0 1:1", "1 4:1"], 3, 3)
+    for bad, match in [("0 1", "line 1: '1' is not a feature"), ("0 1:x", "not a feature"),
+                       ("0 1:1 1:5", "feature id 1 given twice"), ("0 2:nan", "non-finite"),
+                       ("a 1:1", "label 'a'")]:
+        with pytest.raises(ValueError, match=match):
+            parse_libsvm_multilabel([bad], 3, 3)
+
+
+def test_multilabel_dataset_indexing():
+    ds = ts.data.MultiLabelDataset(torch.arange(12.0).view(6, 2), torch.eye(6, 3, dtype=torch.long))
+    assert ds[2].x.tolist() == [[4.0, 5.0]] and ds[-1].x.tolist() == [[10.0, 11.0]]
+    assert torch.equal(ds[torch.tensor(2)].x, ds[2].x) and torch.equal(ds[np.int64(2)].x, ds[2].x)
+    for bad in (6, -7):
+        with pytest.raises(IndexError, match="out of range"):
+            ds[bad]
+    assert len(list(iter(ds))) == 6  # the sequence protocol ends at the first IndexError
+    assert ds[1:4].x.shape == (3, 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        next(ds.batches(0))
+    with pytest.raises(ValueError, match="batch_size"):
+        next(ts.data.synthetic_chain("train", 5, seed=0).batches(0))

@@ -129,6 +129,25 @@ def test_certificates_hold_for_every_search():
         assert bool((results[3].phi >= 0.999 * truth - 1e-12).all())
 
 
+@pytest.mark.parametrize("queue", ["fifo", "priority"])
+@pytest.mark.parametrize("tol", [0.5, 0.9])
+def test_angular_bound_stays_certified_when_tol_stops_early(queue, tol):
+    """A loose ``tol`` closes wedges unvisited; their bounds stay in the certificate: phi <= max <= bound and
+    phi >= tol * bound where tol stopped the search (these tables stop early in some rows at either tol)."""
+    for seed in range(6):
+        oracle = _random_table(64, 30, seed)
+        truth = _true_max(oracle)
+        r = angular_search(oracle, queue=queue, tol=tol)
+        assert bool((r.phi <= truth + 1e-12).all())
+        assert bool((r.bound >= truth - 1e-12).all())
+        assert bool((r.phi >= tol * r.bound - 1e-12).all())
+    # a 4-labelling table where tol = 0.9 closes the wedge holding the maximum (25) with the incumbent at 24
+    h = torch.tensor([[1.0, 4.0, 6.0, 5.0]], dtype=torch.float64)
+    g = torch.tensor([[0.0, 6.0, 2.0, 5.0]], dtype=torch.float64)
+    r = angular_search(TableOracle(h, g), queue=queue, tol=0.9)
+    assert float(r.bound) >= 25.0
+
+
 def test_searches_on_chains_against_the_exact_dp():
     g = torch.Generator().manual_seed(3)
     chain = ts.Chain(5)
@@ -184,6 +203,17 @@ def test_search_errors():
         binary_search(oracle, lam_min=2.0, lam_max=1.0)
     with pytest.raises(ValueError, match="xi"):
         golden_search(oracle, torch.tensor([-1.0, 0.0]))
+    for search in (bisecting_search, binary_search, lambda o, **kw: golden_search(o, torch.zeros(2), **kw)):
+        with pytest.raises(ValueError, match="max_calls"):
+            search(oracle, max_calls=0)
+    with pytest.raises(ValueError, match="max_calls"):
+        angular_search(oracle, max_calls=-1)
+    # calls counts this search's calls, also when the oracle is reused (its own total keeps running)
+    reused = _random_table(2, 3, 0)
+    first, second = bisecting_search(reused), bisecting_search(reused)
+    assert torch.equal(first.calls, second.calls) and torch.equal(reused.calls, first.calls + second.calls)
+    # one call allowed: exactly one made (golden's first point)
+    assert golden_search(_random_table(2, 3, 0), torch.zeros(2), max_calls=1).calls.tolist() == [1, 1]
     with pytest.raises(ValueError, match=">= 0"):
         TableOracle(torch.zeros(1, 2), -torch.ones(1, 2))
     with pytest.raises(NotImplementedError, match="constrained"):

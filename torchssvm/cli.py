@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Optional, Sequence
@@ -113,6 +114,8 @@ def _check_device(device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available on this machine")
     return dev
@@ -302,6 +305,8 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
         log_scalars(writer, {"loss": metrics["objective"], "lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, epoch,
                     "train")
         log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, epoch, "test")
+        log_scalars(writer, {"min_quadratic_weight": metrics["min_quadratic_weight"]}, epoch, "box")
+        log_scalars(writer, {"seconds": metrics["seconds"]}, epoch, "time")
         print(f"epoch {epoch:3d}  objective {metrics['objective']:.4f}  train LSP loss {tr['lsp_loss']:.4f}  "
               f"test LSP loss {te['lsp_loss']:.4f}  test PCK {te['pck']:.3f}  min w_quad "
               f"{metrics['min_quadratic_weight']:.2e}  ({metrics['seconds']:.1f}s)", file=out or sys.stdout, flush=True)
@@ -365,24 +370,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_args(args, name: str) -> None:
+    """Every numeric flag in its range, and no flag that the chosen data or solver would ignore (ValueError naming
+    the flag), before any data are loaded."""
+    at_least = {"--epochs": (args.epochs, 1), "--batch-size": (args.batch_size, 1), "--passes": (args.passes, 1),
+                "--block-batch": (args.block_batch, 1), "--gap-check-every": (args.gap_check_every, 1),
+                "--cache-size": (args.cache_size, 0), "--seed": (args.seed, 0)}
+    if args.command == "train":
+        at_least.update({"--min-count": (args.min_count, 1), "--grid": (args.grid, 8), "--types": (args.types, 1),
+                         "--limb-modes": (args.limb_modes, 1), "--num-train": (args.num_train, 1),
+                         "--num-test": (args.num_test, 1)})
+    for flag, (value, low) in at_least.items():
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    for flag, value in (("--lam", args.lam), ("--lr", args.lr), ("--gap-tol", args.gap_tol),
+                        ("--time-budget", args.time_budget)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a finite number > 0, got {value}")
+    _check_device(args.device)
+    dual = args.solver != "torch"
+    pose = name == "pose"
+    ignored = [("--rescaling slack", args.rescaling == "slack" and (pose or not dual),
+                "needs a dual solver on chain data"),
+               ("--nonneg-transition", args.nonneg_transition and (pose or not dual),
+                "needs a dual solver on chain data (pose has its own box, see --no-positivity)")]
+    if args.command == "train":
+        ignored += [("--types", args.types != 1 and not pose, "is for --data pose"),
+                    ("--no-positivity", args.no_positivity and not pose, "is for --data pose"),
+                    ("--limb-modes", args.limb_modes != 1 and not pose, "is for --data pose"),
+                    ("--num-train / --num-test", (args.num_train, args.num_test) != (None, None) and not pose,
+                     "is for --data pose (the other data sets have fixed splits)"),
+                    ("--types", args.types != 1 and not dual,
+                     "> 1 needs a dual solver (--solver bcfw, fw or ssg), not --solver torch"),
+                    ("--no-positivity", args.no_positivity and not dual,
+                     "needs a dual solver (--solver torch always projects w_xx, w_yy onto >= 0)"),
+                    ("--device", pose and not dual and torch.device(args.device).type != "cpu",
+                     "must be 'cpu' for --data pose --solver torch")]
+    for flag, bad, why in ignored:
+        if bad:
+            raise ValueError(f"{flag} {why}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         name, root, min_count = "synthetic", None, 1
     else:
         name, root, min_count = args.data, args.root, args.min_count
+    _check_args(args, name)
     pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid,
             "limb_modes": args.limb_modes} if name == "pose" else {}
     train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, **pose)
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
     if name == "pose":
-        if args.types < 1:
-            raise ValueError(f"--types must be >= 1, got {args.types}")
         if args.solver == "torch":
-            if args.types != 1:
-                raise ValueError("--types > 1 needs a dual solver (--solver bcfw, fw or ssg), not --solver torch")
-            if args.device != "cpu":
-                raise ValueError("--data pose --solver torch runs on the CPU only (device must be 'cpu')")
             metrics = train_pose_hinge(train, test, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                        lam=args.lam, optimizer=args.optimizer, backend=args.backend,
                                        logdir=args.logdir or None, seed=args.seed)

@@ -74,6 +74,8 @@ class SequenceDataset(torch.utils.data.Dataset):
     def batches(self, batch_size: int, *, shuffle: bool = False, generator: Optional[torch.Generator] = None,
                 drop_last: bool = False) -> Iterator[ChainBatch]:
         """Mini-batches in order, or in a random order drawn from ``generator``."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         stop = n - n % batch_size if drop_last else n

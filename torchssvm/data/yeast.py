@@ -7,6 +7,7 @@ Read from ``yeast/yeast_{train,test}.svm.gz`` under the data root (LIBSVM multi-
 from __future__ import annotations
 
 import gzip
+import math
 from typing import Optional
 
 import torch
@@ -31,16 +32,30 @@ def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
         x = [0.0] * num_features
         y = [0] * num_labels
         for lab in filter(None, head.split(",")):
-            k = int(lab)
+            try:
+                k = int(lab)
+            except ValueError:
+                raise ValueError(f"line {no}: label {lab!r} is not an integer") from None
             if not 0 <= k < num_labels:
                 raise ValueError(f"line {no}: label {k} outside [0, {num_labels})")
             y[k] = 1
+        seen = set()
         for f in feats:
-            i, v = f.split(":")
-            j = int(i) - 1
+            i, sep, v = f.partition(":")
+            try:
+                j, val = int(i) - 1, float(v)
+            except ValueError:
+                raise ValueError(f"line {no}: {f!r} is not a feature id:value pair") from None
+            if not sep:
+                raise ValueError(f"line {no}: {f!r} is not a feature id:value pair")
             if not 0 <= j < num_features:
                 raise ValueError(f"line {no}: feature id {i} outside [1, {num_features}]")
-            x[j] = float(v)
+            if j in seen:
+                raise ValueError(f"line {no}: feature id {i} given twice")
+            if not math.isfinite(val):
+                raise ValueError(f"line {no}: feature {i} has the non-finite value {v!r}")
+            seen.add(j)
+            x[j] = val
         xs.append(x)
         ys.append(y)
     return torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.long)
@@ -53,4 +68,6 @@ def yeast(split: str = "train", root: Optional[str] = None, *, dtype=torch.float
     path = locate(root, f"yeast/yeast_{split}.svm.gz")
     with gzip.open(path, "rt") as f:
         x, y = parse_libsvm_multilabel(f, NUM_FEATURES, NUM_LABELS)
+    if x.shape[0] != SIZES[split]:
+        raise ValueError(f"{path}: expected {SIZES[split]} examples in the {split} split, read {x.shape[0]}")
     return MultiLabelDataset(x.to(dtype), y, name=f"yeast-{split}")

@@ -83,12 +83,16 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
             set). The best of them under the current potentials starts as the incumbent (no oracle
             call), so every wedge whose bound it reaches is discarded unvisited.
 
-    ``bound`` of the result is the largest bound of the wedges still open (the incumbent when none is).
+    ``bound`` of the result is the largest bound of the wedges left unvisited, whether still open (``max_calls``)
+    or closed because the incumbent is within ``tol`` of them (the incumbent when there are none); so
+    ``phi <= max_y Phi <= bound`` and, when ``tol`` stopped the search, ``phi >= tol * bound``.
     """
     if queue not in QUEUES:
         raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
     if not 0 < tol <= 1:
         raise ValueError(f"tol must be in (0, 1], got {tol}")
+    if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0):
+        raise ValueError(f"max_calls must be None or an int >= 0, got {max_calls!r}")
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device
@@ -107,6 +111,7 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
         queues[b].push(root)
     phi = best.phi.cpu().tolist()
     calls = [0] * B
+    closed_ub = [0.0] * B  # the largest bound of the wedges closed by ``tol``: it stays part of the certificate
     while True:
         picked = {}
         for b in range(B):
@@ -114,6 +119,7 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
             if max_calls is not None and calls[b] >= max_calls:
                 continue
             if len(q) and phi[b] > 0 and phi[b] >= tol * q.max_ub():
+                closed_ub[b] = max(closed_ub[b], q.max_ub())
                 q.items.clear()  # the incumbent is within tol of every open bound: done
             while len(q):
                 w = q.pop()
@@ -155,5 +161,6 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
             for child in (_Wedge(ub, P, False, R, False), _Wedge(ub, R, True, Q, False)):
                 if not child.empty():
                     queues[b].push(child)
-    bound = torch.tensor([max(phi[b], queues[b].max_ub()) for b in range(B)], dtype=torch.float64, device=dev)
+    bound = torch.tensor([max(phi[b], closed_ub[b], queues[b].max_ub()) for b in range(B)], dtype=torch.float64,
+                         device=dev)
     return best.result(bound)

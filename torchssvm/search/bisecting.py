@@ -26,6 +26,8 @@ def bisecting_search(oracle, lam0: Optional[torch.Tensor] = None, *, max_calls: 
         max_calls: oracle calls per example at most.
         tol: relative tolerance of the interval tests.
     """
+    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+        raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device

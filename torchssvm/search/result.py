@@ -9,7 +9,8 @@ import torch
 
 class SearchResult(NamedTuple):
     """Per example: ``labels`` the best labelling found (the truth when none has ``Phi > 0``), its
-    ``phi = h g`` (>= 0), ``h`` and ``g``; ``calls (B,)`` oracle calls made; ``bound (B,)`` a certified
+    ``phi = h g`` (>= 0), ``h`` and ``g``; ``calls (B,)`` oracle calls this search made (an oracle reused
+    across searches keeps its running total in ``oracle.calls``); ``bound (B,)`` a certified
     upper bound on ``max_y Phi(y)`` (Lemma 5: ``K(lam)^2 / (4 lam)`` at a queried lambda, or the largest
     bound of the wedges angular search left open), so ``bound - phi`` is the search's gap."""
 
@@ -27,6 +28,7 @@ class Incumbent:
     def __init__(self, oracle):
         B = oracle.batch_size
         self.oracle = oracle
+        self.calls_before = oracle.calls.clone()
         self.labels = oracle.truth.clone()
         dev = oracle.calls.device
         self.phi = torch.zeros(B, dtype=torch.float64, device=dev)
@@ -51,5 +53,6 @@ class Incumbent:
 
     def result(self, bound=None) -> SearchResult:
         b = self.bound if bound is None else bound
-        return SearchResult(self.oracle.labelling(self.labels), self.phi, self.h, self.g, self.oracle.calls.clone(),
+        return SearchResult(self.oracle.labelling(self.labels), self.phi, self.h, self.g,
+                            self.oracle.calls - self.calls_before,
                             torch.maximum(b, self.phi))
