@@ -55,6 +55,32 @@ def test_autocast_bfloat16_matches_float32():
         assert torch.allclose(g, p.grad, rtol=0.1, atol=0.05)
 
 
+@pytest.mark.parametrize("structure", [ts.MultiLabel(8), ts.Hierarchy([-1, 0, 0, 1, 1, 2, -1, 6])])
+def test_autocast_leaves_enumeration_oracles_in_float32(structure):
+    """MultiLabel and Hierarchy score labellings by matrix products, which autocast would run in bfloat16
+    (picking wrong argmaxes): under autocast, float32 potentials give exactly the losses and argmaxes of the
+    float32 run, for the margin and slack hinges, the CRF loss and the public oracles."""
+    g = torch.Generator().manual_seed(0)
+    B, K = 128, structure.num_labels
+    if isinstance(structure, ts.MultiLabel):
+        pot = ts.MultiLabelPotentials(torch.randn(B, K, generator=g) * 4, torch.randn(structure.num_edges, generator=g))
+    else:
+        pot = torch.randn(B, K, generator=g) * 4
+    y = structure.decode(pot)  # a valid labelling of either structure
+    y = torch.where(torch.rand(y.shape, generator=g) < 0.3, 1 - y, y) if isinstance(structure, ts.MultiLabel) else y
+    fns = [lambda: ts.structured_hinge_loss(structure, pot, y, reduction="none", return_argmax=True),
+           lambda: ts.slack_rescaled_hinge_loss(structure, pot, y, reduction="none", return_argmax=True),
+           lambda: (structure.max_oracle(pot, y)[1], structure.max_oracle(pot, y)[0]),
+           lambda: (structure.score(pot, y), y)]
+    if isinstance(structure, ts.MultiLabel):
+        fns.append(lambda: (ts.crf_negative_log_likelihood(structure, pot, y, reduction="none"), y))
+    for fn in fns:
+        ref_value, ref_label = fn()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value, label = fn()
+        assert value.dtype == torch.float32 and torch.equal(value, ref_value) and torch.equal(label, ref_label)
+
+
 def test_per_position_transitions_from_the_input_train():
     torch.manual_seed(0)
     model = Tagger(per_position=True)

@@ -204,3 +204,25 @@ def test_multiclass_crf_is_cross_entropy():
     y = torch.randint(0, 4, (6,), generator=g)
     nll = ts.CRFLoss(ts.Multiclass(4))(s, y)
     assert float(nll) == pytest.approx(float(torch.nn.functional.cross_entropy(s, y)))
+
+
+def test_losses_edge_cases_and_errors():
+    """An empty MultiLabel batch gives an empty loss; the CRF loss on a structure without a log partition and an
+    unknown backend raise, naming what is missing."""
+    ml = ts.MultiLabel(3)
+    empty = ts.MultiLabelPotentials(torch.zeros(0, 3), torch.zeros(3))
+    y0 = torch.zeros(0, 3, dtype=torch.long)
+    assert ts.structured_hinge_loss(ml, empty, y0, reduction="none").shape == (0,)
+    assert ts.slack_rescaled_hinge_loss(ml, empty, y0, reduction="none").shape == (0,)
+    assert ml.decode(empty).shape == (0, 3)
+    tree = ts.Tree([-1, 0, 0], 2)
+    tpot = ts.TreePotentials(torch.zeros(1, 3, 2), torch.zeros(2, 2, 2))
+    with pytest.raises(NotImplementedError, match="Tree has no log_partition"):
+        ts.crf_negative_log_likelihood(tree, tpot, torch.zeros(1, 3, dtype=torch.long))
+    scores, y = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
+    for fn in (ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss):
+        with pytest.raises(ValueError, match="backend must be one of"):
+            fn(ts.Multiclass(3), scores, y, backend="bogus")
+    for module in (ts.StructuredHingeLoss, ts.SlackRescaledHingeLoss):
+        with pytest.raises(ValueError, match="backend must be one of"):
+            module(ts.Multiclass(3), backend="cuda")

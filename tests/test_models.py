@@ -90,3 +90,17 @@ def test_multiclass_model_joint_feature():
         expect[:, y[b]] = x[b]
         bias = torch.nn.functional.one_hot(y[b], 4).double()
         assert torch.allclose(phi[b], torch.cat([expect.reshape(-1), bias]))
+
+
+def test_joint_feature_per_example_takes_any_tuple_of_marginals():
+    """A NamedTuple, a plain tuple or a list of marginals give the same per-example rows."""
+    g = torch.Generator().manual_seed(4)
+    model = ts.LinearChainModel(3, 4, dtype=torch.float64)
+    x = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (2, 5), generator=g)
+    mu = ts.Chain(4).marginals(y, dtype=torch.float64)
+    named = ts.joint_feature(model, x, mu, per_example=True)
+    assert named.shape == (2, sum(p.numel() for p in model.parameters()))
+    assert torch.equal(ts.joint_feature(model, x, tuple(mu), per_example=True), named)
+    assert torch.equal(ts.joint_feature(model, x, list(mu), per_example=True), named)
+    assert torch.allclose(named.sum(0), ts.joint_feature(model, x, mu))

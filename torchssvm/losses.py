@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ._validation import check_loss_weight
-from .structures.base import Structure, compute_dtype
+from .kernels import BACKENDS, resolve_backend
+from .structures.base import Structure, compute_dtype, no_autocast
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -29,8 +30,9 @@ def _marginal_difference(structure, y_hat, target, lengths, weight, tensors, nee
     float32 and is cast back at the end."""
     pot = structure.from_tensors(tensors)
     acc = compute_dtype(tensors)
-    g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
-    g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
+    with no_autocast():
+        g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
+        g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
     return tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
 
 
@@ -38,10 +40,11 @@ class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
         pot = structure.from_tensors(tensors)
-        y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight.detach(), backend)
-        dt = value.dtype
-        gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
-                                target, lengths)
+        with no_autocast():  # the oracle and the gold score in compute_dtype, not autocast's half precision
+            y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight.detach(), backend)
+            dt = value.dtype
+            gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
+                                    target, lengths)
         loss = (value - gold).clamp_min(0).to(tensors[0].dtype)
         ctx.structure = structure
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
@@ -70,6 +73,12 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
 def _check_structure(structure) -> None:
     if not isinstance(structure, Structure):
         raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
 
 
 def _check_reduction(reduction: str) -> str:
@@ -106,6 +115,7 @@ def structured_hinge_loss(
     _check_reduction(reduction)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
+    resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
     lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
     loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, *tensors)
     loss = _reduce(loss, reduction)
@@ -121,7 +131,7 @@ class StructuredHingeLoss(nn.Module):
         self.structure = structure
         self.reduction = _check_reduction(reduction)
         self.loss_weight = loss_weight
-        self.backend = backend
+        self.backend = _check_backend(backend)
 
     def forward(self, potentials, target, lengths=None, *, loss_weight=None):
         return structured_hinge_loss(
@@ -142,10 +152,11 @@ class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, backend, search, *tensors):
         pot = structure.from_tensors(tensors)
-        if search == "exact":
-            y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
-        else:
-            y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
+        with no_autocast():
+            if search == "exact":
+                y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
+            else:
+                y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
         ctx.structure = structure
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -156,7 +167,8 @@ class _SlackRescaledHinge(torch.autograd.Function):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         structure = ctx.structure
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
-        weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
+        with no_autocast():
+            weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
         grads = _marginal_difference(structure, y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:])
         return (None, None, None, None, None) + grads
 
@@ -229,6 +241,7 @@ def slack_rescaled_hinge_loss(
     _check_search(search, structure)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
+    resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if return_argmax else loss
@@ -243,7 +256,7 @@ class SlackRescaledHingeLoss(nn.Module):
         self.structure = structure
         self.reduction = _check_reduction(reduction)
         self.search = _check_search(search, structure)
-        self.backend = backend
+        self.backend = _check_backend(backend)
 
     def forward(self, potentials, target, lengths=None):
         return slack_rescaled_hinge_loss(self.structure, potentials, target, lengths, search=self.search,
@@ -261,10 +274,11 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     _check_structure(structure)
     _check_reduction(reduction)
     pot, lengths, target = structure.validate(potentials, lengths, target)
-    log_z = structure._log_partition(pot, lengths)
-    tensors = structure.tensors(pot)
-    as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
-    nll = log_z - structure._score(structure.from_tensors(as_log_z), target, lengths)
+    with no_autocast():
+        log_z = structure._log_partition(pot, lengths)
+        tensors = structure.tensors(pot)
+        as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
+        nll = log_z - structure._score(structure.from_tensors(as_log_z), target, lengths)
     return _reduce(nll.to(tensors[0].dtype), reduction)
 
 

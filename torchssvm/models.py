@@ -162,8 +162,11 @@ def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) 
         rows = []
         for b in range(B):
             xb = x[b : b + 1]
-            mb = type(marginals)(*(None if m is None else m[b : b + 1] for m in mus)) \
-                if not isinstance(marginals, torch.Tensor) else marginals[b : b + 1]
+            if isinstance(marginals, torch.Tensor):
+                mb = marginals[b : b + 1]
+            else:
+                parts = [None if m is None else m[b : b + 1] for m in mus]
+                mb = type(marginals)(*parts) if hasattr(marginals, "_fields") else tuple(parts)  # NamedTuple or not
             rows.append(joint_feature(model, xb, mb))
         return torch.stack(rows) if rows else torch.zeros(0, sum(p.numel() for p in params))
     with torch.enable_grad():

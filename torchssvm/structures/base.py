@@ -7,6 +7,7 @@ labels are integer tensors. All operations are batched over a leading dimension 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -25,6 +26,25 @@ def compute_dtype(tensors) -> torch.dtype:
         return torch.float32
     (dtype,) = dtypes
     return dtype
+
+
+@contextlib.contextmanager
+def no_autocast():
+    """Turn ``torch.autocast`` off (CPU and CUDA) for the oracles and scores: autocast would run their matrix
+    products in half precision, whatever the potentials' dtype, and pick wrong argmaxes. They run in
+    `compute_dtype` instead (float32 for half-precision potentials)."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if _autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
 def binary_hamming_table(costs: torch.Tensor, target: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
@@ -87,7 +107,8 @@ class Structure:
         lw = None
         if target is not None:
             lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
-        return self._max_oracle(pot, lengths, target, lw, backend)
+        with no_autocast():
+            return self._max_oracle(pot, lengths, target, lw, backend)
 
     def _max_oracle(self, potentials, lengths, target, loss_weight, backend):
         raise NotImplementedError
@@ -97,7 +118,9 @@ class Structure:
         ``value = max(0, max_y Delta(target, y) (1 + s(y) - s(target)))`` per example and ``y_hat`` a
         maximizer (``target`` itself when nothing violates)."""
         pot, lengths, target = self.validate(potentials, lengths, target)
-        return self._slack_max_oracle(pot, lengths, target, backend)
+        resolve_backend(backend, self.tensors(pot)[0].device, has_numba=self.has_numba_oracle)
+        with no_autocast():
+            return self._slack_max_oracle(pot, lengths, target, backend)
 
     def _slack_max_oracle(self, potentials, lengths, target, backend):
         raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
@@ -117,6 +140,9 @@ class Structure:
     def log_partition(self, potentials, lengths=None) -> torch.Tensor:
         """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable."""
         raise NotImplementedError(f"{type(self).__name__} has no log_partition")
+
+    def _log_partition(self, potentials, lengths) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no log_partition (the CRF loss needs one)")
 
     # -- plumbing for autograd Functions --------------------------------------------------------
     def tensors(self, potentials) -> Tuple[Optional[torch.Tensor], ...]:

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from .._validation import check_finite, check_labels, check_shape, check_tensor
-from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
+from .base import Structure, binary_hamming_table, compute_dtype, no_autocast, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
 MAX_ENUMERATION_LABELS = 16
@@ -162,6 +162,8 @@ class MultiLabel(Structure):
             value, j = objective(scores, losses, slice(s, s + chunk)).max(1)
             labels.append(configs[j])
             values.append(value)
+        if not labels:  # an empty batch
+            return configs.new_empty((0, configs.shape[1])), torch.empty(0, dtype=dt, device=configs.device)
         return torch.cat(labels), torch.cat(values)
 
     # -- the protocol -------------------------------------------------------------------------
@@ -183,7 +185,8 @@ class MultiLabel(Structure):
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         pot, _, y = self.validate(potentials, lengths, y, target_name="y")
-        return self._score(pot, y, None)
+        with no_autocast():
+            return self._score(pot, y, None)
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
         yf = y.to(pot.unary.dtype)
@@ -221,7 +224,8 @@ class MultiLabel(Structure):
     def log_partition(self, potentials, lengths=None) -> torch.Tensor:
         """``log sum_y exp s(y)`` by enumeration (K <= MAX_ENUMERATION_LABELS), differentiable."""
         pot, _, _ = self.validate(potentials, lengths)
-        return self._log_partition(pot, None)
+        with no_autocast():
+            return self._log_partition(pot, None)
 
     def _log_partition(self, pot, lengths) -> torch.Tensor:
         self._check_enumerable()
