@@ -469,10 +469,33 @@ def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
                                       parent_scores, gdt_2d=gdt_2d)
 
 
+def _check_transform_args(f, ndim: int, params: dict) -> None:
+    """``f``: a floating tensor of ``ndim`` dimensions, finite or -inf (an excluded position); each parameter a
+    ``(R,)`` tensor of f's dtype on its device (the kernels index them per row, unchecked)."""
+    shape = "(R, n)" if ndim == 2 else "(R, H, W)"
+    if not isinstance(f, torch.Tensor) or f.dim() != ndim or not f.is_floating_point():
+        raise ValueError(f"f must be a floating {shape} tensor, got "
+                         f"{tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__}")
+    if bool((torch.isnan(f) | (f == torch.inf)).any()):
+        raise ValueError("f must hold finite values or -inf (a position no output may take), not NaN or +inf")
+    R = f.shape[0]
+    for name, t in params.items():
+        if not isinstance(t, torch.Tensor) or t.shape != (R,):
+            raise ValueError(f"{name} must be a ({R},) tensor (one value per row of f), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.device != f.device or t.dtype != f.dtype:
+            raise ValueError(f"{name} must be on f's device {f.device} with f's dtype {f.dtype}, got {t.device}, "
+                             f"{t.dtype}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} must be finite")
+
+
 @torch.no_grad()
 def distance_transform_1d(f, a, b, r, backend: str = "auto"):
     """``out[p] = max_q f[q] - a d^2 - b d``, ``d = p - q - r``, per row of ``f (R, n)``, with its argmax; see
-    `distance_transform_torch`. ``a, b, r``: ``(R,)`` of f's dtype; ``a >= 0`` (a ValueError naming ``a``)."""
+    `distance_transform_torch`. ``f`` finite or -inf (a position excluded from every max); ``a, b, r``: ``(R,)``
+    of f's dtype, finite; ``a >= 0`` (a ValueError naming ``a``). A row of -inf gives -inf."""
+    _check_transform_args(f, 2, {"a": a, "b": b, "r": r})
     check_quadratic_weights("a", a)
     be = resolve_backend(backend, f.device, has_numba=True)
     if be == "triton":
@@ -489,8 +512,9 @@ def distance_transform_1d(f, a, b, r, backend: str = "auto"):
 @torch.no_grad()
 def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
     """The separable 2-D transform of ``f (R, H, W)`` (row pass along x, then column pass along y) with its
-    flat argmax; see `distance_transform_torch.distance_transform_2d`. ``ax, ay >= 0`` (a ValueError naming
-    them)."""
+    flat argmax; see `distance_transform_torch.distance_transform_2d`. ``f`` finite or -inf; the parameters
+    ``(R,)`` of f's dtype, finite; ``ax, ay >= 0`` (a ValueError naming them)."""
+    _check_transform_args(f, 3, {"ax": ax, "bx": bx, "rx": rx, "ay": ay, "by": by, "ry": ry})
     check_quadratic_weights("ax", ax)
     check_quadratic_weights("ay", ay)
     be = resolve_backend(backend, f.device, has_numba=True)

@@ -66,7 +66,8 @@ def chain_inner_torch(unary: torch.Tensor, transition: torch.Tensor, start: Opti
     zu = z[:, :a].view(B, a // K, K)[:, :T]
     out = (unary * zu).sum((1, 2)) + (z[:, a : a + K * K].view(B, K, K) * transition).sum((1, 2))
     if start is not None:
-        out = out + z[:, a + K * K : a + K * K + K] @ start
+        zs = z[:, a + K * K : a + K * K + K]
+        out = out + zs.to(out.dtype) @ start.to(out.dtype)  # @ does not promote
     if end is not None:
-        out = out + z[:, a + K * K + K :] @ end
+        out = out + z[:, a + K * K + K :].to(out.dtype) @ end.to(out.dtype)
     return out

@@ -62,7 +62,7 @@ def _gdt_row(f, a, b, r, out, arg, v, vf):
             ts = dt(t - s)
             lhs = a * dt(q - s) * qt * ts
             rhs = (fq - ft) * ts - (ft - fs) * qt
-            if lhs <= rhs:
+            if lhs <= rhs or ft == -np.inf:  # a -inf parabola is never on the envelope
                 top -= 1
             else:
                 break

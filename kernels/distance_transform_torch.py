@@ -89,10 +89,11 @@ def distance_transform_1d_torch(f: torch.Tensor, a: torch.Tensor, b: torch.Tenso
         s, fs = sq.index_select(0, below), sf.index_select(0, below)
         fq = fpad.index_select(0, iq)
         qt, ts = (qf - t).to(dt), (t - s).to(dt)
-        # pop t iff z(t, q) <= z(s, t), with z(i, j) the breakpoint where j overtakes i
+        # pop t iff z(t, q) <= z(s, t), with z(i, j) the breakpoint where j overtakes i; a -inf parabola is
+        # never on the envelope (and its breakpoints are NaN when s or q is -inf too)
         lhs = a * (qf - s).to(dt) * qt * ts
         rhs = (fq - ft) * ts - (ft - fs) * qt
-        pop = live & (itop >= R) & (lhs <= rhs)
+        pop = live & (itop >= R) & ((lhs <= rhs) | (ft == -torch.inf))
         push = live & ~pop
         itop = torch.where(pop, below, itop.add(push, alpha=R))
         t = torch.where(pop, s, torch.where(push, qf, t))

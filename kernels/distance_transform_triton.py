@@ -50,7 +50,7 @@ def _gdt_1d_kernel(f_ptr, a_ptr, b_ptr, r_ptr, v_ptr, out_ptr, arg_ptr, n, BLOCK
                 fs = tl.load(f_base + s)
                 lhs = a * (q - s).to(fq.dtype) * (q - t).to(fq.dtype) * (t - s).to(fq.dtype)
                 rhs = (fq - ft) * (t - s).to(fq.dtype) - (ft - fs) * (q - t).to(fq.dtype)
-                pop = lhs <= rhs
+                pop = (lhs <= rhs) | (ft == float("-inf"))  # a -inf parabola is never on the envelope
                 top = tl.where(pop, top - 1, top)
                 active = pop & (top > 0)
             top = top + 1

@@ -4,7 +4,8 @@ Row b of ``v (B, M)`` is projected onto ``{x >= 0, sum_j x_j = radius_b}`` over 
 (``mask``), invalid entries get 0: the feasible set of the dual of an n-slack SSVM over working sets
 (one simplex per example). The classical rule (Held, Wolfe & Crowder; Duchi et al. 2008): sort the
 valid entries decreasingly, ``rho = max{j : u_j > (sum_{k <= j} u_k - r) / j}``, ``tau = (sum_{k <= rho} u_k - r)
-/ rho``, ``x = max(v - tau, 0)``. ``O(M log M)`` per row, every row at once.
+/ rho``, ``x = max(v - tau, 0)``, computed on ``v - max_j v_j`` (so that a radius far below ``max |v|`` is
+not lost to rounding). ``O(M log M)`` per row, every row at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def project_simplex_torch(v: torch.Tensor, mask: Optional[torch.Tensor] = None,
     Returns ``x (B, M)``: the projection of each row onto its simplex, 0 on invalid entries."""
     if radius is None:
         radius = torch.ones(v.shape[0], dtype=v.dtype, device=v.device)
-    tau = simplex_threshold_torch(v, mask, radius.to(v.dtype))
-    x = (v - tau.unsqueeze(1)).clamp_min(0)
+    # Relative to the row's largest valid entry, so that a radius below the float spacing of max(v) keeps its
+    # meaning (otherwise sum_{k<=1} u_k - r rounds to u_1 and no j qualifies)
+    top = (v if mask is None else v.masked_fill(~mask, -torch.inf)).amax(1, keepdim=True)
+    shifted = v - top
+    tau = simplex_threshold_torch(shifted, mask, radius.to(v.dtype))
+    x = (shifted - tau.unsqueeze(1)).clamp_min(0)
     return x if mask is None else x.masked_fill(~mask, 0.0)

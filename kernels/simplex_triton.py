@@ -1,8 +1,8 @@
 """Euclidean projection onto a product of simplices as a Triton kernel: one program per row, bisection.
 
 Twin of `project_simplex_torch`. Sorting inside a program is awkward for long rows, so the threshold is
-found by bisection on ``f(tau) = sum_j max(v_j - tau, 0)`` (decreasing, ``f(max v - r) >= r >= f(max v)
-= 0``) for a fixed number of halvings, then made exact from the support: with ``S = {j : v_j > tau_lo}``,
+found by bisection on ``f(tau) = sum_j max(v_j - tau, 0)`` over ``v - max v`` (decreasing, ``f(-r) >= r >=
+f(0) = 0``) for a fixed number of halvings, then made exact from the support: with ``S = {j : v_j > tau_lo}``,
 ``tau = (sum_S v_j - r) / |S|``. After 100 halvings of an interval of width ``r`` the bracket is below
 the float64 spacing, so ``S`` is the support up to entries equal to ``tau`` (which change nothing). Rows
 up to ``MAX_BLOCK`` entries are spread over the program's threads, at most 16 per thread (`row_warps`).
@@ -40,7 +40,8 @@ def _simplex_kernel(v_ptr, mask_ptr, r_ptr, out_ptr, M, HAS_MASK: tl.constexpr, 
         valid = inb & (tl.load(mask_ptr + b * M + offs, mask=inb, other=0) != 0)
     v = tl.load(v_ptr + b * M + offs, mask=valid, other=float("-inf"))
     r = tl.load(r_ptr + b)
-    hi = tl.max(v, axis=0)
+    v = v - tl.max(v, axis=0)  # relative to the row's maximum, as the torch twin: a small r is not rounded away
+    hi = tl.zeros_like(r)
     lo = hi - r
     for _ in range(HALVINGS):
         mid = lo + (hi - lo) * 0.5

@@ -91,7 +91,10 @@ def slack_viterbi_torch(
     phi = torch.where(torch.isfinite(best), phi, neg)
     phi[:, 0] = 0.0  # e = 0 is the truth itself
     value, e = phi.max(1)  # first maximum: the smallest error count
-    return _backtrack(hist, transition, y, lengths, e, last.gather(1, e.unsqueeze(1)).squeeze(1)), value
+    labels = _backtrack(hist, transition, y, lengths, e, last.gather(1, e.unsqueeze(1)).squeeze(1))
+    # nothing violates: the truth itself (walking back could leave it where every score is -inf)
+    inside = torch.arange(T, device=dev) < lengths.unsqueeze(1)
+    return torch.where((e == 0).unsqueeze(1) & inside, y, labels), value
 
 
 def _backtrack(hist, transition, y, lengths, e, cur):

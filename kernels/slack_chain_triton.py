@@ -93,9 +93,10 @@ def _slack_viterbi_kernel(
     e = tl.min(tl.where(phi == value, offs_e, BLOCK_E), axis=0)  # the smallest error count
     y = tl.sum(tl.where(offs_e == e, last, 0), axis=0)
     tl.store(value_ptr + b, value)
+    truth = e == 0  # nothing violates: the truth itself (walking back could leave it where every score is -inf)
     for s in range(0, L):
         t = L - 1 - s
-        tl.store(out_ptr + b * T + t, y.to(tl.int64))
+        tl.store(out_ptr + b * T + t, tl.where(truth, tl.load(y_base + t), y).to(tl.int64))
         prev = tl.load(bp_base + t * E * K + e * K + y, mask=t > 0, other=0)
         wrong = (y != tl.load(y_base + t)).to(e.dtype)
         e = tl.where(t > 0, e - wrong, e)

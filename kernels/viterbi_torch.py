@@ -8,6 +8,7 @@ all maximizing labellings the result is the smallest in reverse-lexicographic or
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import numpy as np
@@ -15,6 +16,13 @@ import torch
 
 # Above this many elements per time step ((B, K, K) scores) the batch is processed in chunks.
 _MAX_STEP_ELEMENTS = 1 << 25
+
+
+def promote_chain_potentials(unary, transition, start, end):
+    """The chain potentials in their promoted dtype (no copies when the dtypes agree; None stays None)."""
+    dt = functools.reduce(torch.promote_types, [t.dtype for t in (transition, start, end) if t is not None],
+                          unary.dtype)
+    return tuple(None if t is None else t.to(dt) for t in (unary, transition, start, end))
 
 
 def viterbi_torch(
@@ -34,8 +42,10 @@ def viterbi_torch(
         lengths: ``(B,)`` long, ``1 <= lengths <= T``.
 
     Returns:
-        labels ``(B, T)`` long, padded with -1 past each length, and the best scores ``(B,)``.
+        labels ``(B, T)`` long, padded with -1 past each length, and the best scores ``(B,)`` in the potentials'
+        promoted dtype.
     """
+    unary, transition, start, end = promote_chain_potentials(unary, transition, start, end)
     B, T, K = unary.shape
     if B * K * K > _MAX_STEP_ELEMENTS and B > 1:
         chunk = max(1, _MAX_STEP_ELEMENTS // (K * K))

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .viterbi_torch import promote_chain_potentials
+
 _SINGLE_TILE_MAX_K = 64
 _TILE = 64
 
@@ -125,7 +127,8 @@ def viterbi_triton(
     end: Optional[torch.Tensor],
     lengths: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `viterbi_torch`; float32 or float64 potentials."""
+    """Same contract as `viterbi_torch`; float32 or float64 potentials (promoted to one dtype)."""
+    unary, transition, start, end = promote_chain_potentials(unary, transition, start, end)
     B, T, K = unary.shape
     unary = unary.contiguous()
     transition = transition.contiguous()

@@ -60,6 +60,16 @@ def _flat_marginals(B, T_flat, K, g):
     return torch.randn(B, T_flat * K + K * K + 2 * K, generator=g, dtype=torch.float64)
 
 
+def test_inner_torch_twin_promotes_mixed_dtypes():
+    """float64 marginals against float32 potentials (start and end included): the promoted dtype, as documented."""
+    g = torch.Generator().manual_seed(3)
+    theta = _potentials(2, 3, 3, g, True)
+    z = _flat_marginals(2, 3, 3, g)
+    got = chain_inner(*(t.float() for t in theta), z, backend="torch")
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, chain_inner(*(t.float().double() for t in theta), z, backend="torch"))
+
+
 @pytest.mark.parametrize("start_end", [True, False])
 def test_inner_twin_is_the_explicit_sum(start_end):
     """``<theta_b, z_b>`` over the flat layout, with rows longer than the potentials (the batch's T < the data's)."""

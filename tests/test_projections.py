@@ -74,6 +74,18 @@ def test_triton_projection_matches_torch_twin(case):
                                bisection_reference(v, mask, radius), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton())])
+def test_projection_keeps_a_radius_far_below_the_entries(backend):
+    """A radius below the float spacing of max(v) (float32 entries near 100 with radius 1e-6; 1e8 with radius 1)
+    still lands on the simplex: the threshold is found relative to the row's maximum."""
+    for dtype, v, r, expect in [(torch.float32, [[100.0, 99.0, 3.0]], 1e-6, [1e-6, 0.0, 0.0]),
+                                (torch.float32, [[1e8, 0.0, -1e8]], 1.0, [1.0, 0.0, 0.0]),
+                                (torch.float64, [[1e17, 0.0]], 1.0, [1.0, 0.0]),
+                                (torch.float32, [[5.0, 5.0, 1.0]], 1e-6, [5e-7, 5e-7, 0.0])]:
+        x = project_simplex(torch.tensor(v, dtype=dtype), radius=torch.full((1,), r, dtype=dtype), backend=backend)
+        torch.testing.assert_close(x, torch.tensor([expect], dtype=dtype), rtol=1e-6, atol=0.0)
+
+
 def test_projection_rejects_infeasible_and_bad_input():
     v = torch.zeros(2, 3, dtype=torch.float64)
     with pytest.raises(ValueError, match="infeasible"):

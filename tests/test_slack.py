@@ -129,6 +129,20 @@ def test_triton_slack_dp_equals_torch_at_benchmark_shapes(B, T, K, dtype):
     assert bool((a[1] > 0).any())
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton())])
+def test_slack_dp_returns_the_truth_when_every_labelling_scores_minus_inf(backend):
+    """A position where every label is -inf: no labelling violates, and the truth (not a walk back through -inf
+    scores) comes back with value 0, -1 padded past the length."""
+    unary = torch.zeros(2, 4, 3, dtype=torch.float64)
+    unary[:, 1] = -torch.inf
+    target = torch.tensor([[2, 1, 2, 0], [1, 2, 0, -1]])
+    lengths = torch.tensor([4, 3])
+    labels, value = slack_viterbi(unary, torch.zeros(3, 3, dtype=torch.float64), None, None, lengths, target,
+                                  torch.ones(2, dtype=torch.float64), torch.full((2,), -torch.inf, dtype=torch.float64),
+                                  backend=backend)
+    assert labels.tolist() == [[2, 1, 2, 0], [1, 2, 0, -1]] and value.tolist() == [0.0, 0.0]
+
+
 def test_slack_dominates_margin_free_violation_and_is_zero_when_separated():
     chain = ts.Chain(3)
     pot, lengths, y = _chain_batch(5, 4, 3, 11)

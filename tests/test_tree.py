@@ -143,6 +143,45 @@ def test_gdt_1d_matches_brute_force_with_ties(n):
     assert torch.equal(out, ref) and torch.equal(arg, ref_arg)  # exact, ties to the smallest q
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton()),
+                                     pytest.param("numba", marks=needs_numba())])
+def test_gdt_1d_with_excluded_positions_matches_brute_force(backend):
+    """-inf entries of f (positions no output may take), up to whole rows of them, with a = 0 rows too: the
+    envelope drops -inf parabolas (their breakpoints are NaN) and the result is the brute force's, ties included."""
+    g = torch.Generator().manual_seed(5)
+    R, n = 60, 7
+    f = torch.randint(-4, 5, (R, n), generator=g).double()
+    f[torch.rand(R, n, generator=g) < 0.4] = -torch.inf
+    f[0] = -torch.inf
+    f[1, 1:3] = -torch.inf  # the case that broke the envelope: two -inf parabolas on top of the stack
+    a = torch.randint(0, 3, (R,), generator=g).double()
+    a[1] = 1.0
+    b = torch.randint(-3, 4, (R,), generator=g).double()
+    r = torch.randint(-5, 6, (R,), generator=g).double() / 2
+    out, arg = distance_transform_1d(f, a, b, r, backend=backend)
+    ref, ref_arg = brute_force_gdt(f, a, b, r)
+    assert torch.equal(out, ref)
+    finite = torch.isfinite(ref)
+    assert torch.equal(arg[finite], ref_arg[finite]) and bool((~finite[0]).all())
+
+
+def test_gdt_rejects_bad_parameters():
+    f = torch.zeros(3, 4)
+    one = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"a must be a \(3,\) tensor"):
+        distance_transform_1d(f, torch.zeros(1), one, one)
+    with pytest.raises(ValueError, match="r must be on f's device"):
+        distance_transform_1d(f, one, one, one.double())
+    with pytest.raises(ValueError, match="b must be finite"):
+        distance_transform_1d(f, one, torch.full((3,), float("nan")), one)
+    with pytest.raises(ValueError, match="f must hold finite values or -inf"):
+        distance_transform_1d(torch.full((3, 4), float("inf")), one, one, one)
+    with pytest.raises(ValueError, match=r"f must be a floating \(R, n\) tensor"):
+        distance_transform_1d(torch.zeros(4), one, one, one)
+    with pytest.raises(ValueError, match=r"ry must be a \(2,\) tensor"):
+        distance_transform_2d(torch.zeros(2, 3, 3), *([torch.zeros(2)] * 5), torch.zeros(3))
+
+
 def test_gdt_1d_real_valued_and_float32():
     g = torch.Generator().manual_seed(1)
     for dtype in (torch.float64, torch.float32):

@@ -155,6 +155,22 @@ def test_backend_names(monkeypatch):
         resolve_backend("triton", torch.device("cpu"))
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto", pytest.param("triton", marks=needs_triton())])
+@pytest.mark.parametrize("B", [1, 3])
+def test_mixed_dtypes_are_promoted(backend, B):
+    """Potentials of different float dtypes (a float32 unary, a float64 transition or start): every twin decodes in
+    the promoted dtype and returns its score in it, for one sequence and for a batch."""
+    from torchssvm.kernels import viterbi
+
+    unary, transition, start, end, lengths = random_chain(B, 4, 3, per_position=False, integer=False, seed=B)
+    for u, tr, s0 in [(unary.float(), transition, start), (unary, transition.float(), start.float()),
+                      (unary.float(), transition.float(), start)]:
+        labels, score = viterbi(u, tr, s0, end.to(u.dtype), lengths, backend=backend)
+        ref_labels, ref_score = viterbi_torch(unary, transition, start, end, lengths)
+        assert score.dtype == torch.float64 and torch.equal(labels, ref_labels)
+        torch.testing.assert_close(score, ref_score, rtol=1e-6, atol=1e-6)
+
+
 def test_viterbi_ignores_autograd():
     from torchssvm.kernels import viterbi
 
