@@ -291,6 +291,8 @@ def project_shifted_simplex(u, top, mask=None, radius=None, backend: str = "auto
             raise ValueError("top must index a valid (masked-in) entry of every row")
     if radius is None:
         radius = torch.ones(B, dtype=u.dtype, device=u.device)
+    elif not isinstance(radius, torch.Tensor) or radius.shape != (B,):
+        raise ValueError(f"radius must be a ({B},) tensor")
     cap = torch.zeros_like(u).scatter_(1, top.unsqueeze(1), radius.to(u.dtype).unsqueeze(1))
     b = project_simplex(cap - u, mask, radius, backend=backend)
     a = cap - b

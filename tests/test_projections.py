@@ -100,3 +100,7 @@ def test_projection_rejects_infeasible_and_bad_input():
         project_simplex(torch.tensor([[0.0, float("nan")]]))
     with pytest.raises(ValueError, match="v must be"):
         project_simplex(torch.zeros(3))
+    from torchssvm.kernels import project_shifted_simplex
+
+    with pytest.raises(ValueError, match=r"radius must be a \(2,\) tensor"):
+        project_shifted_simplex(v, torch.zeros(2, dtype=torch.long), radius=1.0)
