@@ -162,3 +162,15 @@ def test_multilabel_problem_validation():
         MultiLabelProblem(x, y, ts.MultiLabel(3))
     with pytest.raises(ValueError, match="x must be"):
         MultiLabelProblem(x.long(), y)
+
+
+def test_nslack_converges_only_with_a_solved_working_set_qp():
+    """A pass that adds no cut certifies w only if the working-set QP was solved: with one sweep per QP solve,
+    the passes without a new cut go on solving it, and the converged iterate's exact gap is within eps (it was
+    up to 1.6 when such a pass counted as converged)."""
+    F, L, y = random_table(10, 4, 3, seed=4)
+    s = NSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=1e-3, qp_max_iter=1)
+    history = s.fit(max_passes=1000)
+    assert history[-1]["converged"] and history[-1]["qp_iterations"] == 0
+    assert any(r["added"] == 0 and r["qp_iterations"] > 0 for r in history)  # a pass that solved further
+    assert s.duality_gap()["gap"] <= s.eps

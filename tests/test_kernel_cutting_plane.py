@@ -252,6 +252,20 @@ def test_hybrid_switches_to_linear_time_with_the_cache_of_the_constant_time_cuts
     assert resumed.mode == "linear" and resumed.fit(max_iter=2000)[-1]["converged"]
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_hybrid_linear_phase_adds_linear_time_cuts(seed):
+    """The linear-time phase's exit test uses its own cuts' slack: the constant-time cuts' sampled offsets
+    overestimate the risk, and over all cuts the test passed at once, without a single linear-time cut (these
+    seeds did so)."""
+    x, y = binary_data(n=500, seed=8)
+    solver = KernelCuttingPlane(x, y, 50.0, gamma=0.5, sampling="hybrid", r=20, r_linear=25, eps=1e-3, seed=seed)
+    history = solver.fit(max_iter=2000)
+    linear = [r for r in history if r["mode"] == "linear"]
+    assert history[-1]["converged"] and sum(r["added"] for r in linear[1:]) >= 1
+    assert 0 < solver.sampled_cuts < len(solver.basis)
+    assert solver.state_dict()["sampled_cuts"] == solver.sampled_cuts
+
+
 def test_state_dict_resumes_the_same_trajectory():
     x, y = binary_data(n=60, seed=5)
     a = KernelCuttingPlane(x, y, 5.0, gamma=0.5, sampling="linear", r=20, eps=1e-4, seed=3)

@@ -103,6 +103,7 @@ class BCFW(DualSolver):
         self.generator = torch.Generator().manual_seed(int(seed))
         p = self.problem
         self.atoms = AtomStore(p.truth, cache_size, self.backend) if (cache_size > 0 or step != "fw") else None
+        self._away_min_mass = math.sqrt(torch.finfo(self.z.dtype).eps)  # away steps: see _update
         self.global_gap = float(p.max_loss(torch.arange(self.n, device=p.device)).sum()) / self.n
         self.first_visit = torch.randperm(self.n, generator=self.generator)  # Alg. 2's g_i = inf blocks
         self.first_visit_pos = 0
@@ -238,7 +239,10 @@ class BCFW(DualSolver):
                 upper = torch.where(s_slot == away, 0.0, alpha_a)
             else:
                 g_fw, g_away = (base + s_H) / n - ell_i, ell_i - (base + away_H) / n
-                use_away = (g_away > g_fw) & (alpha_a < 1)  # |S_i| > 1 iff alpha(y_a) < 1
+                # |S_i| > 1 iff alpha(y_a) < 1; but the step bound alpha_a / (1 - alpha_a) multiplies a direction
+                # z_i - corner(a) that holds z's rounding error, so the other atoms need a mass above
+                # sqrt(eps): below, a 1-ulp remainder made an O(1) move off the simplex
+                use_away = (g_away > g_fw) & (alpha_a < 1 - self._away_min_mass)
                 direction = torch.where(use_away.unsqueeze(1), zi - p.corner(idx, labels_a),
                                         p.fw_direction(idx, s_labels, zi))
                 d_ell = torch.where(use_away, ell_i - loss_a / n, s_loss / n - ell_i)

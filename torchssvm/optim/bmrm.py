@@ -90,6 +90,7 @@ class BMRM:
         self.alpha = torch.zeros(0, **kw)
         self.age = torch.zeros(0, dtype=torch.long, device=r.device)
         self.model_value = -math.inf  # J_t(w_{t+1}) after the last QP
+        self.qp_solved = True  # whether the last QP reached its tolerance (not saved: a restored solver assumes so)
         self.best_primal = math.inf
         self.oracle_calls = 0
         self.steps_done = 0
@@ -116,12 +117,14 @@ class BMRM:
             self.cuts = ((1 - eta) * g0 + eta * g1).unsqueeze(0)
             self.offsets = self.offsets.new_tensor([(1 - eta) * c0 + eta * c1])
             self.alpha = self.alpha.new_ones(1)
+            self.age = self.age.new_zeros(1)
             return 1
         Q = self.cuts @ self.cuts.T / self.lam
         x0 = self.alpha if self.alpha.numel() == t else None
         tol = self.qp_tol * self.eps
         self.alpha, info = simplex_qp(Q, self.offsets, 1.0, x0, inequality=with_zero_cut, tol=tol,
                                       backend=self.backend)
+        self.qp_solved = info["solved"]
         return info["iterations"]
 
     def _add_cut(self, c: float, g: torch.Tensor) -> None:
@@ -160,13 +163,19 @@ class BMRM:
             time_budget: Optional[float] = None, *, callback=None) -> list:
         """Call `step` until a report is ``converged`` (``eps_t <= eps``), the certified gap of the
         evaluated iterate is ``<= gap_tol``, ``max_passes`` risk evaluations or ``time_budget`` seconds are
-        spent. Returns the reports; ``callback(report)`` after each."""
+        spent. Returns the reports; ``callback(report)`` after each. The model is left at ``w_best``, the
+        evaluated iterate of lowest primal, whose gap both stops certify (``self.w`` stays the next iterate,
+        so that `step` can go on)."""
         def stop(r):
             return (r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol)
                     or (max_passes is not None and r["passes"] >= max_passes)
                     or (time_budget is not None and self.seconds >= time_budget))
 
-        return run_steps(self.step, stop, callback)
+        reports = run_steps(self.step, stop, callback)
+        # The stops certify the best iterate: eps_t is its gap, and gap_t = J(w_t) - J_{t-1}(w_t) >= J(w_best) -
+        # J_{t-1}(w_t) bounds its gap too; the last QP's w_{t+1} was never evaluated.
+        self.risk.write_model(self.w_best)
+        return reports
 
     def _log(self, r: dict) -> None:
         log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "eps", "passes", "cuts", "time"),

@@ -63,8 +63,9 @@ class NSlackCuttingPlane(DualSolver):
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` (``gap_exact`` when separation is exact), ``added``
     cuts, mean ``working_set`` size, ``qp_iterations``, ``qp_gap``, ``passes``, ``oracle_calls``,
-    ``separation_seconds``, ``time``; ``converged`` when no cut was added (the pass's primal is then within
-    ``eps`` of the QP's value).
+    ``separation_seconds``, ``time``; ``converged`` when no cut was added and the working-set QP was already solved
+    (the pass's primal is then within ``eps`` of the QP's value; a pass that adds no cut to an unsolved QP, after
+    ``qp_max_iter`` ran out, solves it further instead).
     """
 
     tag = "nslack"
@@ -309,7 +310,14 @@ class NSlackCuttingPlane(DualSolver):
         for rows, labels, loss in pending:
             self._add(rows, labels, loss)
         self.cuts_added += added
-        qp_iter, qp_gap = self._solve_qp() if added else (0, 0.0)
+        # also without a new cut: an unsolved working-set QP (qp_max_iter ran out) is solved further, and the pass
+        # certifies w (converged) only when no sweep was needed
+        if added:
+            qp_iter, qp_gap = self._solve_qp()
+        else:
+            qp_iter, qp_gap = 0, self._qp_gap()
+            if qp_gap > self.qp_tol * self.eps:
+                qp_iter, qp_gap = self._solve_qp()
         removed = self._remove_inactive()
         self.steps_done += 1
         self.separation_seconds += t_sep
@@ -317,7 +325,8 @@ class NSlackCuttingPlane(DualSolver):
         r = {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": exact, "added": added,
              "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
              "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
-             "separation_seconds": self.separation_seconds, "time": self.seconds, "converged": added == 0}
+             "separation_seconds": self.separation_seconds, "time": self.seconds,
+             "converged": added == 0 and qp_iter == 0}
         self._log(r)
         return r
 

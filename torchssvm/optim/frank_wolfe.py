@@ -29,6 +29,16 @@ class FrankWolfe(DualSolver):
         super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
         self.chunk = int(chunk)
+        self._hold_below = None  # set by fit(gap_tol=...): a pass certifying the gap does not move on
+
+    def fit(self, max_passes=None, gap_tol=None, time_budget=None, *, exact: bool = True, callback=None) -> list:
+        """`DualSolver.fit`; the pass that certifies ``gap <= gap_tol`` leaves the iterate it certified in the model
+        (without it the step would move on to an iterate whose gap nobody measured)."""
+        self._hold_below = gap_tol
+        try:
+            return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
+        finally:
+            self._hold_below = None
 
     @torch.no_grad()
     def step(self) -> dict:
@@ -56,6 +66,8 @@ class FrankWolfe(DualSolver):
         diff = self.v - v_s
         denom = lam * float(diff @ diff)
         gamma = min(max(gap / denom, 0.0), 1.0) if denom > 0 else (1.0 if gap > 0 else 0.0)
+        if self._hold_below is not None and gap <= self._hold_below:
+            gamma = 0.0
         if gamma > 0:
             self.z.mul_(1 - gamma).add_(corners, alpha=gamma)
             self.ell.mul_(1 - gamma).add_(s_ell, alpha=gamma)

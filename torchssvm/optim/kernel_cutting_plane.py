@@ -185,6 +185,8 @@ class KernelCuttingPlane:
         self.G = torch.zeros(0, 0, **kw)
         self._cache = CutCache(N, self.F.shape[1], x.device)  # A[k]: g_k . (phi(x_i) (x) e), exact / linear only
         self.quiet = 0
+        # "hybrid": how many of the cuts (always the first ones: removal keeps the order) are constant-time cuts
+        self.sampled_cuts = 0
         self._cat = None
         self.steps_done, self.seconds, self.qp_seconds = 0, 0.0, 0.0
 
@@ -349,7 +351,7 @@ class KernelCuttingPlane:
             W.index_put_((inv, cut), diffs * self.coef[cut].unsqueeze(1), accumulate=True)
             flat = self._kernel_product(self.x, uniq, W.reshape(uniq.numel(), T * S1))
             self._cache.set(flat.view(self.N, T, S1).permute(1, 0, 2))
-        self.mode, self.quiet = "linear", 0
+        self.mode, self.quiet, self.sampled_cuts = "linear", 0, T
 
     def _remove_inactive(self) -> int:
         if self.inactive_after == 0 or self.offsets.numel() == 0:
@@ -358,6 +360,7 @@ class KernelCuttingPlane:
         keep = self.age < self.inactive_after
         removed = int((~keep).sum())
         if removed:
+            self.sampled_cuts = int(keep[: self.sampled_cuts].sum())
             kept = keep.nonzero().squeeze(1)
             self.basis = [self.basis[k] for k in kept.tolist()]
             self.diffs = [self.diffs[k] for k in kept.tolist()]
@@ -376,9 +379,13 @@ class KernelCuttingPlane:
         return info["iterations"]
 
     def _xi(self) -> float:
-        if self.offsets.numel() == 0:
+        """The working set's slack ``max(0, max_k c_k - <w, g_k>)``; in the linear-time phase of ``"hybrid"`` over
+        its own cuts only: the constant-time cuts' sampled offsets overestimate the risk, and their max would pass
+        the exit test before a single linear-time cut is added."""
+        k0 = self.sampled_cuts if self.mode != "constant" else 0
+        if self.offsets.numel() <= k0:
             return 0.0
-        return max(0.0, float((self.offsets - self.G @ self.alpha).max()))
+        return max(0.0, float((self.offsets[k0:] - self.G[k0:] @ self.alpha).max()))
 
     def dual_value(self) -> float:
         """The QP's value ``sum alpha c - 1/2 alpha^T G alpha`` (a lower bound of OP1 with exact cuts)."""
@@ -493,7 +500,8 @@ class KernelCuttingPlane:
         return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
                 "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
                 "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
-                "cache": self.cache, "mode": self.mode, "quiet": self.quiet, "steps_done": self.steps_done,
+                "cache": self.cache, "mode": self.mode, "quiet": self.quiet, "sampled_cuts": self.sampled_cuts,
+                "steps_done": self.steps_done,
                 "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
                 "generator": self.generator.get_state()}
 
@@ -516,5 +524,6 @@ class KernelCuttingPlane:
         self._cache.set(state["cache"].to(dev))
         self.quiet, self.steps_done = int(state["quiet"]), int(state["steps_done"])
         self.mode = state.get("mode", self.mode)
+        self.sampled_cuts = int(state.get("sampled_cuts", 0))
         self.seconds, self.kernel.evaluations = float(state["seconds"]), int(state["kernel_evaluations"])
         self.generator.set_state(state["generator"])

@@ -31,8 +31,9 @@ class OneSlackCuttingPlane(BMRM):
 
     Reports: ``primal`` (exact, from the pass), ``dual`` (the working-set QP's value before the new cut),
     ``gap``, ``violation`` ``c - <w, g> - xi``, ``added``, ``cuts``, ``removed``, ``qp_iterations``,
-    ``passes``, ``oracle_calls``, ``time``, ``converged`` (no cut added: the primal is within ``eps`` of the
-    QP's value, so ``gap <= eps``).
+    ``passes``, ``oracle_calls``, ``time``, ``converged`` (no cut added and the working-set QP solved: the
+    primal is within ``eps`` of the QP's value, so ``gap <= eps``; a pass that adds no cut to an unsolved QP
+    solves it further instead).
     """
 
     tag = "oneslack"
@@ -75,9 +76,12 @@ class OneSlackCuttingPlane(BMRM):
             self.best_primal, self.w_best = primal, w.clone()
         violation = risk_value - self.slack(w)
         added = violation > self.eps
+        # without a new cut the pass certifies w only if the working-set QP was solved: otherwise go on solving it
+        resolve = not added and not self.qp_solved and self.cuts.shape[0] > 0
         qp_iter, removed = 0, 0
-        if added:
-            self._add_cut(c, g)
+        if added or resolve:
+            if added:
+                self._add_cut(c, g)
             tq = time.perf_counter()
             qp_iter = self._solve_qp(with_zero_cut=True)
             self.qp_seconds += time.perf_counter() - tq
@@ -90,6 +94,6 @@ class OneSlackCuttingPlane(BMRM):
              "added": int(added), "cuts": int(self.cuts.shape[0]), "removed": removed, "qp_iterations": qp_iter,
              "eps": self.best_primal - self.model_value, "best_primal": self.best_primal,
              "passes": self.oracle_calls / self.n, "oracle_calls": self.oracle_calls, "time": self.seconds,
-             "qp_seconds": self.qp_seconds, "converged": not added}
+             "qp_seconds": self.qp_seconds, "converged": not (added or resolve)}
         self._log(r)
         return r

@@ -104,6 +104,53 @@ def _face_solve(Qn, cn, F, radius):
     return np.linalg.lstsq(K, rhs, rcond=None)[0][:k]
 
 
+def _null_direction(Qn, g, F, tiny):
+    """A descent direction along which ``f`` is linear on the face ``F`` (``Q_FF d = -mu 1``, ``sum d = 0``: the null
+    space of the face's KKT matrix), or None. On a singular face without a minimizer in its affine hull (the
+    objective falls without bound along such a direction) this is the active-set method's step to the boundary;
+    the ridge solve has no meaningful answer there."""
+    k = F.size
+    if k < 2:
+        return None
+    K = np.zeros((k + 1, k + 1))
+    K[:k, :k] = Qn[np.ix_(F, F)]
+    K[:k, k] = 1.0
+    K[k, :k] = 1.0
+    _, sv, vt = np.linalg.svd(K)
+    best = None
+    for v in vt[sv <= 1e-9 * sv[0]]:
+        d = v[:k] / max(np.abs(v[:k]).max(), 1e-300)
+        gd = float(g[F] @ d)
+        if gd > 0:
+            d, gd = -d, -gd
+        if gd < -tiny and (best is None or gd < best[1]):
+            best = (d, gd)
+    if best is None:
+        return None
+    p = np.zeros(Qn.shape[0])
+    p[F] = best[0]
+    return p
+
+
+def _pairwise_step(Qn, g, x, tiny):
+    """One pairwise Frank-Wolfe step with exact line search; returns ``(x, free)``. At a KKT point (the best
+    coordinate no better than the worst support coordinate) ``x`` comes back unchanged."""
+    radius = x.sum()
+    S = np.flatnonzero(x > 0)
+    i = int(np.argmin(g))
+    j = int(S[np.argmax(g[S])])
+    gp = float(g[i] - g[j])
+    if i != j and gp < -tiny:
+        curv = float(Qn[i, i] - 2 * Qn[i, j] + Qn[j, j])
+        s = min(-gp / curv if curv > 0 else np.inf, float(x[j]))
+        x = x.copy()
+        x[i] += s
+        x[j] = 0.0 if s >= x[j] else x[j] - s
+        x = np.maximum(x, 0.0)
+        x *= radius / x.sum()
+    return x, x > 0
+
+
 def _active_set(Qn, cn, radius, x, tol, max_iter):
     """Primal active-set iterations from the feasible ``x`` (numpy); returns ``(x, iterations, fw_gap, done)``
     with ``done`` False only when ``max_iter`` ran out (``fw_gap`` above ``tol`` with ``done`` True means the
@@ -122,11 +169,16 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
         p = np.zeros_like(x)
         p[F] = _face_solve(Qn, cn, F, radius) - x[F]
         gp = float(g @ p)
-        if not gp < -tiny:  # the face solve gave no descent (singular face): the projected gradient on F
-            p = np.zeros_like(x)
-            p[F] = -(g[F] - g[F].mean())
+        if not gp < -tiny:  # the face solve gave no descent (singular face)
+            p = _null_direction(Qn, g, F, tiny)
+            if p is None:  # none along the face's flat directions either: a pairwise Frank-Wolfe step
+                x_new, free = _pairwise_step(Qn, g, x, tiny)
+                if np.array_equal(x_new, x):
+                    return x, it, fw, True  # KKT to rounding
+                x = x_new
+                continue
             gp = float(g @ p)
-        moved = gp < -tiny
+        moved = True
         if moved:
             pQp = float(p @ Qn @ p)
             s_line = -gp / pQp if pQp > 0 else np.inf
@@ -134,6 +186,12 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
             ratios = x[dec] / -p[dec]
             s_max = float(ratios.min()) if ratios.size else np.inf
             s = min(s_line, s_max)
+            if not s > 0:
+                # a blocked face step: the (ridge) solve of a singular face wants a coordinate that sits at 0
+                # lower, so it would leave, re-enter and cycle. A pairwise Frank-Wolfe step (mass from the worst
+                # support coordinate to the best coordinate, exact line search) always makes progress.
+                x, free = _pairwise_step(Qn, g, x, tiny)
+                continue
             x = x + s * p
             if s >= s_max:  # a coordinate reached 0: it leaves the support
                 x[dec[ratios <= s_max * (1 + 1e-12)]] = 0.0
@@ -162,8 +220,8 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
                method: str = "active_set", backend: str = "auto"):
     """Args:
         Q: ``(t, t)`` PSD float64. c: ``(t,)``. radius: ``r > 0``.
-        x0: a warm start ``(t,)`` (projected onto the feasible set first), or None (all weight on the
-            coordinate with the largest ``c``).
+        x0: a warm start ``(t,)`` (rescaled to the radius when it is >= 0, else projected onto the feasible set),
+            or None (all weight on the coordinate with the largest ``c``).
         inequality: ``sum x <= r`` (a zero-cost slack coordinate is added internally).
         tol: Frank-Wolfe gap at which to stop (absolute, in units of ``f``).
         max_iter: FISTA iterations (active set: ``10 t + 50``); polish_every: FISTA iterations between exact
@@ -171,7 +229,9 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
         method: ``"active_set"`` or ``"fista"`` (see the module docstring).
         backend: of the projection kernel (FISTA).
 
-    Returns ``(x (t,), info)`` with ``info = {"iterations", "fw_gap", "value"}``."""
+    Returns ``(x (t,), info)`` with ``info = {"iterations", "fw_gap", "value", "solved"}``; ``solved`` is False when
+    the iterations ran out with the gap above ``tol`` (the active-set method's KKT-to-rounding stop counts as
+    solved)."""
     if Q.dim() != 2 or Q.shape[0] != Q.shape[1] or c.shape != (Q.shape[0],):
         raise ValueError(f"Q must be (t, t) and c (t,), got {tuple(Q.shape)} and {tuple(c.shape)}")
     if not (radius > 0 and math.isfinite(radius)):
@@ -189,7 +249,9 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
     if x0 is None:
         x = torch.zeros(T, dtype=torch.float64, device=Q.device)
         x[int(c.argmax())] = radius
-    else:
+    elif bool((x0 >= 0).all()) and float(x0.sum()) > 0:  # feasible up to the sum (a warm start): keep its support
+        x = x0.to(torch.float64) * (radius / float(x0.sum()))
+    else:  # the projection would turn a feasible point's zeros into rounding-level weights (support of size t)
         x = project_simplex(x0.to(torch.float64).reshape(1, T), radius=Q.new_tensor([radius]),
                             backend=backend).squeeze(0)
     it, fw = 0, frank_wolfe_gap(Q, c, x, radius)
@@ -199,7 +261,7 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
         x = torch.from_numpy(xn).to(Q.device)
         if done:
             value = qp_value(Q, c, x)
-            return (x[:t] if inequality else x), {"iterations": it, "fw_gap": fw, "value": value}
+            return (x[:t] if inequality else x), {"iterations": it, "fw_gap": fw, "value": value, "solved": True}
     L = float(torch.linalg.eigvalsh(Q)[-1])
     if L <= 0:  # linear objective: the best vertex
         x = torch.zeros_like(x)
@@ -223,5 +285,5 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
                     x, y, s = p, p.clone(), 1.0
                 fw = frank_wolfe_gap(Q, c, x, radius)
     value = qp_value(Q, c, x)
-    info = {"iterations": it, "fw_gap": fw, "value": value}
+    info = {"iterations": it, "fw_gap": fw, "value": value, "solved": fw <= tol}
     return (x[:t] if inequality else x), info
