@@ -115,6 +115,18 @@ def test_synthetic_chain_is_seeded_and_shares_the_hmm():
     assert bool((a.y[valid] >= 0).all()) and bool((a.x[~valid] == 0).all())
 
 
+def test_synthetic_chain_checks_its_arguments():
+    for kw, match in [({"noise": float("nan")}, "noise must be a finite number >= 0"),
+                      ({"noise": -1.0}, "noise must be"), ({"stickiness": float("inf")}, "stickiness must be"),
+                      ({"seed": -1}, "seed must be >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            ts.data.synthetic_chain("train", 5, **kw)
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        ts.data.synthetic_chain("train", 5, dtype=torch.long)
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        ts.data.synthetic_chain("train", 5, seed=1.5)
+
+
 def test_batches_cover_dataset_once():
     ds = ts.data.synthetic_chain("train", 37, seed=1)
     seen = []
@@ -129,7 +141,7 @@ def test_batches_cover_dataset_once():
 
 
 def test_missing_data_names_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="TORCHSSVM_DATA"):
+    with pytest.raises(FileNotFoundError, match="TORCHSSVM_DATA.*download=True"):
         ts.data.ocr(root=str(tmp_path))
 
 

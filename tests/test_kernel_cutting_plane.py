@@ -297,3 +297,14 @@ def test_errors():
         KernelCuttingPlane(x, torch.full((10,), 3), num_classes=3)
     with pytest.raises(ValueError, match="NaN"):
         KernelCuttingPlane(x.clone().fill_(float("nan")), y)
+
+
+def test_binary_labels_with_one_class_stay_binary():
+    """-1/+1 labels are binary also when a subset holds only +1 (it was read as a 2-class multiclass problem, with
+    another objective and predictions in {0, 1})."""
+    x, y = binary_data(n=40, seed=1)
+    pos = y == 1
+    solver = KernelCuttingPlane(x[pos], y[pos], 1.0, gamma=0.5, eps=1e-3)
+    assert solver.binary
+    solver.fit(max_iter=200)
+    assert set(solver.predict(x).tolist()) <= {-1, 1}

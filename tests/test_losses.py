@@ -226,3 +226,13 @@ def test_losses_edge_cases_and_errors():
     for module in (ts.StructuredHingeLoss, ts.SlackRescaledHingeLoss):
         with pytest.raises(ValueError, match="backend must be one of"):
             module(ts.Multiclass(3), backend="cuda")
+
+
+def test_hinge_module_moves_a_tensor_loss_weight_with_it():
+    crit = ts.StructuredHingeLoss(ts.Multiclass(3), loss_weight=torch.tensor([1.0, 2.0]))
+    assert "loss_weight" in dict(crit.named_buffers()) and "loss_weight" not in crit.state_dict()
+    crit = crit.to(torch.float64)  # .to(device) moves it the same way
+    assert crit.loss_weight.dtype == torch.float64
+    scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
+    # loss_weight (1, 2): the first example's hinge 1 + 1 - 0, the second's 2 + 0.5 - 0
+    assert crit(scores, torch.tensor([0, 0])).item() == pytest.approx((2.0 + 2.5) / 2)

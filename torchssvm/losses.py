@@ -130,7 +130,11 @@ class StructuredHingeLoss(nn.Module):
         _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
-        self.loss_weight = loss_weight
+        if isinstance(loss_weight, torch.Tensor) and not loss_weight.requires_grad:
+            # a buffer, so that .to(device) moves it with the module (not saved: it is a setting, not a parameter)
+            self.register_buffer("loss_weight", loss_weight, persistent=False)
+        else:
+            self.loss_weight = loss_weight
         self.backend = _check_backend(backend)
 
     def forward(self, potentials, target, lengths=None, *, loss_weight=None):

@@ -55,9 +55,9 @@ def parse_letter_data(path) -> dict:
 def _load_arrays(root: Optional[str], download: bool) -> dict:
     try:
         path = locate(root, NPZ)
-    except FileNotFoundError:
+    except FileNotFoundError as missing:
         if not download:
-            raise
+            raise FileNotFoundError(f"{missing} (or pass download=True to fetch {SOURCE_URL})") from None
         return parse_letter_data(locate(root, SOURCE, url=SOURCE_URL, download=True))
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in ("pixels", "labels", "lengths", "folds")}

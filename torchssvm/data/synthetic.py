@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validation import check_positive_int
@@ -36,8 +38,13 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     Lengths are uniform in ``[min_length, max_length]``.
     """
     n, K, D, lo, hi = check_chain_args(split, n, num_labels, num_features, min_length, max_length)
-    if not noise >= 0:
-        raise ValueError(f"noise must be >= 0, got {noise}")
+    for name, value, low in (("noise", noise, 0.0), ("stickiness", stickiness, -math.inf)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                 and value >= low):
+            raise ValueError(f"{name} must be a finite number{' >= 0' if low == 0 else ''}, got {value!r}")
+    seed = check_positive_int("seed", seed, minimum=0)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(K, K, generator=g) + stickiness * torch.eye(K)

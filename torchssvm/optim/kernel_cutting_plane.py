@@ -108,7 +108,8 @@ class KernelCuttingPlane:
     Args:
         x: ``(N, D)`` float features on any device (kernel blocks are computed there, in float64 like the
             QP, the scores and the cache).
-        y: ``(N,)``: ``-1/+1`` (binary) or ``0..K-1`` (multiclass, ``num_classes`` or ``max + 1`` classes).
+        y: ``(N,)``: ``-1/+1`` (binary, also when only one of them occurs) or ``0..K-1`` (multiclass, ``num_classes``
+            or ``max + 1`` classes).
         C: the average-slack C of OP1 (> 0).
         kernel, gamma: `MercerKernel` (``"rbf"`` with ``exp(-gamma ||x - x'||^2)``, or ``"linear"``).
         sampling: ``"exact"``, ``"linear"``, ``"constant"`` or ``"hybrid"``.
@@ -155,7 +156,8 @@ class KernelCuttingPlane:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         values = set(y.unique().tolist())
-        self.binary = num_classes is None and values <= {-1, 1} and -1 in values
+        # -1/+1 labels are binary, also when one class is missing from y (a subset); 0..K-1 are multiclass
+        self.binary = num_classes is None and values <= {-1, 1}
         kw = {"dtype": torch.float64, "device": x.device}
         if self.binary:
             self.F = torch.tensor([[-0.5], [0.5]], **kw)  # state 0: y = -1, state 1: y = +1
