@@ -231,7 +231,8 @@ def test_reports_fit_and_writer():
     ({"C": 0}, "C must be"), ({"C": "a"}, "C must be"), ({"rho": -1}, "rho must be"),
     ({"eta": -0.5}, "eta must be"), ({"fmo": "heap"}, "fmo must be"), ({"nu": 3}, "nu=3 needs"),
     ({"batch_size": 0}, "batch_size must be"), ({"bigram_search": "x"}, "bigram_search must be"),
-    ({"drop_tol": -1.0}, "drop_tol must be"), ({"primal_every": -1}, "primal_every must be"),
+    ({"drop_tol": -1.0}, "drop_tol must be"), ({"drop_tol": 1e-3}, r"drop_tol must be in \[0, 1e-09\]"),
+    ({"fmo": "sampled", "nu": K + 1}, f"nu must be <= K = {K}"), ({"primal_every": -1}, "primal_every must be"),
     ({"bigram_update": "newton"}, "bigram_update must be"),
     ({"structure": Chain(K, class_weights=torch.ones(K))}, "class weights"),
 ])

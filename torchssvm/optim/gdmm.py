@@ -63,6 +63,7 @@ EXTRA_ROWS = ("bias", "start", "end")  # model parameters that are indicator fea
 BIGRAM_SEARCHES = ("auto", "index", "brute")
 ENGINES = ("auto", "torch", "numba")
 BIGRAM_UPDATES = ("exact", "step")
+_MAX_DROP_TOL = 1e-9
 _BRUTE_MAX_K = 128  # "auto": below this K the K^2 scan is cheaper than keeping the index
 
 
@@ -99,7 +100,8 @@ class GDMM:
             ``Chain(K, normalize=False)`` is the paper's per-token loss).
         primal_every: compute the exact primal (one oracle pass: Viterbi for chains, enumeration for
             multi-label; not timed) every this many iterations (0: never).
-        drop_tol: active entries with ``|alpha| <= drop_tol`` leave the active set (never the truth).
+        drop_tol: active entries with ``|alpha| <= drop_tol`` leave the active set (never the truth); at most 1e-9,
+            a rounding threshold (the dropped value is not taken out of the primal tables).
         seed, writer, backend: random generator seed, TensorBoard ``SummaryWriter``, Viterbi backend.
 
     Reports: ``iteration``, ``dual = -lam G`` (a lower bound on the optimum only when the iterate is
@@ -138,8 +140,9 @@ class GDMM:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if fmo == "exact" and nu != 1:
             raise ValueError(f"nu={nu} needs fmo='sampled' (the exact oracle searches every label)")
-        if not (drop_tol >= 0 and math.isfinite(drop_tol)):
-            raise ValueError(f"drop_tol must be a finite number >= 0, got {drop_tol}")
+        if not (0 <= drop_tol <= _MAX_DROP_TOL):
+            # a dropped entry's value leaves alpha but not the primal tables (W, v): beyond rounding they disagree
+            raise ValueError(f"drop_tol must be in [0, {_MAX_DROP_TOL}] (a rounding threshold), got {drop_tol}")
 
     def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
@@ -162,6 +165,8 @@ class GDMM:
         self.primal_every, self.drop_tol, self.writer = primal_every, float(drop_tol), writer
         p = self.problem
         self.K, self.n, self.device = p.K, p.n, p.device
+        if nu > self.K:  # the label blocks are a split of the K labels: an empty block has no argmax
+            raise ValueError(f"nu must be <= K = {self.K} (nu label blocks split the labels), got {nu}")
         self.lam = 1.0 / (self.C * self.n)
         K, dev, f64 = self.K, self.device, torch.float64
         self.bigram_search = ("brute" if K <= _BRUTE_MAX_K else "index") if bigram_search == "auto" else bigram_search

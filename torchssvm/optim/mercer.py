@@ -41,9 +41,10 @@ class MercerKernel:
         self.name, self.gamma, self.evaluations = name, None if gamma is None else float(gamma), 0
 
     def fit_scale(self, x: torch.Tensor) -> None:
-        """Set ``gamma = 1 / (D var(x))`` when it was not given."""
+        """Set ``gamma = 1 / (D var(x))`` when it was not given, ``var`` the population variance of all entries
+        (scikit-learn's ``gamma="scale"``)."""
         if self.name == "rbf" and self.gamma is None:
-            var = float(x.double().var())
+            var = float(x.double().var(correction=0))
             self.gamma = 1.0 / (x.shape[1] * var) if var > 0 else 1.0
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
