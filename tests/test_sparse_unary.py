@@ -40,6 +40,24 @@ def test_torch_form_matches_an_explicit_loop(with_values):
     assert out[:, -1].abs().max() == 0
 
 
+def test_absent_slots_weigh_nothing_whatever_their_value():
+    """A value stored in a slot without an attribute (id -1) is ignored, NaN included, by the problem's torch form
+    and by the model (the numba twin skips those slots)."""
+    import torchssvm as ts
+
+    ids, values, lengths, E = _data_set(seed=5)
+    values = values.masked_fill(ids < 0, float("nan"))
+    index = torch.tensor([1, 2, 6])
+    T = int(lengths[index].max())
+    out = sparse_unary(ids, values, index, lengths, E, T)
+    torch.testing.assert_close(out, _explicit(ids, values, index, lengths, E, T), rtol=1e-12, atol=1e-12)
+    model = ts.LinearChainModel(E.shape[0], E.shape[1], sparse=True, bias=None, dtype=torch.float64)
+    with torch.no_grad():
+        model.emission.copy_(E)
+    unary = model.unary(ts.models.TokenFeatures(ids[index][:, :T], values[index][:, :T]))
+    assert bool(torch.isfinite(unary).all())
+
+
 @needs_numba()
 @pytest.mark.parametrize("with_values", [True, False])
 @pytest.mark.parametrize("parallel", [False, True])

@@ -97,7 +97,7 @@ class LinearChainModel(nn.Module):
                 if x.values.shape != x.ids.shape:
                     raise ValueError(f"x.values must have the shape of x.ids {tuple(x.ids.shape)}, "
                                      f"got {tuple(x.values.shape)}")
-                weights = weights * x.values.reshape(B * T, A).to(self.emission.dtype)
+                weights = torch.where(ids >= 0, x.values.reshape(B * T, A).to(self.emission.dtype), 0.0)
             u = F.embedding_bag(ids.clamp_min(0), self.emission, per_sample_weights=weights, mode="sum")
             u = u.view(B, T, self.num_labels)
         else:

@@ -28,8 +28,8 @@ def sparse_unary(ids: torch.Tensor, values: Optional[torch.Tensor], index: torch
     tokens = torch.arange(T, device=ids.device).unsqueeze(0) < lengths[index].unsqueeze(1)
     picked = x_ids[tokens]
     weight = (picked >= 0).to(E.dtype)  # absent attributes weigh 0
-    if values is not None:
-        weight = weight * values[index][:, :T][tokens].to(E.dtype)
+    if values is not None:  # absent slots weigh 0 whatever value they hold (as the numba twin skips them)
+        weight = torch.where(picked >= 0, values[index][:, :T][tokens].to(E.dtype), 0.0)
     unary = E.new_zeros(B, T, E.shape[1])
     unary[tokens] = torch.nn.functional.embedding_bag(picked.clamp_min(0), E, per_sample_weights=weight, mode="sum")
     return unary
