@@ -38,6 +38,25 @@ def test_device_tensors_compute_what_the_cpu_computes():
         assert torch.equal(d.cpu(), torch.where(ref > 0, 2 * ref, ref))
 
 
+def test_tensor_factories_on_device_tensors_behave_as_on_a_gpu():
+    """torch.as_tensor of a device tensor is that tensor, torch.tensor of one a device copy (neither waits), and
+    torch.tensor(..., device="cuda", requires_grad=True) is a leaf that an optimizer takes."""
+    with simulated_cuda() as mode:
+        d = torch.arange(4.0, device="cuda")
+        assert torch.as_tensor(d) is d and torch.as_tensor(d, device="cuda") is d
+        c = torch.tensor(d)
+        assert c.is_cuda and c is not d and torch.equal(c.cpu(), torch.arange(4.0))
+        assert torch.as_tensor(d, dtype=torch.float64).dtype == torch.float64
+        syncs = mode.syncs
+        torch.as_tensor(d), torch.tensor(d), torch.tensor(d, dtype=torch.float64)
+        assert mode.syncs == syncs
+        w = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
+        assert w.is_leaf and w.requires_grad and w.is_cuda
+        (w * 2).sum().backward()
+        assert torch.equal(w.grad.cpu(), torch.tensor([2.0, 2.0]))
+        torch.optim.SGD([w], lr=0.1).step()
+
+
 def test_kernel_launches_are_counted_by_function():
     """Ops that would run a kernel count; views and bare allocations do not."""
     def work():
@@ -200,6 +219,33 @@ def test_gpu_check_counts_only_the_runtime_calls_that_block_the_host():
     names = ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize", "aten::item", "cudaMemcpy",
              "cudaStreamSynchronize", "cudaEventRecord", "cudaEventSynchronize", "cudaStreamWaitEvent"]
     assert count_waits(names) == Counter({"cudaStreamSynchronize": 2, "cudaMemcpy": 1, "cudaEventSynchronize": 1})
+
+
+def test_gpu_check_counts_only_the_waits_before_the_end_marker():
+    """The synchronize that closes the trace, and any the profiler makes itself when it stops, start after the end
+    marker and are not counted; the marker is a profiler event with a start time (checked on a CPU trace)."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from torchssvm.testing.cuda_waits import END_MARKER, count_waits_before_marker
+
+    def ev(name, start):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start))
+
+    events = [ev("cudaStreamSynchronize", 1), ev("cudaMemcpy", 2), ev(END_MARKER, 5), ev("cudaDeviceSynchronize", 6),
+              ev("cudaDeviceSynchronize", 9), ev("cudaStreamSynchronize", 3)]
+    assert count_waits_before_marker(events) == Counter({"cudaStreamSynchronize": 2, "cudaMemcpy": 1})
+    assert count_waits_before_marker(events[:2]) == Counter({"cudaStreamSynchronize": 1, "cudaMemcpy": 1})
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(3).sum()
+        with record_function(END_MARKER):
+            pass
+        torch.ones(3).sum()
+    marks = [e for e in prof.events() if e.name == END_MARKER]
+    sums = sorted(e.time_range.start for e in prof.events() if e.name == "aten::sum")
+    assert len(marks) == 1 and sums[0] < marks[0].time_range.start < sums[1]
 
 
 def test_chain_problem_shapes_from_the_host_copy_of_the_index():

@@ -27,7 +27,7 @@ def _split_tag(tag: str) -> Tuple[str, str]:
     if tag == "O":
         return "O", ""
     prefix, _, kind = tag.partition("-")
-    if not kind:  # a bare type, as conlleval accepts for IOB1 variants
+    if not kind:  # a bare type: read as I-type (a run of one type is one chunk); conlleval has no such reading
         return "I", prefix
     return prefix, kind
 

@@ -331,13 +331,25 @@ def _written_args(func, args, kwargs):
 
 def _tensor_factory(original):
     """``torch.tensor``/``torch.as_tensor`` build their result below the dispatcher: build on the CPU, then move."""
+    copies = original.__name__ == "tensor"  # torch.tensor copies its data, torch.as_tensor need not (compared by
+    # name: inside the patch, torch.tensor is the patched function)
+
     @functools.wraps(original)
     def factory(data, *args, device=None, **kwargs):
+        # requires_grad is set after the move: a tensor built with it and then moved would not be a leaf
+        requires_grad = bool(kwargs.pop("requires_grad", False))
+        if isinstance(data, SimulatedCudaTensor) and (device is None or _is_cuda(device)):
+            # as on a GPU: as_tensor returns the device tensor itself, tensor copies it on the device (no wait)
+            dtype = kwargs.get("dtype", args[0] if args else None)
+            if not copies:
+                return data if dtype is None else data.to(dtype)
+            out = data.detach().clone() if dtype is None else data.detach().to(dtype, copy=True)
+            return out.requires_grad_() if requires_grad else out
         if isinstance(data, SimulatedCudaTensor):
-            data = data.inner.clone() if original is torch.tensor else data.inner
-            device = CUDA if device is None else device
+            data = data.inner.clone() if copies else data.inner
         out = original(data, *args, **kwargs)
-        return out.to(CUDA) if _is_cuda(device) else (out if device is None else out.to(device))
+        out = out.to(CUDA) if _is_cuda(device) else (out if device is None else out.to(device))
+        return out.requires_grad_() if requires_grad else out
     return factory
 
 
