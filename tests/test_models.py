@@ -104,3 +104,5 @@ def test_joint_feature_per_example_takes_any_tuple_of_marginals():
     assert torch.equal(ts.joint_feature(model, x, tuple(mu), per_example=True), named)
     assert torch.equal(ts.joint_feature(model, x, list(mu), per_example=True), named)
     assert torch.allclose(named.sum(0), ts.joint_feature(model, x, mu))
+    empty = ts.joint_feature(model, x[:0], ts.Chain(4).marginals(y[:0], dtype=torch.float64), per_example=True)
+    assert empty.shape == (0, named.shape[1]) and empty.dtype == torch.float64

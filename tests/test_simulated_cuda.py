@@ -55,6 +55,8 @@ def test_tensor_factories_on_device_tensors_behave_as_on_a_gpu():
         (w * 2).sum().backward()
         assert torch.equal(w.grad.cpu(), torch.tensor([2.0, 2.0]))
         torch.optim.SGD([w], lr=0.1).step()
+    with pytest.raises(RuntimeError, match="outside simulated_cuda"):
+        d.tolist()
 
 
 def test_kernel_launches_are_counted_by_function():

@@ -168,7 +168,11 @@ def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) 
                 parts = [None if m is None else m[b : b + 1] for m in mus]
                 mb = type(marginals)(*parts) if hasattr(marginals, "_fields") else tuple(parts)  # NamedTuple or not
             rows.append(joint_feature(model, xb, mb))
-        return torch.stack(rows) if rows else torch.zeros(0, sum(p.numel() for p in params))
+        if rows:
+            return torch.stack(rows)
+        ref = params[0] if params else None
+        return torch.zeros(0, sum(p.numel() for p in params), dtype=None if ref is None else ref.dtype,
+                           device=None if ref is None else ref.device)
     with torch.enable_grad():
         pots = _as_tuple(model(x))
         mus = _as_tuple(marginals)

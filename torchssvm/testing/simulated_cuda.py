@@ -131,7 +131,10 @@ class SimulatedCudaTensor(torch.Tensor):
         return self.inner.data_ptr()
 
     def tolist(self):
-        SimulatedCuda.active.count_sync()
+        mode = getattr(SimulatedCuda, "active", None)
+        if mode is None:
+            raise RuntimeError("a simulated CUDA tensor was used outside simulated_cuda() (in tolist)")
+        mode.count_sync()
         return self.inner.tolist()
 
     def numpy(self, *args, **kwargs):
