@@ -116,7 +116,7 @@ def test_synthetic_chain_is_seeded_and_shares_the_hmm():
 
 
 def test_synthetic_chain_checks_its_arguments():
-    for kw, match in [({"noise": float("nan")}, "noise must be a finite number >= 0"),
+    for kw, match in [({"noise": float("nan")}, r"noise must be finite and in \[0.0, inf\]"),
                       ({"noise": -1.0}, "noise must be"), ({"stickiness": float("inf")}, "stickiness must be"),
                       ({"seed": -1}, "seed must be >= 0")]:
         with pytest.raises(ValueError, match=match):

@@ -121,3 +121,14 @@ def check_positive_float(name: str, v) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{name} must be a positive finite number, got {v}")
     return v
+
+
+def check_real(name: str, value, *, minimum: float = 0.0, maximum: float = math.inf) -> float:
+    """``value`` as a float, or a TypeError / ValueError naming ``name`` unless it is a finite number in
+    ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and minimum <= value <= maximum):
+        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value}")
+    return value

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Iterator, NamedTuple, Optional
 
 import torch
+
+from .._validation import check_positive_int
+from .sequence_dataset import batch_index
 
 
 class MultiLabelBatch(NamedTuple):
@@ -39,20 +41,12 @@ class MultiLabelDataset(torch.utils.data.Dataset):
         return int(self.x.shape[0])
 
     def __getitem__(self, index) -> MultiLabelBatch:
-        if isinstance(index, torch.Tensor) and index.dim() == 0:
-            index = int(index)
-        if isinstance(index, numbers.Integral):  # a batch of one; out of range raises (and ends iteration)
-            index = int(index)
-            n = len(self)
-            if not -n <= index < n:
-                raise IndexError(f"index {index} out of range for {n} examples")
-            index = slice(index % n, index % n + 1)
+        index = batch_index(index, len(self), "examples")
         return MultiLabelBatch(self.x[index], self.y[index])
 
     def batches(self, batch_size: int, *, shuffle: bool = False,
                 generator: Optional[torch.Generator] = None) -> Iterator[MultiLabelBatch]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         for s in range(0, n, batch_size):

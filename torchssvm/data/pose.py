@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
 
 # Node names and parents (-1: the root). Every parent has a smaller index than its children, so one sweep
 # in index order samples a pose root to leaves. Edge e's child is node e + 1 (the root is node 0).
@@ -127,15 +126,6 @@ class PoseDataset:
                 f"features={self.num_features})")
 
 
-def _check_real(name: str, value, *, minimum: float = 0.0, maximum: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not (math.isfinite(value) and minimum <= value <= maximum):
-        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value}")
-    return value
-
-
 def _blob(centers: torch.Tensor, sigma: float, height: int, width: int) -> torch.Tensor:
     """``exp(-||l - c||^2 / (2 sigma^2))`` on the grid for centers ``(..., 2)`` (x, y): ``(..., H*W)``."""
     ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64),
@@ -201,17 +191,17 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     F = check_positive_int("num_features", num_features)
     if F > 2:
         raise ValueError(f"num_features must be 1 or 2, got {F}")
-    jitter = _check_real("jitter", jitter, maximum=1.0)
+    jitter = check_real("jitter", jitter, maximum=1.0)
     if not (isinstance(size_range, (tuple, list)) and len(size_range) == 2):
         raise ValueError(f"size_range must be a pair (low, high), got {size_range!r}")
-    lo = _check_real("size_range[0]", size_range[0], minimum=0.1, maximum=1.0)
-    hi = _check_real("size_range[1]", size_range[1], minimum=lo, maximum=1.0)
+    lo = check_real("size_range[0]", size_range[0], minimum=0.1, maximum=1.0)
+    hi = check_real("size_range[1]", size_range[1], minimum=lo, maximum=1.0)
     clutter = check_positive_int("clutter", clutter, minimum=0)
-    miss_rate = _check_real("miss_rate", miss_rate, maximum=1.0)
-    swap_rate = _check_real("swap_rate", swap_rate, maximum=1.0)
-    noise = _check_real("noise", noise)
+    miss_rate = check_real("miss_rate", miss_rate, maximum=1.0)
+    swap_rate = check_real("swap_rate", swap_rate, maximum=1.0)
+    noise = check_real("noise", noise)
     limb_modes = check_positive_int("limb_modes", limb_modes)
-    limb_angle = _check_real("limb_angle", limb_angle, maximum=math.pi)
+    limb_angle = check_real("limb_angle", limb_angle, maximum=math.pi)
     seed = check_positive_int("seed", seed, minimum=0)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -369,11 +359,11 @@ def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: flo
     T = int(types.rest.shape[1])
     if tuple(types.types.shape) != (n, E):
         raise ValueError(f"types.types must have shape ({n}, {E}) for this dataset, got {tuple(types.types.shape)}")
-    hit_rate = _check_real("hit_rate", hit_rate, maximum=1.0)
-    other = _check_real("other", other, maximum=1.0)
-    miss_rate = _check_real("miss_rate", miss_rate, maximum=1.0)
+    hit_rate = check_real("hit_rate", hit_rate, maximum=1.0)
+    other = check_real("other", other, maximum=1.0)
+    miss_rate = check_real("miss_rate", miss_rate, maximum=1.0)
     clutter = check_positive_int("clutter", clutter, minimum=0)
-    noise = _check_real("noise", noise)
+    noise = check_real("noise", noise)
     seed = check_positive_int("seed", seed, minimum=0)
     H, W = dataset.height, dataset.width
     offset = 3 if dataset.name.endswith("test") else 4

@@ -7,9 +7,24 @@ from typing import Iterator, NamedTuple, Optional, Union
 
 import torch
 
+from .._validation import check_positive_int
 from ..models import TokenFeatures
 
 Features = Union[torch.Tensor, TokenFeatures]
+
+
+def batch_index(index, n: int, items: str):
+    """A dataset's index as a tensor index: an integer (a Python, numpy or 0-dim tensor one) becomes the slice of a
+    batch of one, and out of range raises IndexError (which also ends Python's iteration over the dataset);
+    slices and index tensors pass through."""
+    if isinstance(index, torch.Tensor) and index.dim() == 0:
+        index = int(index)
+    if isinstance(index, numbers.Integral):
+        index = int(index)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for {n} {items}")
+        index = slice(index % n, index % n + 1)
+    return index
 
 
 class ChainBatch(NamedTuple):
@@ -59,14 +74,7 @@ class SequenceDataset(torch.utils.data.Dataset):
         return int(self.lengths.sum())
 
     def __getitem__(self, index) -> ChainBatch:
-        if isinstance(index, torch.Tensor) and index.dim() == 0:
-            index = int(index)
-        if isinstance(index, numbers.Integral):
-            index = int(index)
-            n = len(self)
-            if not -n <= index < n:
-                raise IndexError(f"index {index} out of range for {n} sequences")
-            index = slice(index % n, index % n + 1)
+        index = batch_index(index, len(self), "sequences")
         lengths = self.lengths[index]
         T = int(lengths.max()) if lengths.numel() else 1
         return ChainBatch(self.x[index][:, :T], self.y[index][:, :T], lengths)
@@ -74,8 +82,7 @@ class SequenceDataset(torch.utils.data.Dataset):
     def batches(self, batch_size: int, *, shuffle: bool = False, generator: Optional[torch.Generator] = None,
                 drop_last: bool = False) -> Iterator[ChainBatch]:
         """Mini-batches in order, or in a random order drawn from ``generator``."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         stop = n - n % batch_size if drop_last else n

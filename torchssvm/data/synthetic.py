@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
 from .sequence_dataset import SequenceDataset
 
 _SPLIT_OFFSET = {"train": 1, "test": 2}
@@ -38,10 +38,8 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     Lengths are uniform in ``[min_length, max_length]``.
     """
     n, K, D, lo, hi = check_chain_args(split, n, num_labels, num_features, min_length, max_length)
-    for name, value, low in (("noise", noise, 0.0), ("stickiness", stickiness, -math.inf)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                                 and value >= low):
-            raise ValueError(f"{name} must be a finite number{' >= 0' if low == 0 else ''}, got {value!r}")
+    check_real("noise", noise)
+    check_real("stickiness", stickiness, minimum=-math.inf)
     seed = check_positive_int("seed", seed, minimum=0)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")

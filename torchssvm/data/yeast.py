@@ -43,11 +43,9 @@ def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
         for f in feats:
             i, sep, v = f.partition(":")
             try:
-                j, val = int(i) - 1, float(v)
+                j, val = int(i) - 1, float(v if sep else "")  # float("") raises too: no ":"
             except ValueError:
                 raise ValueError(f"line {no}: {f!r} is not a feature id:value pair") from None
-            if not sep:
-                raise ValueError(f"line {no}: {f!r} is not a feature id:value pair")
             if not 0 <= j < num_features:
                 raise ValueError(f"line {no}: feature id {i} outside [1, {num_features}]")
             if j in seen:

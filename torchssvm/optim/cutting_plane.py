@@ -187,7 +187,7 @@ class NSlackCuttingPlane(DualSolver):
             total += float((H.amax(1) - (self.alpha[idx] * H.masked_fill(~self.used[idx], 0.0)).sum(1)).sum())
         return total / self.n
 
-    def _solve_qp(self):
+    def _solve_qp(self, qp_gap=None):
         """Block-coordinate descent on the working-set QP, coordinated across a mini-batch of blocks.
 
         Blocks are visited in random mini-batches of ``qp_batch``. Each block's move is either a pairwise
@@ -198,11 +198,11 @@ class NSlackCuttingPlane(DualSolver):
         cuts). The step lengths ``gamma in [0, 1]^B`` of the mini-batch minimize the quadratic
         jointly (the coordinated box QP of BCFW's mini-batches, `box_qp`), so every step decreases ``f`` and
         the coupling between blocks through shared parameters costs no step length. Sweeps stop at a
-        Frank-Wolfe gap ``<= qp_tol * eps``."""
+        Frank-Wolfe gap ``<= qp_tol * eps`` (``qp_gap``: that gap at the current iterate, when the caller has it)."""
         p, n, lam = self.problem, self.n, self.lam
         target = self.qp_tol * self.eps
         gen = self.generator
-        sweeps, qp_gap = 0, self._qp_gap()
+        sweeps, qp_gap = 0, self._qp_gap() if qp_gap is None else qp_gap
         while qp_gap > target and sweeps < self.qp_max_iter:
             sweeps += 1
             order = torch.randperm(n, generator=gen).to(p.device)
@@ -317,7 +317,7 @@ class NSlackCuttingPlane(DualSolver):
         else:
             qp_iter, qp_gap = 0, self._qp_gap()
             if qp_gap > self.qp_tol * self.eps:
-                qp_iter, qp_gap = self._solve_qp()
+                qp_iter, qp_gap = self._solve_qp(qp_gap)
         removed = self._remove_inactive()
         self.steps_done += 1
         self.separation_seconds += t_sep

@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_positive_int
 from .result import Incumbent, SearchResult
 
 QUEUES = ("fifo", "priority")
@@ -91,8 +92,8 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
         raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
     if not 0 < tol <= 1:
         raise ValueError(f"tol must be in (0, 1], got {tol}")
-    if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0):
-        raise ValueError(f"max_calls must be None or an int >= 0, got {max_calls!r}")
+    if max_calls is not None:
+        check_positive_int("max_calls", max_calls, minimum=0)
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device

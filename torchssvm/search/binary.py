@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import check_positive_int
 from .result import Incumbent, SearchResult
 
 
 def binary_search(oracle, *, lam_min: float = 1e-6, lam_max: float = 1e6, max_calls: int = 50,
                   tol: float = 1e-6) -> SearchResult:
-    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-        raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
+    check_positive_int("max_calls", max_calls)
     if not 0 < lam_min < lam_max:
         raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
     best = Incumbent(oracle)

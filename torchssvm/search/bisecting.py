@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_positive_int
 from .result import Incumbent, SearchResult
 
 
@@ -26,8 +27,7 @@ def bisecting_search(oracle, lam0: Optional[torch.Tensor] = None, *, max_calls: 
         max_calls: oracle calls per example at most.
         tol: relative tolerance of the interval tests.
     """
-    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-        raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
+    check_positive_int("max_calls", max_calls)
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device

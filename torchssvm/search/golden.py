@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from .._validation import check_positive_int
 from .result import Incumbent, SearchResult
 
 _R = (math.sqrt(5) - 1) / 2  # 0.618...
@@ -27,8 +28,7 @@ def golden_search(oracle, xi: torch.Tensor, *, lam_max: float = 1e3, max_calls: 
         lam_max: the right end of the search interval.
         max_calls, tol: call cap, and the relative width at which the interval counts as found.
     """
-    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-        raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
+    check_positive_int("max_calls", max_calls)
     best = Incumbent(oracle)
     B = oracle.batch_size
     f64 = dict(dtype=torch.float64, device=best.phi.device)
