@@ -78,6 +78,13 @@ def test_sparse_tokens_equal_dense_one_hot():
     assert torch.allclose(ts.joint_feature(sparse_model, TokenFeatures(ids, values), mu),
                           ts.joint_feature(dense_model, dense, mu))
 
+    # indexing selects batch rows like a tensor, an int included
+    for index in (1, slice(1, 2), torch.tensor([1, 0])):
+        part = TokenFeatures(ids, values)[index]
+        assert torch.equal(part.ids, ids[index]) and torch.equal(part.values, values[index])
+    assert torch.allclose(sparse_model(TokenFeatures(ids, values)[1:2]).unary, us[1:2])
+    assert TokenFeatures(ids)[0].values is None and len(TokenFeatures(ids, values)) == 2
+
 
 def test_multiclass_model_joint_feature():
     g = torch.Generator().manual_seed(2)

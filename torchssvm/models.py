@@ -25,6 +25,10 @@ class TokenFeatures(NamedTuple):
 
     - ``ids``: ``(B, T, A)`` long attribute ids in ``[0, num_features)``, -1 for "no attribute".
     - ``values``: ``(B, T, A)`` float attribute values, or None for binary attributes (value 1).
+
+    Indexing (an int, a slice, an index tensor) selects batch rows like a tensor: ``features[0]`` is the
+    first sequence's ``(T, A)`` attributes. Unpacking, ``len`` and the field names stay the NamedTuple's
+    ``(ids, values)``.
     """
 
     ids: torch.Tensor
@@ -33,9 +37,7 @@ class TokenFeatures(NamedTuple):
     def to(self, device) -> TokenFeatures:
         return TokenFeatures(self.ids.to(device), None if self.values is None else self.values.to(device))
 
-    def __getitem__(self, index):  # batch indexing, like a tensor
-        if isinstance(index, int):
-            return tuple.__getitem__(self, index)
+    def __getitem__(self, index):
         return TokenFeatures(self.ids[index], None if self.values is None else self.values[index])
 
     @property
