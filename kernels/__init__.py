@@ -88,10 +88,11 @@ def resolve_backend(backend: str, device: torch.device, has_numba: bool = False)
 _NUMBA_DTYPES = (torch.float32, torch.float64)
 
 
-def _chain_backend(backend: str, device: torch.device, *tensors) -> str:
-    """`resolve_backend` for the chain kernels, which have numba twins. ``"auto"`` keeps torch where the numba twins
-    would not compute what torch does: half types (they take float32 and float64 only) and mixed dtypes among the
-    float ``tensors`` (they compute in one dtype, torch promotes); None entries are skipped."""
+def _backend_with_numba(backend: str, device: torch.device, *tensors) -> str:
+    """`resolve_backend` for the kernels with numba twins (chains, trees, distance transforms). ``"auto"`` keeps
+    torch where the numba twins would not compute what torch does: half types (they take float32 and float64 only)
+    and mixed dtypes among the float ``tensors`` (they compute in one dtype, torch promotes); None entries are
+    skipped."""
     be = resolve_backend(backend, device, has_numba=True)
     if be == "numba" and backend == "auto":
         dtypes = {t.dtype for t in tensors if t is not None}
@@ -104,7 +105,7 @@ def _chain_backend(backend: str, device: torch.device, *tensors) -> str:
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
     the contract. Inputs are not checked here (the structures validate at the boundary)."""
-    be = _chain_backend(backend, unary.device, unary, transition, start, end)
+    be = _backend_with_numba(backend, unary.device, unary, transition, start, end)
     if be == "triton":
         from .viterbi_triton import viterbi_triton
 
@@ -122,7 +123,7 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
     `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
     `chain_labels_score_numba` (one compiled loop; equal to rounding; ``"auto"`` keeps torch for the per-position
     transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example)."""
-    be = _chain_backend(backend, unary.device, unary, transition, start, end)
+    be = _backend_with_numba(backend, unary.device, unary, transition, start, end)
     if be == "numba" and backend == "auto" and transition.dim() != 2:
         be = "torch"
     if be == "triton":
@@ -141,7 +142,7 @@ def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
     `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
     rounding)."""
-    be = _chain_backend(backend, unary.device, unary, transition, start, end, z)
+    be = _backend_with_numba(backend, unary.device, unary, transition, start, end, z)
     if be == "numba":
         from .chain_score_numba import chain_inner_numba
 
@@ -407,7 +408,7 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     is negative."""
     sched = tree_schedule(parents)
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
-    be = resolve_backend(backend, unary.device, has_numba=True)
+    be = _backend_with_numba(backend, unary.device, unary, weights, rest)
     if be == "triton":
         from .tree_triton import spatial_tree_max_sum_triton
 
@@ -453,7 +454,7 @@ def mixture_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     _check_mixture_args(unary, weights, rest, child_scores, parent_scores, cooccurrence, len(sched.parents),
                         height, width)
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
-    be = resolve_backend(backend, unary.device, has_numba=True)
+    be = _backend_with_numba(backend, unary.device, unary, weights, rest, child_scores, parent_scores, cooccurrence)
     if be == "numba":
         from .distance_transform_numba import mixture_tree_max_sum_numba
 
@@ -499,7 +500,7 @@ def distance_transform_1d(f, a, b, r, backend: str = "auto"):
     of f's dtype, finite; ``a >= 0`` (a ValueError naming ``a``). A row of -inf gives -inf."""
     _check_transform_args(f, 2, {"a": a, "b": b, "r": r})
     check_quadratic_weights("a", a)
-    be = resolve_backend(backend, f.device, has_numba=True)
+    be = _backend_with_numba(backend, f.device, f)
     if be == "triton":
         from .distance_transform_triton import distance_transform_1d_triton
 
@@ -519,7 +520,7 @@ def distance_transform_2d(f, ax, bx, rx, ay, by, ry, backend: str = "auto"):
     _check_transform_args(f, 3, {"ax": ax, "bx": bx, "rx": rx, "ay": ay, "by": by, "ry": ry})
     check_quadratic_weights("ax", ax)
     check_quadratic_weights("ay", ay)
-    be = resolve_backend(backend, f.device, has_numba=True)
+    be = _backend_with_numba(backend, f.device, f)
     if be == "numba":
         from .distance_transform_numba import distance_transform_2d_numba
 

@@ -30,8 +30,8 @@ def chain_marginals_torch(labels: torch.Tensor, lengths: torch.Tensor, num_label
     cols = [(yc + offs).view(B, n_lab * T)]
     vals = [vs.view(B, n_lab * T)]
     if T > 1:
-        cols.append((a + yc[:, :, :-1] * K + yc[:, :, 1:]).view(B, -1))
-        vals.append((vs[:, :, 1:]).reshape(B, -1))
+        cols.append((a + yc[:, :, :-1] * K + yc[:, :, 1:]).reshape(B, n_lab * (T - 1)))  # not -1: B may be 0
+        vals.append(vs[:, :, 1:].reshape(B, n_lab * (T - 1)))
     last = yc.gather(2, (lengths - 1).view(B, 1, 1).expand(B, n_lab, 1)).squeeze(2)
     cols += [b + yc[:, :, 0], c + last]
     vals += [sign.squeeze(2), sign.squeeze(2)]

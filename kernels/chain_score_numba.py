@@ -137,9 +137,11 @@ def chain_inner_numba(unary: torch.Tensor, transition: torch.Tensor, start: Opti
     a = z.shape[1] - K * K - 2 * K if z.dim() == 2 else -1
     if z.dim() != 2 or z.shape[0] != B or a < T * K or a % K:
         raise ValueError(f"z must have shape ({B}, T' {K} + {K * K + 2 * K}) with T' >= {T}, got {tuple(z.shape)}")
-    dt = torch.promote_types(unary.dtype, z.dtype)
+    dt = z.dtype
+    for t in (unary, transition, start, end):
+        dt = dt if t is None else torch.promote_types(dt, t.dtype)
     if dt not in _DTYPES:
-        raise ValueError(f"backend='numba' needs float32 or float64, got z of {z.dtype}")
+        raise ValueError(f"backend='numba' needs float32 or float64, got the promoted dtype {dt}")
     out = torch.empty(B, dtype=dt)
     if B == 0:
         return out

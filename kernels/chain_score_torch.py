@@ -23,7 +23,9 @@ def chain_score_torch(unary: torch.Tensor, transition: torch.Tensor, start: Opti
     B, T, _ = unary.shape
     valid = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
     yc = labels.clamp_min(0)
-    s = (unary.gather(2, yc.unsqueeze(2)).squeeze(2) * valid).sum(1)
+    zero = unary.new_zeros(())
+    # where, not a product with the mask: a -inf potential read at a padded position must count 0, not NaN
+    s = torch.where(valid, unary.gather(2, yc.unsqueeze(2)).squeeze(2), zero).sum(1)
     if T > 1:
         pair_valid = valid[:, 1:]
         if transition.dim() == 2:
@@ -32,7 +34,7 @@ def chain_score_torch(unary: torch.Tensor, transition: torch.Tensor, start: Opti
             K = unary.shape[2]
             flat = transition.reshape(B, T - 1, K * K)
             tr = flat.gather(2, (yc[:, :-1] * K + yc[:, 1:]).unsqueeze(2)).squeeze(2)
-        s = s + (tr * pair_valid).sum(1)
+        s = s + torch.where(pair_valid, tr, zero).sum(1)
     if start is not None:
         s = s + start[yc[:, 0]]
     if end is not None:

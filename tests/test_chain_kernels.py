@@ -70,6 +70,31 @@ def test_inner_torch_twin_promotes_mixed_dtypes():
     torch.testing.assert_close(got, chain_inner(*(t.float().double() for t in theta), z, backend="torch"))
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numba", marks=needs_numba())])
+def test_padding_and_empty_batches(backend):
+    """-inf potentials read at padded positions count 0, as in every twin (not -inf * 0 = NaN); an empty batch gives
+    empty results; the numba inner product computes in the dtype promoted over all its inputs."""
+    K, T = 2, 3
+    unary = torch.zeros(2, T, K, dtype=torch.float64)
+    forbid = torch.tensor([[0.0, 0.0], [-torch.inf, 0.0]], dtype=torch.float64)  # 1 -> 0 forbidden
+    labels = torch.tensor([[[0, 1, 1]], [[1, 1, -1]]])  # the pair (1, padding -> 0) is past the length
+    lengths = torch.tensor([3, 2])
+    assert chain_labels_score(unary, forbid, None, None, labels, lengths, backend=backend).flatten().tolist() == [0, 0]
+    unary[1, 2] = -torch.inf
+    assert chain_labels_score(unary, forbid.clamp_min(0), None, None, labels, lengths,
+                              backend=backend).flatten().tolist() == [0, 0]
+    empty = chain_marginals(torch.zeros(0, T, dtype=torch.long), torch.zeros(0, dtype=torch.long), K,
+                            torch.zeros(0, T, dtype=torch.long), backend=backend)
+    assert empty.shape == (0, T * K + K * K + 2 * K)
+    g = torch.Generator().manual_seed(4)
+    theta = _potentials(2, 3, 3, g, True)
+    th = (theta[0].float(),) + theta[1:]
+    z = _flat_marginals(2, 3, 3, g).float()
+    got = chain_inner(*th, z, backend=backend)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, chain_inner(*th, z.double(), backend="torch"), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("start_end", [True, False])
 def test_inner_twin_is_the_explicit_sum(start_end):
     """``<theta_b, z_b>`` over the flat layout, with rows longer than the potentials (the batch's T < the data's)."""

@@ -112,6 +112,19 @@ def test_backend_rules(monkeypatch):
                                backend="numba")
     with pytest.raises(ValueError, match="float32 or float64"):
         dtn.distance_transform_1d_numba(torch.zeros(2, 3, dtype=torch.bfloat16), *torch.zeros(3, 2))
+    # "auto" keeps torch for half types, which the numba twins do not take
+    for dtype in (torch.float16, torch.bfloat16):
+        f = torch.tensor([[0.0, 3.0, -1.0, 2.0]], dtype=dtype)
+        p = [torch.full((1,), v, dtype=dtype) for v in (0.5, 0.0, 0.0)]
+        for got, want in zip(distance_transform_1d(f, *p), distance_transform_1d(f, *p, backend="torch")):
+            assert torch.equal(got, want)
+        assert torch.equal(distance_transform_2d(f.view(1, 2, 2), *p, *p)[1],
+                           distance_transform_2d(f.view(1, 2, 2), *p, *p, backend="torch")[1])
+        unary, weights, rest = torch.randn(1, 2, 6).to(dtype), torch.tensor([[0.0, 1.0, 0.0, 1.0]], dtype=dtype), \
+            torch.zeros(1, 2, dtype=dtype)
+        assert torch.equal(spatial_tree_max_sum(unary, weights, rest, torch.tensor([-1, 0]), 2, 3)[0],
+                           spatial_tree_max_sum(unary, weights, rest, torch.tensor([-1, 0]), 2, 3,
+                                                        backend="torch")[0])
     monkeypatch.setattr(_numba, "numba", None)  # as without numba installed
     assert resolve_backend("auto", cpu, has_numba=True) == "torch"
     with pytest.raises(RuntimeError, match="numba"):

@@ -91,6 +91,10 @@ def test_numba_twin_matches_explicit_vectors_and_the_torch_rows(dense_min, with_
     ids[:] = -1
     assert torch.equal(sparse_emission_gram_numba(ids, values, u), torch.zeros(ids.shape[0], ids.shape[0],
                                                                                dtype=torch.float64))
+    empty = (ids[:0], values[:0], u[:0])  # an empty batch, as the torch twin takes it
+    for a, b in zip(attribute_rows_numba(*empty), attribute_rows(*empty)):
+        assert a.shape == b.shape and a.shape[0] == 0
+    assert sparse_emission_gram_numba(*empty).shape == (0, 0)
     with pytest.raises(ValueError, match="values must have the shape"):
         attribute_rows_numba(ids, values[:, :2], u)
     with pytest.raises(ValueError, match="float32/float64"):

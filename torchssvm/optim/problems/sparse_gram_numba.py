@@ -191,7 +191,7 @@ def attribute_rows_numba(ids: torch.Tensor, values: Optional[torch.Tensor], u: t
     vals = uu.new_zeros(1, 1, 1) if values is None else values.detach().to(u.dtype).contiguous()
     attr, block, token, val, top = _entries(ids_np, vals.numpy(), values is not None,
                                             index.to(torch.long).contiguous().numpy(), uu.numpy())
-    attr, row, V = _rows(attr, block, token, val, top, values is not None, uu.reshape(R * T, -1).numpy())
+    attr, row, V = _rows(attr, block, token, val, top, values is not None, uu.reshape(R * T, u.shape[2]).numpy())
     return torch.from_numpy(attr), torch.from_numpy(row), torch.from_numpy(V)
 
 
