@@ -228,6 +228,11 @@ def test_writer_gets_scalars():
         for key in ("primal", "dual", "gap", "exact_gap", "bound", "mu", "passes", "time"):
             assert [step for step, _ in w.scalars[f"{tag}/{key}"]] == [0, 1, 2]
         assert w.scalars[f"{tag}/gap"][-1][1] == s.report()["gap"]
+        # a solver built to resume the run logs only the iterates it computes (iterate 0 was logged already)
+        resumed = Pragam(X, y, 0.1, bias=bias, writer=w)
+        resumed.load_state_dict(s.state_dict())
+        resumed.step()
+        assert [step for step, _ in w.scalars[f"{tag}/primal"]] == [0, 1, 2, 3]
 
 
 @needs_triton()

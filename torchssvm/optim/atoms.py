@@ -12,6 +12,7 @@ import torch
 
 from .._device import host_to_device
 from ..kernels import resolve_backend
+from ._state import checked_tensor, require_keys
 
 
 class AtomStore:
@@ -158,7 +159,23 @@ class AtomStore:
                 "count": self.count.clone(), "alpha_valid": self.alpha_valid.clone(), "capacity": self.capacity}
 
     def load_state_dict(self, s: dict) -> None:
-        self.labels, self.loss, self.alpha = s["labels"].clone(), s["loss"].clone(), s["alpha"].clone()
-        self.count, self.alpha_valid = s["count"].clone(), s["alpha_valid"].clone()
+        self.set_state(self.checked_state(s))
+
+    def checked_state(self, s: dict) -> dict:
+        """The store's tensors from `state_dict` ``s``, checked against this store's ``n``, ``width`` and capacity
+        (the number of slots is the saved one: storage grows) and moved to its device; nothing is set here."""
+        require_keys(s, ("labels", "loss", "alpha", "count", "alpha_valid", "capacity"), "state_dict['atoms']")
+        if s["capacity"] != self.capacity:
+            raise ValueError(f"state_dict['atoms'] was saved with capacity {s['capacity']!r}; this store has "
+                             f"{self.capacity}")
+        n, _, width = self.labels.shape
+        labels = s["labels"]
+        slots = labels.shape[1] if isinstance(labels, torch.Tensor) and labels.dim() == 3 else self.labels.shape[1]
+        shapes = {"labels": (n, slots, width), "loss": (n, slots), "alpha": (n, slots), "count": (n,),
+                  "alpha_valid": (n,)}
+        return {k: checked_tensor(s, k, shape, getattr(self, k), "state_dict['atoms']") for k, shape in shapes.items()}
+
+    def set_state(self, checked: dict) -> None:
+        for k, value in checked.items():
+            setattr(self, k, value)
         self.count_host = self.count.to("cpu", copy=True)
-        self.capacity = int(s["capacity"])

@@ -24,6 +24,7 @@ import torch
 from .._device import host_to_device
 from ..kernels import apply_block_step, select_atoms
 from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
+from ._state import checked_generator_state, checked_tensor, require_keys
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -404,17 +405,28 @@ class BCFW(DualSolver):
                   self.atoms.state_dict()})
         return s
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.global_gap = float(state["global_gap"])
-        self.first_visit = state["first_visit"].clone()
-        self.first_visit_pos = int(state["first_visit_pos"])
-        self.cache_hits, self.visits = int(state["cache_hits"]), int(state["visits"])
+    def _checked_state(self, state: dict) -> dict:
+        require_keys(state, ("global_gap", "first_visit", "first_visit_pos", "cache_hits", "visits", "generator",
+                             "atoms"))
+        out = super()._checked_state(state)
+        if (state["atoms"] is None) != (self.atoms is None):
+            raise ValueError("state_dict was saved with a different cache / step configuration")
+        first_visit = checked_tensor(state, "first_visit", (self.n,), self.first_visit)
+        if not torch.equal(first_visit.sort().values, torch.arange(self.n)):
+            raise ValueError(f"state_dict['first_visit'] must be a permutation of range({self.n})")
+        out.update(global_gap=float(state["global_gap"]), first_visit=first_visit,
+                   first_visit_pos=int(state["first_visit_pos"]), cache_hits=int(state["cache_hits"]),
+                   visits=int(state["visits"]))
+        out["_generator"] = checked_generator_state(state)
+        out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        self.generator.set_state(checked.pop("_generator"))
+        atoms = checked.pop("_atoms")
+        if atoms is not None:
+            self.atoms.set_state(atoms)
         if self._misses is not None:  # the saved counters include every miss counted on the device
             self._misses.zero_()
             self._visits_unread = 0
-        self.generator.set_state(state["generator"])
-        if (state["atoms"] is None) != (self.atoms is None):
-            raise ValueError("state_dict was saved with a different cache / step configuration")
-        if self.atoms is not None:
-            self.atoms.load_state_dict(state["atoms"])
+        super()._set_state(checked)

@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 
+from ._state import check_config, checked_tensor, require_keys
 from .dual_solver import _check_lam
 from .loop import log_scalars, run_steps
 from .risks import StructuredRisk
@@ -90,7 +91,7 @@ class BMRM:
         self.alpha = torch.zeros(0, **kw)
         self.age = torch.zeros(0, dtype=torch.long, device=r.device)
         self.model_value = -math.inf  # J_t(w_{t+1}) after the last QP
-        self.qp_solved = True  # whether the last QP reached its tolerance (not saved: a restored solver assumes so)
+        self.qp_solved = True  # whether the last QP reached its tolerance
         self.best_primal = math.inf
         self.oracle_calls = 0
         self.steps_done = 0
@@ -183,24 +184,30 @@ class BMRM:
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("w", "w_best", "cuts", "offsets", "alpha", "age")
-    _state_scalars = ("lam", "model_value", "best_primal", "oracle_calls", "steps_done", "seconds", "qp_seconds")
+    _state_scalars = ("model_value", "best_primal", "qp_solved", "oracle_calls", "steps_done", "seconds",
+                      "qp_seconds")
+
+    def _config(self) -> dict:
+        """The settings a state is bound to (`_state.check_config`): its cuts are of this objective only."""
+        return {"n": self.n, "d": self.d, "lam": self.lam, "variant": self.variant}
 
     def state_dict(self) -> dict:
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update({k: getattr(self, k) for k in self._state_scalars})
+        s.update(self._config())
         return s
 
     def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in (*self._state_tensors, *self._state_scalars) if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
+        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
+        another ``lam`` or variant, raises a ValueError and leaves the solver unchanged."""
+        require_keys(state, (*self._state_tensors, *self._state_scalars))
+        check_config(state, self._config())
         t = state["cuts"].shape[0] if isinstance(state["cuts"], torch.Tensor) else -1
+        checked = {}
         for k in self._state_tensors:
-            v = state[k]
-            want = (self.d,) if k in ("w", "w_best") else ((t, self.d) if k == "cuts" else (t,))
-            if not isinstance(v, torch.Tensor) or tuple(v.shape) != want:
-                raise ValueError(f"state_dict[{k!r}] must be a tensor of shape {want}")
-            setattr(self, k, v.to(self.w.device).clone())
-        for k in self._state_scalars:
-            setattr(self, k, type(getattr(self, k))(state[k]))
+            shape = (self.d,) if k in ("w", "w_best") else ((t, self.d) if k == "cuts" else (t,))
+            checked[k] = checked_tensor(state, k, shape, getattr(self, k))
+        checked.update({k: type(getattr(self, k))(state[k]) for k in self._state_scalars})
+        for k, value in checked.items():
+            setattr(self, k, value)
         self.risk.write_model(self.w)

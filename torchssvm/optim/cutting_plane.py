@@ -39,6 +39,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..kernels import project_simplex
+from ._state import checked_generator_state, checked_tensor, require_keys
 from .box_qp import box_qp
 from .dual_solver import DualSolver
 
@@ -347,17 +348,20 @@ class NSlackCuttingPlane(DualSolver):
         s["generator"] = self.generator.get_state()
         return s
 
-    def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in self._working_set if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
-        n = self.n
+    def _checked_state(self, state: dict) -> dict:
+        require_keys(state, (*self._working_set, "generator"))
+        out = super()._checked_state(state)
+        used = state["used"]
+        slots = used.shape[1] if isinstance(used, torch.Tensor) and used.dim() == 2 else None
         for k in self._working_set:
-            t = state[k]
-            if not isinstance(t, torch.Tensor) or t.shape[0] != n or t.shape[1] != state["used"].shape[1]:
-                raise ValueError(f"state_dict[{k!r}] must be a tensor with {n} rows and one column per slot")
-        for k in self._working_set:
-            setattr(self, k, state[k].to(self.problem.device).clone())
-        if "generator" in state:
-            self.generator.set_state(state["generator"])
-        super().load_state_dict(state)
+            cur = getattr(self, k)
+            shape = (self.n, slots) + tuple(cur.shape[2:])
+            if slots is None:
+                raise ValueError(f"state_dict['used'] must be a tensor with {self.n} rows and one column per slot")
+            out[k] = checked_tensor(state, k, shape, cur)
+        out["_generator"] = checked_generator_state(state)
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        self.generator.set_state(checked.pop("_generator"))
+        super()._set_state(checked)

@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 
 from .._validation import check_positive_float
-from .problems import DualProblem, make_problem
+from ._state import box_state, check_config, checked_tensor, require_keys
+from .problems import DualProblem, SlackRescaledProblem, make_problem
 
 
 def _check_lam(lam) -> float:
@@ -216,25 +217,36 @@ class DualSolver:
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("z", "ell", "v", "block_gaps")
-    _state_scalars = ("lam", "oracle_calls", "steps_done", "seconds")
+    _state_scalars = ("oracle_calls", "steps_done", "seconds")
+
+    def _config(self) -> dict:
+        """The settings of the objective that a state is bound to (`_state.check_config`)."""
+        rescaling = "slack" if isinstance(self.problem, SlackRescaledProblem) else "margin"
+        return {"lam": self.lam, "rescaling": rescaling, "box": box_state(self.box)}
 
     def state_dict(self) -> dict:
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update({k: getattr(self, k) for k in self._state_scalars})
+        s.update(self._config())
         s["last_exact"] = None if self.last_exact is None else dict(self.last_exact)
         return s
 
     def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in (*self._state_tensors, *self._state_scalars) if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
-        for k in self._state_tensors:
-            cur, new = getattr(self, k), state[k]
-            if not isinstance(new, torch.Tensor) or new.shape != cur.shape:
-                raise ValueError(f"state_dict[{k!r}] must be a tensor of shape {tuple(cur.shape)}")
-            setattr(self, k, new.to(cur.device, cur.dtype).clone())
-        for k in self._state_scalars:
-            setattr(self, k, type(getattr(self, k))(state[k]))
-        self.last_exact = state.get("last_exact")
+        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
+        another ``lam``, rescaling or box, raises a ValueError and leaves the solver unchanged."""
+        self._set_state(self._checked_state(state))
+
+    def _checked_state(self, state: dict) -> dict:
+        """The attributes to set from ``state``, all checked (subclasses add theirs); nothing is set here."""
+        require_keys(state, (*self._state_tensors, *self._state_scalars))
+        check_config(state, self._config())
+        out = {k: checked_tensor(state, k, getattr(self, k).shape, getattr(self, k)) for k in self._state_tensors}
+        out.update({k: type(getattr(self, k))(state[k]) for k in self._state_scalars})
+        out["last_exact"] = None if state.get("last_exact") is None else dict(state["last_exact"])
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        for k, value in checked.items():
+            setattr(self, k, value)
         self._sync_w()
         self.problem.write_model(self.w)

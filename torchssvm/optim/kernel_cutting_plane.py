@@ -42,6 +42,7 @@ from typing import Optional
 
 import torch
 
+from ._state import check_config, checked_generator_state, checked_tensor, require_keys
 from .loop import log_scalars, run_steps
 from .mercer import MercerKernel
 from .simplex_qp import simplex_qp
@@ -496,6 +497,12 @@ class KernelCuttingPlane:
                                                "kernel_evaluations", "time"), self.steps_done)
 
     # -- state ----------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        """The settings that a state is bound to (`_state.check_config`): its cuts, cached rows and scores are of
+        this training set's size, this kernel (its scale after `MercerKernel.fit_scale`) and this C."""
+        return {"N": self.N, "num_states": self.S, "kernel": self.kernel.name, "gamma": self.kernel.gamma,
+                "C": self.C, "sampling": self.sampling}
+
     def state_dict(self) -> dict:
         sizes = torch.tensor([b.numel() for b in self.basis], dtype=torch.long)
         cat = (lambda xs, shape: torch.cat(xs) if xs else torch.zeros(shape))  # noqa: E731
@@ -505,27 +512,39 @@ class KernelCuttingPlane:
                 "cache": self.cache, "mode": self.mode, "quiet": self.quiet, "sampled_cuts": self.sampled_cuts,
                 "steps_done": self.steps_done,
                 "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
-                "generator": self.generator.get_state()}
+                "generator": self.generator.get_state(), **self._config()}
 
     def load_state_dict(self, state: dict) -> None:
-        need = ("basis", "diffs", "sizes", "coef", "offsets", "alpha", "age", "G", "cache", "quiet", "steps_done",
-                "seconds", "kernel_evaluations", "generator")
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
-        t = state["offsets"].numel()
-        if state["G"].shape != (t, t) or state["sizes"].numel() != t:
-            raise ValueError("state_dict holds inconsistent cut counts")
-        dev = self.x.device
-        sizes = state["sizes"].tolist()
+        """Resume from `state_dict`: the run continues the same trajectory. A state of another training-set size,
+        kernel, scale, C or sampling raises a ValueError and leaves the solver unchanged."""
+        require_keys(state, ("basis", "diffs", "sizes", "coef", "offsets", "alpha", "age", "G", "cache", "mode",
+                             "quiet", "sampled_cuts", "steps_done", "seconds", "kernel_evaluations", "generator"))
+        check_config(state, self._config())
+        dev, S1 = self.x.device, self.F.shape[1]
+        sizes = state["sizes"]
+        if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.is_floating_point() or (sizes < 0).any():
+            raise ValueError("state_dict['sizes'] must be a 1-D integer tensor of basis sizes >= 0")
+        t, m = sizes.numel(), int(sizes.sum())
+        checked = {k: checked_tensor(state, k, (t,), getattr(self, k)) for k in ("coef", "offsets", "alpha", "age")}
+        checked["G"] = checked_tensor(state, "G", (t, t), self.G)
+        basis = checked_tensor(state, "basis", (m,), torch.zeros(0, dtype=torch.long, device=dev))
+        if m and (int(basis.min()) < 0 or int(basis.max()) >= self.N):
+            raise ValueError(f"state_dict['basis'] must hold example indices in [0, {self.N})")
+        diffs = checked_tensor(state, "diffs", (m, S1), self.F)
+        cache = state["cache"]
+        rows = cache.shape[0] if isinstance(cache, torch.Tensor) and cache.dim() == 3 and cache.shape[0] in (0, t) \
+            else t
+        cache = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
+        if state["mode"] not in ("exact", "linear", "constant"):
+            raise ValueError(f"state_dict['mode'] must be 'exact', 'linear' or 'constant', got {state['mode']!r}")
+        generator = checked_generator_state(state)
         self._cat = None
-        self.basis = list(state["basis"].to(dev).split(sizes)) if t else []
-        self.diffs = list(state["diffs"].to(dev).split(sizes)) if t else []
-        for k in ("coef", "offsets", "alpha", "age", "G"):
-            setattr(self, k, state[k].to(dev).clone())
-        self._cache.set(state["cache"].to(dev))
+        self.basis = list(basis.split(sizes.tolist())) if t else []
+        self.diffs = list(diffs.split(sizes.tolist())) if t else []
+        for k, value in checked.items():
+            setattr(self, k, value)
+        self._cache.set(cache)
         self.quiet, self.steps_done = int(state["quiet"]), int(state["steps_done"])
-        self.mode = state.get("mode", self.mode)
-        self.sampled_cuts = int(state.get("sampled_cuts", 0))
+        self.mode, self.sampled_cuts = state["mode"], int(state["sampled_cuts"])
         self.seconds, self.kernel.evaluations = float(state["seconds"]), int(state["kernel_evaluations"])
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(generator)

@@ -149,7 +149,7 @@ class Pragam:
         r = self._report()
         self.seconds = time.perf_counter() - t0
         self.last_report = {**r, "time": self.seconds}
-        self._log(self.last_report)
+        # iterate 0 is logged by the first `step`, not here: a solver built to resume a run has logged it already
 
     # -- validation -----------------------------------------------------------------------------
     @staticmethod
@@ -308,6 +308,8 @@ class Pragam:
         and ``b``."""
         t0 = time.perf_counter()
         k, lam = self.iteration, self.lam
+        if k == 0:
+            self._log(self.last_report)
         tau = 2.0 / (k + 3)
         a_mu = self._project(self._margins(self.Xw) / self.mu)  # alpha_{mu_k}(w_k), eq. 23
         w_beta = (1 - tau) * self.w_hat + tau * (self._XTv(self._adjoint(a_mu)) / lam)  # w(beta_k) by linearity

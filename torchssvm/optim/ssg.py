@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ._state import box_state, check_config, checked_generator_state, checked_tensor, require_keys
 from .dual_solver import _check_lam, parse_box
 from .problems import make_problem
 
@@ -89,14 +90,24 @@ class SSG:
     def fit(self, max_passes: int) -> list:
         return [self.step() for _ in range(int(max_passes))]
 
+    def _config(self) -> dict:
+        """The settings of the objective that a state is bound to (`_state.check_config`)."""
+        return {"n": self.n, "lam": self.lam, "box": box_state(self.box), "averaging": self.averaging}
+
     def state_dict(self) -> dict:
         return {"w": self.w.clone(), "w_avg": self.w_avg.clone(), "k": self.k, "oracle_calls": self.oracle_calls,
-                "steps_done": self.steps_done, "seconds": self.seconds, "lam": self.lam,
-                "generator": self.generator.get_state()}
+                "steps_done": self.steps_done, "seconds": self.seconds, "generator": self.generator.get_state(),
+                **self._config()}
 
     def load_state_dict(self, s: dict) -> None:
-        self.w, self.w_avg = s["w"].clone(), s["w_avg"].clone()
+        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
+        another ``lam``, box or ``averaging``, raises a ValueError and leaves the solver unchanged."""
+        require_keys(s, ("w", "w_avg", "k", "oracle_calls", "steps_done", "seconds", "generator"))
+        check_config(s, self._config())
+        w, w_avg = (checked_tensor(s, k, self.w.shape, self.w) for k in ("w", "w_avg"))
+        generator = checked_generator_state(s)
+        self.w, self.w_avg = w, w_avg
         self.k, self.oracle_calls, self.steps_done = int(s["k"]), int(s["oracle_calls"]), int(s["steps_done"])
-        self.seconds, self.lam = float(s["seconds"]), float(s["lam"])
-        self.generator.set_state(s["generator"])
+        self.seconds = float(s["seconds"])
+        self.generator.set_state(generator)
         self.problem.write_model(self.output)

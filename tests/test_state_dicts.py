@@ -1,0 +1,157 @@
+"""What every solver's `load_state_dict` refuses, and that a refused state changes nothing.
+
+A state saved under another objective (lam, rescaling, box, number of examples, kernel) must raise, not be adopted:
+its blocks or cuts would certify an objective the solver is not minimizing. The resumed trajectories themselves are
+tested next to each solver (``test_state_dict_resumes_*``)."""
+
+import pytest
+import torch
+from test_cutting_plane import random_table
+
+import torchssvm as ts
+from torchssvm.optim import (
+    BCFW,
+    BMRM,
+    SSG,
+    FeatureTableProblem,
+    FrankWolfe,
+    KernelCuttingPlane,
+    NSlackCuttingPlane,
+    OneSlackCuttingPlane,
+)
+
+
+def _table(n=20, d=4, seed=1):
+    return FeatureTableProblem(*random_table(n=n, K=5, d=d, seed=seed))
+
+
+def _snapshot(solver) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in solver.state_dict().items()
+            if k not in ("atoms", "last_exact")}
+
+
+def _unchanged(before: dict, solver) -> bool:
+    after = _snapshot(solver)
+    return all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k] for k, v in before.items())
+
+
+DUAL_SOLVERS = [FrankWolfe, NSlackCuttingPlane, lambda p, **kw: BCFW(p, step="pairwise", cache_size=3, **kw)]
+
+
+@pytest.mark.parametrize("make", DUAL_SOLVERS, ids=["fw", "nslack", "bcfw"])
+def test_dual_solvers_refuse_another_objective_and_change_nothing(make):
+    source = make(_table(), lam=0.05)
+    for _ in range(3):
+        source.step()
+    state = source.state_dict()
+    cases = {"lam": (dict(lam=0.5), "lam"),
+             "rescaling": (dict(lam=0.05, rescaling="slack"), "rescaling"),
+             "box": (dict(lam=0.05, box=(0.0, None)), "box")}
+    if make is NSlackCuttingPlane:
+        del cases["box"]  # it takes no box
+    for what, (kw, match) in cases.items():
+        target = make(_table(), **kw)
+        target.step()
+        before = _snapshot(target)
+        with pytest.raises(ValueError, match=match):
+            target.load_state_dict(state)
+        assert _unchanged(before, target), what
+    # another d with the same n: the first tensors fit, v does not; nothing may be set before the error
+    target = make(_table(), lam=0.05)
+    target.step()
+    before = _snapshot(target)
+    with pytest.raises(ValueError, match="state_dict\\['v'\\]"):
+        target.load_state_dict(make(_table(d=6, seed=2), lam=0.05).state_dict())
+    assert _unchanged(before, target)
+    target.load_state_dict(state)  # the matching state still loads, and continues the source's run
+    assert target.step()["dual"] == source.step()["dual"]
+
+
+def test_bcfw_refuses_another_cache_capacity_and_a_broken_permutation():
+    source = BCFW(_table(), lam=0.05, cache_size=3)
+    source.step()
+    with pytest.raises(ValueError, match="capacity"):
+        BCFW(_table(), lam=0.05, cache_size=5).load_state_dict(source.state_dict())
+    state = source.state_dict()
+    state["first_visit"] = torch.zeros_like(state["first_visit"])
+    with pytest.raises(ValueError, match="first_visit"):
+        BCFW(_table(), lam=0.05, cache_size=3).load_state_dict(state)
+    state = source.state_dict()
+    state["generator"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="generator"):
+        BCFW(_table(), lam=0.05, cache_size=3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("cls", [BMRM, OneSlackCuttingPlane])
+def test_bundle_solvers_refuse_another_training_set_size_and_lam(cls):
+    source = cls(_table(n=20), lam=0.05, eps=1e-4)
+    for _ in range(4):
+        source.step()
+    state = source.state_dict()
+    for problem, lam, match in ((_table(n=12, seed=7), 0.05, "n = 20"), (_table(n=20), 0.5, "lam")):
+        target = cls(problem, lam=lam, eps=1e-4)
+        target.step()
+        before = _snapshot(target)
+        with pytest.raises(ValueError, match=match):
+            target.load_state_dict(state)
+        assert _unchanged(before, target)
+
+
+def test_one_slack_resumes_an_unsolved_qp(monkeypatch):
+    """``qp_solved`` is saved: when the last working-set QP stopped short of its tolerance, the uninterrupted run
+    solves it again on a pass that adds no cut, and so does the resumed one."""
+    import torchssvm.optim.bmrm as bmrm
+
+    solve = bmrm.simplex_qp
+    monkeypatch.setattr(bmrm, "simplex_qp", lambda *a, **kw: solve(*a, **{**kw, "max_iter": 1, "method": "fista"}))
+
+    def make():
+        return OneSlackCuttingPlane(_table(), lam=0.05, eps=0.5)
+
+    whole = make()
+    reports = [whole.step() for _ in range(6)]
+    part = make()
+    for _ in range(2):
+        part.step()
+    assert not part.qp_solved  # the capped QP: the case this test is about
+    resumed = make()
+    resumed.load_state_dict(part.state_dict())
+    assert [(r["added"], r["converged"], r["primal"]) for r in (resumed.step() for _ in range(4))] == \
+        [(r["added"], r["converged"], r["primal"]) for r in reports[2:]]
+
+
+def test_ssg_refuses_other_sizes_and_settings_and_changes_nothing():
+    source = SSG(_table(), lam=0.05, seed=1)
+    source.step()
+    state = source.state_dict()
+    for kw, problem, match in ((dict(lam=0.05), _table(d=6, seed=2), "state_dict\\['w'\\]"),
+                               (dict(lam=0.5), _table(), "lam"), (dict(lam=0.05, box=(0.0, None)), _table(), "box"),
+                               (dict(lam=0.05, averaging=False), _table(), "averaging")):
+        target = SSG(problem, seed=1, **kw)
+        target.step()
+        before = _snapshot(target)
+        with pytest.raises(ValueError, match=match):
+            target.load_state_dict(state)
+        assert _unchanged(before, target)
+    with pytest.raises(ValueError, match="missing"):
+        SSG(_table(), lam=0.05).load_state_dict({k: v for k, v in state.items() if k != "generator"})
+
+
+def test_kernel_cutting_plane_refuses_another_training_set_or_kernel():
+    x, y = ts.data.checkers(100, seed=1, dtype=torch.float64)
+    source = KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact")
+    for _ in range(3):
+        source.step()
+    state = source.state_dict()
+    for target, match in ((KernelCuttingPlane(x[:80], y[:80], C=1.0, gamma=2.0, sampling="exact"), "N = 100"),
+                          (KernelCuttingPlane(x, y, C=1.0, gamma=50.0, sampling="exact"), "gamma"),
+                          (KernelCuttingPlane(x, y, C=2.0, gamma=2.0, sampling="exact"), "C = 1.0"),
+                          (KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="constant", r=30), "sampling")):
+        with pytest.raises(ValueError, match=match):
+            target.load_state_dict(state)
+    broken = dict(state, basis=state["basis"] + 100)
+    with pytest.raises(ValueError, match="basis"):
+        KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact").load_state_dict(broken)
+    resumed = KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact")
+    resumed.load_state_dict(state)
+    assert resumed.step()["gap"] == source.step()["gap"]

@@ -1,0 +1,72 @@
+"""The checks behind the solvers' `load_state_dict`.
+
+A state is checked whole before anything is set, so a rejected state leaves the solver as it was. A state saved
+under other settings of the objective (``lam``, the rescaling, the box, the number of examples) is rejected rather
+than adopted: its blocks, cuts or bounds would certify an objective the solver is not minimizing. A state of another
+data set with the same sizes cannot be told apart from this one's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+
+def require_keys(state, keys: Sequence[str], name: str = "state_dict") -> None:
+    if not isinstance(state, dict):
+        raise TypeError(f"{name} must be a dict, got {type(state).__name__}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{name} is missing {missing}")
+
+
+def box_state(box: Optional[tuple]) -> Optional[torch.Tensor]:
+    """A solver's box ``(lower, upper)`` as it is saved: ``(2, d)`` float64 on the CPU, or None."""
+    return None if box is None else torch.stack(box).to("cpu", torch.float64)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            return False
+        return torch.equal(a.to("cpu", torch.float64), b.to("cpu", torch.float64))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def _show(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}" if value.numel() > 4 else str(value.tolist())
+    return repr(value)
+
+
+def check_config(state: dict, config: dict) -> None:
+    """Each entry of ``config`` (this solver's value of a setting its state depends on) must equal the state's."""
+    require_keys(state, list(config))
+    for name, mine in config.items():
+        if not _same(state[name], mine):
+            raise ValueError(f"state_dict was saved with {name} = {_show(state[name])}; this solver has {name} = "
+                             f"{_show(mine)}")
+
+
+def checked_tensor(state: dict, key: str, shape: Sequence[int], like: torch.Tensor,
+                   name: str = "state_dict") -> torch.Tensor:
+    """``state[key]`` as a copy with ``like``'s dtype and device, after checking it is a tensor of ``shape``."""
+    t = state[key]
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name}[{key!r}] must be a tensor of shape {tuple(shape)}, got {got}")
+    return t.to(like.device, like.dtype).clone()
+
+
+def checked_generator_state(state: dict, key: str = "generator") -> torch.Tensor:
+    """``state[key]``, a CPU ``torch.Generator`` state, after checking a generator takes it."""
+    value = state[key]
+    try:
+        torch.Generator().set_state(value)
+    except (TypeError, RuntimeError) as e:
+        raise ValueError(f"state_dict[{key!r}] is not a torch.Generator state: {e}") from None
+    return value
