@@ -60,9 +60,10 @@ def used_slots(count: torch.Tensor, idx: torch.Tensor, C: int) -> torch.Tensor:
 def cache_test_torch(a_H: torch.Tensor, used: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
                      gaps_idx: torch.Tensor, n: int, factor: float, floor: float):
     """The cache test of note 001, Alg. 5, from the blocks' gaps ``gaps_idx (B,)``: ``(hit (B,) bool, best (B,),
-    best_H (B,))``, the best cached atom (the first of equal scores) and its score."""
+    best_H (B,))``, the best cached atom (the first of equal scores) and its score. A block never visited
+    (``gap = inf``) misses, for any ``factor`` (``0 * inf`` would be NaN)."""
     best_H, best = a_H.masked_fill(~used, -math.inf).max(1)
-    hit = (base + best_H) / n - ell >= (factor * gaps_idx).clamp_min(floor)
+    hit = ((base + best_H) / n - ell >= (factor * gaps_idx).clamp_min(floor)) & (gaps_idx < math.inf)
     return hit, best, best_H
 
 

@@ -45,7 +45,8 @@ def _select_atoms_kernel(aH_ptr, count_ptr, a_labels_ptr, a_loss_ptr, a_alpha_pt
             best_H = tl.where(take, h, best_H)
         g_hat = (base + best_H) / n - ell
         gap = tl.load(gaps_ptr + i)
-        hit = g_hat >= tl.maximum(tl.load(params_ptr) * gap, tl.load(params_ptr + 1))  # factor, floor: float64
+        # factor, floor: float64; a block never visited (gap inf) misses, also where factor * inf is NaN
+        hit = (g_hat >= tl.maximum(tl.load(params_ptr) * gap, tl.load(params_ptr + 1))) & (gap < float("inf"))
         cached_row = tl.load(a_labels_ptr + (b * C + best) * W + w, mask=wm, other=-1)
         s_row = tl.where(w * 0 + hit.to(tl.int32) > 0, cached_row, s_row)  # vector mask (see atoms_insert_triton)
         tl.store(s_loss_ptr + b, tl.where(hit, tl.load(a_loss_ptr + b * C + best), tl.load(loss_ptr + b)))

@@ -222,6 +222,28 @@ def test_box_qp_newton_is_monotone_and_feasible_on_singular_problems(qp_host):
         assert _kkt_violation(c, H, u, gamma) <= 1e-8 * (1 + float(c.abs().max()))
 
 
+def test_box_qp_newton_is_free_of_the_problem_scale(qp_host):
+    """The step sizes of ``(s c, s H)`` are those of ``(c, H)`` at any scale ``s`` (the stop test is relative to
+    max|c|: an absolute one stopped at gamma = 0 for tiny problems, and one in gamma units for huge gains), also
+    where a zero-curvature direction sends the Newton step past float64's range."""
+    from torchssvm.optim.box_qp import _projected_newton
+
+    g = torch.Generator().manual_seed(7)
+    for B in (3, 40, 80):  # 80: above the numpy cutoff, the torch iteration without numba
+        M = torch.randn(B, B // 2, generator=g, dtype=torch.float64)
+        H, c = M @ M.T, torch.randn(B, generator=g, dtype=torch.float64)
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        ref = box_qp(c, H, u)
+        assert float(ref.abs().max()) > 0
+        for scale in (1e-13, 1e-6, 1e6, 1e13):
+            for gamma in (box_qp(c * scale, H * scale, u), _projected_newton(c * scale, H * scale, u, 50, 1e-12)):
+                torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-7)
+    c = torch.tensor([1e12, -1.0, 2.0, 0.0], dtype=torch.float64)  # zero curvature, one huge gain
+    want = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(box_qp(c, torch.zeros(4, 4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)),
+                               want, rtol=0, atol=1e-9)
+
+
 def test_box_qp_newton_torch_and_numpy_paths_agree():
     """CPU inputs take the numpy iteration, device tensors the torch one: the same steps."""
     from torchssvm.optim.box_qp import _projected_newton, _projected_newton_numpy
@@ -575,6 +597,15 @@ def test_atom_selection_kernel_equals_its_torch_twin(cached, away):
             assert torch.equal(x, y)
     if cached:  # both kinds of blocks occur
         assert 0 < int(ga[1]) < B and not torch.equal(ga[0], gaps)
+        # factor = floor = 0: a block never visited (gap inf, 0 * inf = NaN) misses in both twins
+        gaps[idx[::2]] = torch.inf
+        hits = {}
+        for backend in ("torch", "triton"):
+            gp, misses = gaps.clone(), torch.zeros((), dtype=torch.long)
+            select_atoms(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gp, labels, loss, H, n, 0.0, 0.0,
+                         misses, away, backend=backend)
+            hits[backend] = gp[idx] == gaps[idx]  # a hit keeps the block's gap
+        assert torch.equal(hits["torch"], hits["triton"]) and not hits["torch"][::2].any()
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton()),

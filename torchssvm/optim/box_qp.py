@@ -61,8 +61,9 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         c ``(B,)``, H ``(B, B)`` PSD, upper ``(B,)`` >= 0 (float64 on any device).
         method: ``"newton"`` or ``"sweeps"``.
         max_iter: Newton iterations or coordinate sweeps.
-        tol: stop when the projected gradient (``"newton"``) or every coordinate move (``"sweeps"``) is
-            at most ``tol`` times ``1 + max|c|``.
+        tol: ``"newton"`` stops when the gradient of every coordinate not held at a bound (the KKT residual) is
+            at most ``tol max|c|``, which is free of the problem's scale; ``"sweeps"`` stops when every coordinate
+            move is at most ``tol (1 + max|c|)``.
 
     Returns ``gamma (B,)`` on the device of ``c``. A zero-curvature coordinate with a positive gain
     goes to its upper bound."""
@@ -129,7 +130,7 @@ def _projected_newton(c, H, upper, max_iter, tol):
     check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
     arc = host_to_device(_ARC, dev)
     ridge_eye = (1e-13 * torch.diagonal(H).abs().max() + 1e-300) * torch.eye(B, dtype=torch.float64, device=dev)
-    scale = tol * (1.0 + c.abs().max())
+    scale = tol * c.abs().max()
     gamma = torch.zeros(B, dtype=torch.float64, device=dev)
     grad = -c
     f = torch.zeros((), dtype=torch.float64, device=dev)
@@ -138,10 +139,10 @@ def _projected_newton(c, H, upper, max_iter, tol):
     newton_unit[0] = 1.0
     running = torch.ones((), dtype=torch.bool, device=dev)
     for it in range(max_iter):
-        running = running & ((gamma - (gamma - grad).clamp(lo, upper)).abs().max() > scale)
+        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+        running = running & (torch.where(bind, 0.0, grad).abs().max() > scale)
         if it % check_every == 0 and not bool(running):
             break
-        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
         free = (~bind).to(torch.float64)
         M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge_eye
         descent = -grad * free
@@ -151,7 +152,8 @@ def _projected_newton(c, H, upper, max_iter, tol):
         moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
         t = torch.cat([_first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc, newton_unit], 1)  # (2, A+1)
         trials = (gamma + t.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, upper).reshape(-1, B)
-        values = qp_objective(c, H, trials)
+        # a trial past float64's range (a Newton step along a direction of zero curvature) is no candidate
+        values = torch.nan_to_num(qp_objective(c, H, trials), nan=torch.inf)
         best = torch.argmin(values).view(1)  # a tensor index: an int would be read on the host
         value = values.index_select(0, best).squeeze(0)
         running = running & (value < f)
@@ -166,20 +168,21 @@ def _projected_newton_numpy(c, H, upper, max_iter, tol):
     B = c.shape[0]
     arc = _ARC.numpy()
     ridge = 1e-13 * float(np.abs(np.diagonal(H)).max()) + 1e-300
-    scale = tol * (1.0 + float(np.abs(c).max()))
+    scale = tol * float(np.abs(c).max())
     gamma = np.zeros(B)
     grad = -c
     f = 0.0
     for _ in range(max_iter):
-        if float(np.abs(gamma - np.clip(gamma - grad, 0.0, upper)).max()) <= scale:
-            break
         bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+        if float(np.abs(np.where(bind, 0.0, grad)).max()) <= scale:
+            break
         free = (~bind).astype(np.float64)
         M = H * free[None, :] * free[:, None] + np.diag(1.0 - free + ridge)
         moves = np.stack([np.linalg.solve(M, -grad * free), -grad * free])
         t = np.concatenate([_first_breakpoints_numpy(gamma, moves, upper)[:, None] * arc, [[1.0], [0.0]]], 1)
-        trials = np.clip(gamma + t[:, :, None] * moves[:, None, :], 0.0, upper).reshape(-1, B)
-        values = -(trials @ c) + 0.5 * ((trials @ H) * trials).sum(1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            trials = np.clip(gamma + t[:, :, None] * moves[:, None, :], 0.0, upper).reshape(-1, B)
+            values = np.nan_to_num(-(trials @ c) + 0.5 * ((trials @ H) * trials).sum(1), nan=np.inf)
         best = int(np.argmin(values))
         if not values[best] < f:
             break

@@ -207,11 +207,11 @@ def _change(H, grad, gamma, trial):
 
 @_jit
 def projected_newton(c, H, upper, max_iter, tol):
-    """``gamma (B,)``, the minimizer of the box QP to ``tol`` (projected gradient at most ``tol (1 + max|c|)``).
-    c ``(B,)``, H ``(B, B)`` symmetric PSD, upper ``(B,)`` >= 0; float64 arrays."""
+    """``gamma (B,)``, the minimizer of the box QP to ``tol`` (the gradient of the free coordinates at most
+    ``tol max|c|``, `box_qp.box_qp`). c ``(B,)``, H ``(B, B)`` symmetric PSD, upper ``(B,)`` >= 0; float64 arrays."""
     B = c.shape[0]
     ridge = 1e-13 * np.abs(np.diag(H)).max() + 1e-300
-    scale = tol * (1.0 + np.abs(c).max())
+    scale = tol * np.abs(c).max()
     gamma = np.zeros(B)
     grad = -c.copy()
     free = np.empty(B, np.int64)
@@ -228,8 +228,8 @@ def projected_newton(c, H, upper, max_iter, tol):
         projected = 0.0
         k = 0
         for i in range(B):
-            projected = max(projected, abs(gamma[i] - min(max(gamma[i] - grad[i], 0.0), upper[i])))
             if not ((gamma[i] <= 0.0 and grad[i] >= 0.0) or (gamma[i] >= upper[i] and grad[i] <= 0.0)):
+                projected = max(projected, abs(grad[i]))
                 free[k] = i
                 k += 1
         if projected <= scale:
