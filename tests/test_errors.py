@@ -125,3 +125,47 @@ def test_structure_and_model_arguments():
         ts.structured_hinge_loss(ts.Chain(3), pot(), Y, L, loss_weight=torch.tensor([True, False]))
     with pytest.raises(ValueError, match="backend must be one of"):
         ts.Chain(3).decode(pot(), L, backend="cuda")
+
+
+def test_metrics_and_evaluation_arguments():
+    from torchssvm.evaluation import evaluate_chain
+    from torchssvm.metrics import chunk_f1, labels_to_tags, sequence_errors, token_errors
+
+    y, lengths = torch.tensor([[0, 1, 2], [1, 1, -1]]), torch.tensor([3, 2])
+    assert token_errors(y, y, lengths) == (0, 5) and sequence_errors(y, y, lengths) == (0, 2)
+    for fn in (token_errors, sequence_errors):
+        with pytest.raises(ValueError, match="y_hat must have y's shape"):
+            fn(y[:, :1], y, lengths)  # would broadcast
+        with pytest.raises(ValueError, match="lengths has 1 entries"):
+            fn(y, y, lengths[:1])
+        with pytest.raises(ValueError, match="lengths must be <= the padded size 3"):
+            fn(y, y, torch.tensor([4, 2]))
+    with pytest.raises(ValueError, match=r"label ids in \[0, 2\)"):
+        labels_to_tags(y, lengths, ["O", "B-NP"])  # 2 is no name; -1 would read the last name
+    assert labels_to_tags(y, lengths, ["O", "B-NP", "I-NP"]) == [["O", "B-NP", "I-NP"], ["B-NP", "B-NP"]]
+    with pytest.raises(TypeError, match="predicted must be a list of sentences"):
+        chunk_f1(["B-NP", "I-NP"], ["B-NP", "B-NP"])  # one flat sentence: each str read letter by letter
+    data = ts.data.synthetic_chain("train", 4, seed=0)
+    model = ts.LinearChainModel(data.num_features, data.num_labels)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+            evaluate_chain(model, ts.Chain(data.num_labels), data, batch_size=bad)
+
+
+def test_solver_chunk_and_path_arguments():
+    from torchssvm.optim import FrankWolfe, StructuredRisk, regularization_path
+    from torchssvm.optim.pegasos import Pegasos
+
+    data = ts.data.synthetic_chain("train", 6, seed=0)
+    model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64)
+    for bad in (0, -1):  # -1 decoded nothing and reported a gap of 0 (FrankWolfe) or a risk of 0 (StructuredRisk)
+        with pytest.raises(ValueError, match="chunk must be >= 1"):
+            FrankWolfe(model, data, lam=0.1, chunk=bad)
+        with pytest.raises(ValueError, match="chunk must be >= 1"):
+            StructuredRisk(model, data, chunk=bad)
+    for name, bad in (("lam_min", float("nan")), ("lam_min", -1.0), ("max_passes", 0)):
+        with pytest.raises(ValueError, match=name):
+            regularization_path(model, data, **{name: bad})
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="needs a step"):
+        Pegasos([w], lam=0.5, average=True).averaged()

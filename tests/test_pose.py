@@ -314,6 +314,32 @@ def test_problem_rejects_bad_datasets(tiny):
         SpatialTreeProblem(bad)
 
 
+def test_evaluate_checks_the_test_set_and_reports_the_lsp_loss_for_any_training_loss(tiny):
+    """`evaluate` on another data set checks what the constructor checks (it used to score positions out of the
+    grid, a scale <= 0 or NaN features), and reports the truncated LSP loss also for a problem trained with the
+    Hamming loss (it reported the Hamming loss under the name "lsp_loss")."""
+    train, test = tiny
+    p = SpatialTreeProblem(train)
+    w = random_w(p, seed=2)
+    nan = test.features.clone()
+    nan[0, 0, 0, 0] = math.nan
+    for attr, value, match in (("positions", test.positions + 1000, "positions outside"),
+                               ("positions", test.positions.double(), "integer tensor"),
+                               ("scale", -test.scale, "scale must be"), ("scale", test.scale * math.nan, "scale"),
+                               ("features", nan, "NaN"), ("features", test.features[:, :, :1], "features per node")):
+        with pytest.raises(ValueError, match=match):
+            p.evaluate(w, SimpleNamespace(**{**vars(test), attr: value}))
+    r = p.evaluate(w, test)
+    y = p.structure.decode(p._pot(w, test.features.double()))
+    (x1, y1), (x0, y0) = p.structure._xy(y), p.structure._xy(test.positions)
+    sq = ((x1 - x0) ** 2 + (y1 - y0) ** 2).double()
+    assert r["lsp_loss"] == pytest.approx(float((sq / test.scale.double()[:, None] ** 2).clamp_max(1).mean()))
+    hamming = SpatialTreeProblem(train, loss="hamming", unit=p.unit)  # the same w decodes alike
+    assert hamming.evaluate(w, test) == r
+    with pytest.raises(ValueError, match="evaluate\\(w, dataset\\)"):
+        hamming.evaluate(w)
+
+
 # -- the command line -----------------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ._validation import check_positive_int
 from .data.sequence_dataset import SequenceDataset
 from .metrics import chunk_f1, labels_to_tags, sequence_errors, token_errors
 from .structures.chain import Chain
@@ -17,6 +18,7 @@ def predict_chain(model, structure: Chain, dataset: SequenceDataset, *, batch_si
     ``forward(model, batch) -> potentials`` maps a `ChainBatch` to potentials; the default is
     ``model(batch.x)``. The model is put in eval mode for the pass and restored after.
     """
+    batch_size = check_positive_int("batch_size", batch_size)
     device = device or next(model.parameters()).device
     forward = forward or (lambda m, b: m(b.x))
     out = torch.full(tuple(dataset.y.shape), -1, dtype=torch.long)

@@ -6,20 +6,34 @@ from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
 
+from ._validation import check_lengths, check_tensor
+
 
 def _valid(y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The tokens within the lengths of a padded batch ``y (B, T)``, after checking ``y`` and ``lengths``."""
+    check_tensor("y", y, ndim=2, integer=True)
+    check_lengths(lengths, y.shape[0], y.shape[1], y.device)
     return torch.arange(y.shape[1], device=y.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def _check_predictions(y_hat: torch.Tensor, y: torch.Tensor) -> None:
+    check_tensor("y_hat", y_hat, integer=True, device=y.device)
+    if y_hat.shape != y.shape:
+        raise ValueError(f"y_hat must have y's shape {tuple(y.shape)}, got {tuple(y_hat.shape)}")
 
 
 def token_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
     """(wrong tokens, tokens) over a padded batch ``(B, T)``; the error rate is their ratio."""
     valid = _valid(y, lengths)
+    _check_predictions(y_hat, y)
     return int(((y_hat != y) & valid).sum()), int(valid.sum())
 
 
 def sequence_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
     """(sequences with at least one wrong token, sequences): OCR's "word error"."""
-    wrong = ((y_hat != y) & _valid(y, lengths)).any(dim=1)
+    valid = _valid(y, lengths)
+    _check_predictions(y_hat, y)
+    wrong = ((y_hat != y) & valid).any(dim=1)
     return int(wrong.sum()), int(y.shape[0])
 
 
@@ -69,6 +83,10 @@ def chunk_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) 
         raise ValueError(f"predicted has {len(predicted)} sentences but gold has {len(gold)}")
     correct = n_pred = n_gold = 0
     for i, (p, g) in enumerate(zip(predicted, gold)):
+        for name, sentence in (("predicted", p), ("gold", g)):
+            if isinstance(sentence, str):  # a str is a sequence of one-letter "tags"
+                raise TypeError(f"{name} must be a list of sentences (lists of tags), got the str {sentence!r} "
+                                f"as sentence {i}")
         if len(p) != len(g):
             raise ValueError(f"sentence {i}: predicted has {len(p)} tags but gold has {len(g)}")
         cp, cg = chunks(p), chunks(g)
@@ -83,6 +101,12 @@ def chunk_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) 
 
 
 def labels_to_tags(y: torch.Tensor, lengths: torch.Tensor, names: Sequence[str]) -> List[List[str]]:
-    """Padded label ids ``(B, T)`` to lists of tag strings."""
+    """Padded label ids ``(B, T)`` to lists of tag strings; ids within the lengths must be in
+    ``[0, len(names))``."""
+    valid = _valid(y, lengths)
+    inside = y[valid]
+    if inside.numel() and not (0 <= int(inside.min()) and int(inside.max()) < len(names)):
+        raise ValueError(f"y must hold label ids in [0, {len(names)}) within the lengths, got "
+                         f"[{int(inside.min())}, {int(inside.max())}]")
     rows = y.tolist()
     return [[names[k] for k in row[:L]] for row, L in zip(rows, lengths.tolist())]

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from .._validation import check_positive_int
 from .dual_solver import DualSolver
 
 
@@ -28,7 +29,7 @@ class FrankWolfe(DualSolver):
                  structure=None, backend: str = "auto", rescaling: str = "margin"):
         super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
-        self.chunk = int(chunk)
+        self.chunk = check_positive_int("chunk", chunk)
         self._hold_below = None  # set by fit(gap_tol=...): a pass certifying the gap does not move on
 
     def fit(self, max_passes=None, gap_tol=None, time_budget=None, *, exact: bool = True, callback=None) -> list:

@@ -59,9 +59,13 @@ class Pegasos(torch.optim.Optimizer):
 
     def averaged(self):
         """Swap every parameter with its running average (call again to swap back)."""
-        for group in self.param_groups:
+        for group in self.param_groups:  # checked before anything is swapped
             if not group["average"]:
                 raise ValueError("averaged() needs Pegasos(..., average=True)")
+            if any("average" not in self.state[p] for p in group["params"]):
+                raise RuntimeError("averaged() needs a step() of every parameter group first: there is no average "
+                                   "yet")
+        for group in self.param_groups:
             for p in group["params"]:
                 avg = self.state[p]["average"]
                 tmp = p.detach().clone()

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._validation import check_positive_float
 from .bcfw import BCFW
 from .dual_solver import exact_block_gaps
 
@@ -152,6 +153,8 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Opt
         raise ValueError(f"kappa must be in (0, 1), got {kappa}")
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError(f"epsilon must be a positive number, got {epsilon}")
+    lam_min = check_positive_float("lam_min", lam_min)
+    max_passes = check_positive_float("max_passes", max_passes)
     if "box" in solver_kwargs:
         raise ValueError("box constraints are not supported on the regularization path (Prop. 1 assumes none)")
     solver_kwargs.setdefault("sampling", "gap")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import check_positive_int
 from .problems import DualProblem, make_problem
 
 
@@ -33,7 +34,8 @@ class StructuredRisk:
         self.problem = model if isinstance(model, DualProblem) else make_problem(model, dataset, structure,
                                                                                   backend=backend)
         p = self.problem
-        self.n, self.d, self.device, self.chunk, self.calls = p.n, p.d, p.device, chunk, 0
+        self.n, self.d, self.device, self.calls = p.n, p.d, p.device, 0
+        self.chunk = check_positive_int("chunk", chunk)
 
     def initial_w(self) -> torch.Tensor:
         return self.problem.initial_w().to(torch.float64)

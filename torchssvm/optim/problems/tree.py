@@ -33,6 +33,32 @@ from ...structures.tree import SpatialTree, SpatialTreePotentials
 from .base import DualProblem
 
 
+def _checked_pose_data(dataset, V: int, HW: int, with_scale: bool) -> tuple:
+    """``(features (n, V, F, HW), positions (n, V), scale (n,) or None)`` of a pose data set, checked: float finite
+    features with n, F >= 1, integer positions in ``[0, HW)``, and (``with_scale``) a finite scale > 0 per example.
+    A ValueError names the attribute."""
+    for attr in ("features", "positions") + (("scale",) if with_scale else ()):
+        if not hasattr(dataset, attr):
+            raise TypeError(f"dataset must be a PoseDataset (it has no {attr!r}), got {type(dataset).__name__}")
+    feats, pos = dataset.features, dataset.positions
+    if not isinstance(feats, torch.Tensor) or feats.dim() != 4 or not feats.is_floating_point() \
+            or feats.shape[1] != V or feats.shape[3] != HW or feats.shape[0] == 0 or feats.shape[2] == 0:
+        raise ValueError(f"dataset.features must be a float (n, {V}, F, {HW}) tensor with n, F >= 1, got "
+                         f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
+    if not torch.isfinite(feats).all():
+        raise ValueError("dataset.features holds NaN or Inf")
+    n = feats.shape[0]
+    if not isinstance(pos, torch.Tensor) or pos.shape != (n, V) or pos.is_floating_point():
+        raise ValueError(f"dataset.positions must be a ({n}, {V}) integer tensor")
+    if int(pos.min()) < 0 or int(pos.max()) >= HW:
+        raise ValueError(f"dataset.positions holds positions outside [0, {HW})")
+    scale = getattr(dataset, "scale", None)
+    if with_scale and (not isinstance(scale, torch.Tensor) or scale.shape != (n,)
+                       or not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all())):
+        raise ValueError(f"dataset.scale must be a finite ({n},) tensor > 0 (the LSP loss scale)")
+    return feats, pos, scale
+
+
 class SpatialTreeTheta(NamedTuple):
     """What `SpatialTreeProblem.potentials` returns: ``w (d,)`` (block inner products ``<w, z_i>``) and
     the `SpatialTreePotentials` of the batch (unary ``(B, V, H*W)``, shared weights ``(E, 4)``, rest
@@ -66,26 +92,11 @@ class SpatialTreeProblem(DualProblem):
         self.structure = SpatialTree(dataset.parents, dataset.height, dataset.width, loss=loss)
         self.backend = backend
         V, E, HW = self.structure.num_nodes, self.structure.num_edges, self.structure.num_labels
-        feats, pos = dataset.features, dataset.positions
-        if not isinstance(feats, torch.Tensor) or feats.dim() != 4 or not feats.is_floating_point() \
-                or feats.shape[1] != V or feats.shape[3] != HW or feats.shape[0] == 0 or feats.shape[2] == 0:
-            raise ValueError(f"dataset.features must be a float (n, {V}, F, {HW}) tensor with n, F >= 1, got "
-                             f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
-        if not torch.isfinite(feats).all():
-            raise ValueError("dataset.features holds NaN or Inf")
+        feats, pos, scale = _checked_pose_data(dataset, V, HW, with_scale=loss == "truncated")
         n, _, F, _ = feats.shape
-        if not isinstance(pos, torch.Tensor) or pos.shape != (n, V) or pos.is_floating_point():
-            raise ValueError(f"dataset.positions must be a ({n}, {V}) integer tensor")
-        if int(pos.min()) < 0 or int(pos.max()) >= HW:
-            raise ValueError(f"dataset.positions holds positions outside [0, {HW})")
         rest = dataset.rest if rest is None else rest
         if not isinstance(rest, torch.Tensor) or rest.shape != (E, 2) or not torch.isfinite(rest).all():
             raise ValueError(f"rest must be a finite ({E}, 2) tensor")
-        scale = dataset.scale
-        if loss == "truncated":
-            if not isinstance(scale, torch.Tensor) or scale.shape != (n,) or not bool(torch.isfinite(scale).all()) \
-                    or not bool((scale > 0).all()):
-                raise ValueError(f"dataset.scale must be a finite ({n},) tensor > 0 (the LSP loss scale)")
         self.device = feats.device
         self.features = feats.to(self.dtype)
         self.truth = pos.long().to(self.device)
@@ -136,11 +147,11 @@ class SpatialTreeProblem(DualProblem):
         ``dataset`` (checked against the training set's shapes)."""
         if dataset is None:
             return (self.features,)
-        feats = dataset.features.to(self.device, self.dtype)
-        if feats.shape[1:] != self.features.shape[1:]:
-            want = ", ".join(map(str, self.features.shape[1:]))
-            raise ValueError(f"dataset.features must have shape (n, {want}), got {tuple(feats.shape)}")
-        return (feats,)
+        feats = _checked_pose_data(dataset, self.V, self.structure.num_labels, with_scale=False)[0]
+        if feats.shape[2] != self.F:
+            raise ValueError(f"dataset.features must have {self.F} features per node (the training set's), got "
+                             f"{feats.shape[2]}")
+        return (feats.to(self.device, self.dtype),)
 
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> SpatialTreeTheta:
         return self._theta(w, self._pot(w, *(t[idx] for t in self._inputs())))
@@ -220,15 +231,17 @@ class SpatialTreeProblem(DualProblem):
     @torch.no_grad()
     def evaluate(self, w: torch.Tensor, dataset=None, *, pck_threshold: float = 0.5, chunk: int = 256) -> dict:
         """MAP positions at ``w`` on ``dataset`` (default: the training set) with this problem's ``rest``:
-        ``{"lsp_loss": mean truncated loss, "pck": fraction of nodes within pck_threshold * s of the truth}``."""
+        ``{"lsp_loss": mean truncated loss, "pck": fraction of nodes within pck_threshold * s of the truth}``
+        (both from the scale ``s`` of each example, whatever loss the problem trains with)."""
         inputs = self._inputs(dataset)
         if dataset is None:
             truth, scale = self.truth, self.scale
+            if scale is None:
+                raise ValueError("evaluate needs the LSP loss scale, which a problem with loss='hamming' does not "
+                                 "keep: pass the data set, evaluate(w, dataset)")
         else:
-            truth = dataset.positions.to(self.device).long()
-            scale = dataset.scale.to(self.device, self.dtype)
-        if scale is None:
-            raise ValueError("evaluate needs the LSP loss scale (a problem with loss='truncated')")
+            _, truth, scale = _checked_pose_data(dataset, self.V, self.structure.num_labels, with_scale=True)
+        truth, scale = truth.to(self.device).long(), scale.to(self.device, self.dtype)
         loss, correct = [], []
         st = self.structure
         for s in range(0, truth.shape[0], chunk):
@@ -236,8 +249,8 @@ class SpatialTreeProblem(DualProblem):
             self._check_convex(pot)
             y = st._max_oracle(pot, None, None, None, self.backend)[0][:, :self.V]  # positions (without types)
             t, sc = truth[s:s + chunk, :self.V], scale[s:s + chunk]
-            loss.append(st._task_loss(y, t, sc))
             (x1, y1), (x0, y0) = st._xy(y), st._xy(t)
-            dist = ((x1 - x0) ** 2 + (y1 - y0) ** 2).to(self.dtype).sqrt()
-            correct.append((dist <= pck_threshold * sc.unsqueeze(1)).to(self.dtype).mean(1))
+            sq = ((x1 - x0) ** 2 + (y1 - y0) ** 2).to(self.dtype)
+            loss.append((sq / sc.unsqueeze(1) ** 2).clamp_max(1.0).mean(1))  # the LSP loss, whatever st.loss is
+            correct.append((sq.sqrt() <= pck_threshold * sc.unsqueeze(1)).to(self.dtype).mean(1))
         return {"lsp_loss": float(torch.cat(loss).mean()), "pck": float(torch.cat(correct).mean())}
