@@ -93,6 +93,16 @@ def test_train_rejects_a_bad_device():
     (["--data", "pose", "--solver", "torch", "--no-positivity"], "--no-positivity needs a dual solver"),
     (["--data", "pose", "--grid", "7"], "--grid must be >= 8"),
     (["--seed", "-1"], "--seed must be >= 0"),
+    # flags the chosen solver or data would not read
+    (["--epochs", "3"], "--epochs is for --solver torch"),
+    (["--lr", "0.5", "--optimizer", "sgd"], "--lr is for --solver torch"),
+    (["--solver", "torch", "--passes", "3"], "--passes is for the dual solvers"),
+    (["--solver", "torch", "--gap-tol", "0.1"], "--gap-tol is for the dual solvers"),
+    (["--solver", "torch", "--block-batch", "4"], "--block-batch is for the dual solvers"),
+    (["--solver", "fw", "--cache-size", "5"], "--cache-size is for --solver bcfw"),
+    (["--solver", "ssg", "--step", "pairwise"], "--step is for --solver bcfw"),
+    (["--min-count", "5"], "--min-count is for --data conll2000-chunk"),
+    (["--grid", "20"], "--grid is for --data pose"),
 ])
 def test_train_rejects_bad_or_ignored_flags(argv, match, capsys):
     """Checked before any data are loaded or any training starts: nothing is printed."""

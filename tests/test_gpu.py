@@ -94,7 +94,7 @@ def test_hinge_on_cuda_matches_cpu():
 def test_demo_training_on_cuda(tmp_path):
     from torchssvm.cli import main
 
-    assert main(["demo", "--epochs", "1", "--device", DEVICE.type, "--logdir", str(tmp_path)]) == 0
+    assert main(["demo", "--passes", "1", "--device", DEVICE.type, "--logdir", str(tmp_path)]) == 0
 
 
 def test_deep_examples_on_cuda(tmp_path):

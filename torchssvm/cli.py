@@ -406,6 +406,26 @@ def _check_args(args, name: str) -> None:
                      "needs a dual solver (--solver torch always projects w_xx, w_yy onto >= 0)"),
                     ("--device", pose and not dual and torch.device(args.device).type != "cpu",
                      "must be 'cpu' for --data pose --solver torch")]
+    # flags set away from their defaults that this solver or data set would not read
+    defaults = vars(build_parser().parse_args([args.command]))
+
+    def changed(*dests):
+        return [f"--{d.replace('_', '-')}" for d in dests if getattr(args, d) != defaults[d]]
+
+    if dual:
+        ignored += [(flag, True, f"is for --solver torch (the dual solver {args.solver!r} runs --passes)")
+                    for flag in changed("epochs", "batch_size", "lr", "optimizer")]
+    else:
+        ignored += [(flag, True, "is for the dual solvers, not --solver torch (it runs --epochs)")
+                    for flag in changed("passes", "gap_tol", "time_budget", "sampling", "step", "cache_size",
+                                        "gap_check_every", "block_batch")]
+    if args.solver in ("fw", "ssg"):
+        ignored += [(flag, True, f"is for --solver bcfw, not {args.solver!r}")
+                    for flag in changed("sampling", "step", "cache_size", "gap_check_every", "block_batch")]
+    if args.command == "train":
+        ignored += [(flag, True, "is for --data conll2000-chunk") for flag in changed("min_count")
+                    if name != "conll2000-chunk"]
+        ignored += [(flag, True, "is for --data pose") for flag in changed("grid") if not pose]
     for flag, bad, why in ignored:
         if bad:
             raise ValueError(f"{flag} {why}")
