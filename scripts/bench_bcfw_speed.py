@@ -110,7 +110,7 @@ def report(results: dict, out: Path) -> None:
         plt.close(fig)
         lines.append("")
     lines += ["## Targets", ""] + targets + [""]
-    findings = out / "bcfw_speed_findings.md"
+    findings = out / f"bcfw_speed{meta['suffix']}_findings.md"  # hand-written per device
     if findings.exists():
         lines.append(findings.read_text())
     (out / f"bcfw_speed{meta['suffix']}.md").write_text("\n".join(lines) + "\n")

@@ -6,6 +6,7 @@ epsilon with uniform vs gap sampling; the predicted speed-up is about min(n, K, 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "bcfw_toy.md
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=OUT, help="the report (markdown)")
+    args = ap.parse_args()
     torch.set_num_threads(1)
     rows = ["| n | K | eps | min(n, K, 1/(n eps)) | uniform calls | gap-sampling calls | speed-up |",
             "|---|---|---|---|---|---|---|"]
@@ -34,8 +38,8 @@ def main() -> None:
             "every pass, is <= eps; one seed. The paper predicts a speed-up of about min(n, K, 1/(n eps)); the "
             "pass granularity of the check rounds small counts up. Produced by `python scripts/bench_bcfw_toy.py` "
             "(2-core CPU, seconds).", "", *rows, ""]
-    OUT.write_text("\n".join(text))
-    print(f"wrote {OUT}")
+    args.out.write_text("\n".join(text))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -150,9 +150,10 @@ def fmt_rate(tokens, seconds):
     return f"{tokens / seconds / 1e6:.2f}M" if seconds else "-"
 
 
-def write_report(rows, meta, out):
+def write_report(rows, meta, out, stem="oracles"):
+    """``stem.{json,md,png}`` in ``out``: ``oracles`` for the CPU, ``oracles_cuda`` for a GPU (`_stem`)."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "oracles.json"), "w") as f:
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
     has_numba = any("ours_numba_decode_s" in r for r in rows)  # a column only where it was measured (CPU)
     lines = [
@@ -228,7 +229,7 @@ def write_report(rows, meta, out):
             lines.append("- Triton on GPU: not measured in this run (no CUDA device); "
                          "run `python scripts/bench_oracles.py --device cuda` on a GPU machine.")
         lines.append("")
-    with open(os.path.join(out, "oracles.md"), "w") as f:
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
         f.write("\n".join(lines))
     try:
         import matplotlib
@@ -263,7 +264,7 @@ def write_report(rows, meta, out):
         ax.legend(fontsize=8)
     fig.suptitle(f"{meta['device']}")
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "oracles.png"), dpi=110)
+    fig.savefig(os.path.join(out, f"{stem}.png"), dpi=110)
 
 
 def _peer_versions():
@@ -285,12 +286,13 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks"))
     p.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the saved .json")
     args = p.parse_args(argv)
-    if args.report_only:
-        with open(os.path.join(args.out, "oracles.json")) as f:
-            saved = json.load(f)
-        write_report(saved["rows"], saved["meta"], args.out)
-        return
     device = torch.device(args.device)
+    stem = "oracles_cuda" if device.type == "cuda" else "oracles"  # a GPU run never overwrites the CPU figures
+    if args.report_only:
+        with open(os.path.join(args.out, f"{stem}.json")) as f:
+            saved = json.load(f)
+        write_report(saved["rows"], saved["meta"], args.out, stem)
+        return
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
@@ -308,8 +310,8 @@ def main(argv=None):
         row = bench_size(B, T, K, device, args.quick)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    write_report(rows, meta, args.out)
-    print(open(os.path.join(args.out, "oracles.md")).read())
+    write_report(rows, meta, args.out, stem)
+    print(open(os.path.join(args.out, f"{stem}.md")).read())
 
 
 if __name__ == "__main__":

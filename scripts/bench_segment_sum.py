@@ -81,15 +81,14 @@ def measure(contrib, inverse, S, attr, E, torch_scatter) -> dict:
 
 
 def main() -> None:
-    import torch_scatter
-
-    import torchssvm as ts
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch-sizes", nargs="*", type=int, default=[16, 64, 256, 1024])
     ap.add_argument("--repeats", type=int, default=20, help="mini-batches per batch size")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    import torch_scatter  # the optional extra: after the arguments, so that --help works without it
+
+    import torchssvm as ts
     train = ts.data.conll2000("train", "chunk", min_count=3)
     K, D = train.num_labels, train.num_features
     g = torch.Generator().manual_seed(0)

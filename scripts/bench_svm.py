@@ -337,9 +337,25 @@ def plot_linear(data, path):
     fig.savefig(path, dpi=110)
 
 
+def _machine() -> str:
+    return f"{cpu_description()}, torch {torch.__version__}"
+
+
+def _machines(all_data) -> str:
+    """The machine each part was measured on (a part measured before the parts kept their own: the file's)."""
+    seen = []
+    for part in ("linear", "kernel"):
+        if part in all_data:
+            m = all_data[part].get("machine") or f"{all_data.get('machine', 'unknown')}, torch {torch.__version__}"
+            seen.append((part, m))
+    if len({m for _, m in seen}) <= 1:
+        return seen[0][1] if seen else "unknown"
+    return "; ".join(f"{part} part: {m}" for part, m in seen)
+
+
 def report(all_data):
     lines = ["# Linear and kernel SVM solvers on a9a and Checkers (issue 8)", "",
-             f"Machine: {cpu_description()}, torch {torch.__version__}; everything below ran in one process per part.",
+             f"Machine: {_machines(all_data)}; everything below ran in one process per part.",
              "Command: `TORCHSSVM_DATA=../shared/data python scripts/bench_svm.py --part linear` "
              "(and `--part kernel`).",
              ""]
@@ -442,7 +458,6 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "svm.json"
     data = json.loads(path.read_text()) if path.exists() else {}
-    data["machine"] = cpu_description()
     if args.report_only:
         if "linear" in data:
             plot_linear(data["linear"], args.out / "svm_linear.png")
@@ -451,7 +466,7 @@ def main():
         write_report(args.out, "svm", report(data))
         return
     if args.part == "linear":
-        data["linear"] = run_linear(args)
+        data["linear"] = {**run_linear(args), "machine": _machine()}
         plot_linear(data["linear"], args.out / "svm_linear.png")
     else:
         rows = run_kernel(args)
@@ -459,7 +474,8 @@ def main():
         if args.merge and "kernel" in data:
             rows = merge_kernel_rows(data["kernel"]["rows"], rows)
             budget = data["kernel"]["budget"]  # the header's; rows run with another budget say so
-        data["kernel"] = {"eps": args.eps, "budget": budget, "rows": rows, "svc_checkers_fit": svc_growth(rows)}
+        data["kernel"] = {"eps": args.eps, "budget": budget, "rows": rows, "svc_checkers_fit": svc_growth(rows),
+                          "machine": _machine()}
         plot_kernel(data["kernel"], args.out / "svm_kernel.png")
     path.write_text(json.dumps(data, indent=1))
     write_report(args.out, "svm", report(data))

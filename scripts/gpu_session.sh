@@ -23,6 +23,10 @@
 # Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
 set -uo pipefail
 stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends}"
+case "$stage" in  # before anything is installed
+    tests|tree|tree-mixture|bcfw|speed|backends) ;;
+    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends)" >&2; exit 2 ;;
+esac
 OUT="${OUT:-/tmp/gpu_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -61,9 +65,5 @@ case "$stage" in
         ;;
     backends)
         run python3 scripts/bench_bcfw_backends.py --device cuda --out "$OUT"
-        ;;
-    *)
-        echo "unknown stage $stage" >&2
-        exit 2
         ;;
 esac

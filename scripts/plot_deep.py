@@ -7,9 +7,9 @@ Writes ``<name>.png`` beside each JSON file.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 
 import matplotlib
 
@@ -63,4 +63,6 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("histories", nargs="+", help="the json histories written by scripts/examples/*.py")
+    main(ap.parse_args().histories)
