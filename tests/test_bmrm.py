@@ -348,3 +348,25 @@ def test_fit_leaves_the_certified_iterate_in_the_model(solver):
         s2 = BMRM(FeatureTableProblem(F, L, y), lam=0.01, variant="ls")
         s2.load_state_dict(s.state_dict())
         assert s2.age.shape == s2.alpha.shape == (1,)
+
+
+def test_bundle_solvers_and_ssg_log_their_oracle_calls():
+    """DESIGN's scalars include the oracle calls: BMRM, OneSlack and SSG wrote the passes only."""
+    from torchssvm.optim import SSG
+
+    class Recorder:
+        def __init__(self):
+            self.scalars = {}
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.setdefault(tag, []).append((step, value))
+
+    F, L, y = random_table(n=10)
+    for make, tag in ((lambda w: BMRM(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "bmrm"),
+                      (lambda w: OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "oneslack"),
+                      (lambda w: SSG(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "ssg")):
+        w = Recorder()
+        solver = make(w)
+        reports = [solver.step() for _ in range(3)]
+        assert w.scalars[f"{solver.tag}/oracle_calls"] == [(k + 1, r["oracle_calls"]) for k, r in enumerate(reports)]
+        assert solver.tag == tag

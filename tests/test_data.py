@@ -189,3 +189,22 @@ def test_multilabel_dataset_indexing():
         next(ds.batches(0))
     with pytest.raises(ValueError, match="batch_size"):
         next(ts.data.synthetic_chain("train", 5, seed=0).batches(0))
+
+
+def test_loader_arguments_are_checked_before_any_data_are_read():
+    """Seeds past the generators' 64-bit split streams, a str min_count and an integer OCR dtype raised errors
+    that named nothing, or (the dtype) loaded integer pixels."""
+    from torchssvm.data.adult import split_indices
+
+    too_big = 2**32
+    for make in (lambda: ts.data.synthetic_chain("train", 5, seed=too_big),
+                 lambda: ts.data.synthetic_large_chain("train", 5, seed=too_big),
+                 lambda: ts.data.checkers(5, seed=too_big), lambda: ts.data.synthetic_pose("train", 2, seed=too_big),
+                 lambda: split_indices(10, seed=too_big)):
+        with pytest.raises(ValueError, match="seed must be <= 4294967295"):
+            make()
+    assert torch.equal(ts.data.checkers(5, seed=too_big - 1)[0], ts.data.checkers(5, seed=too_big - 1)[0])
+    with pytest.raises(TypeError, match="min_count must be an integer"):
+        ts.data.conll2000("train", min_count="3", root="/nonexistent")
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        ts.data.ocr("train", "small", dtype=torch.long, root="/nonexistent")

@@ -112,6 +112,18 @@ def check_positive_int(name: str, v, minimum: int = 1) -> int:
     return int(v)
 
 
+# Seeds of the data generators: the split streams are seeded with ``seed * 1000 + k``, which must stay a 64-bit int.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int in ``[0, MAX_SEED]``, or a TypeError / ValueError naming ``name``."""
+    seed = check_positive_int(name, seed, minimum=0)
+    if seed > MAX_SEED:
+        raise ValueError(f"{name} must be <= {MAX_SEED}, got {seed}")
+    return seed
+
+
 def check_positive_float(name: str, v) -> float:
     """``v`` as a float, or a TypeError / ValueError naming ``name`` unless it is a positive finite number."""
     try:

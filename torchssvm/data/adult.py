@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_seed
 from .paths import locate
 
 RELPATH = "adult/a9a.txt.gz"
@@ -111,8 +112,7 @@ def split_indices(n: int, test_fraction: float = 0.3, seed: int = 0):
         raise TypeError(f"test_fraction must be a number, got {type(test_fraction).__name__}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    seed = check_seed(seed)
     n_test = round(test_fraction * n)
     if not 0 < n_test < n:
         raise ValueError(f"test_fraction={test_fraction} leaves an empty train or test set of {n} examples")

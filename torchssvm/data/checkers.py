@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_seed
 
 
 def checkers(n: int, *, grid: int = 4, noise: float = 0.02, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -34,7 +34,7 @@ def checkers(n: int, *, grid: int = 4, noise: float = 0.02, seed: int = 0, dtype
         raise TypeError(f"noise must be a number, got {type(noise).__name__}")
     if not (noise >= 0 and math.isfinite(noise)):
         raise ValueError(f"noise must be finite and >= 0, got {noise}")
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_seed(seed)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 

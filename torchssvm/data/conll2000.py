@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
+from .._validation import check_positive_int
 from ..models import TokenFeatures
 from .paths import locate
 from .sequence_dataset import SequenceDataset
@@ -126,8 +127,7 @@ def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] 
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    check_positive_int("min_count", min_count)
     if features not in ("attributes", "tokens"):
         raise ValueError(f"features must be 'attributes' or 'tokens', got {features!r}")
     train_path = str(locate(root, "conll2000/train.txt.gz", url=URLS["train"], download=download))

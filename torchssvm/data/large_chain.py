@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_seed
 from .sequence_dataset import SequenceDataset
 from .synthetic import _SPLIT_OFFSET, check_chain_args
 
@@ -49,7 +49,7 @@ def synthetic_large_chain(split: str = "train", n: int = 1000, *, num_labels: in
         raise ValueError(f"zipf must be a finite number >= 0, got {zipf!r}")
     if not (isinstance(noise, (int, float)) and not isinstance(noise, bool) and 0 <= noise < math.inf):
         raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_seed(seed)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 

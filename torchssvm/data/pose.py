@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .._validation import check_positive_int, check_real
+from .._validation import check_positive_int, check_real, check_seed
 
 # Node names and parents (-1: the root). Every parent has a smaller index than its children, so one sweep
 # in index order samples a pose root to leaves. Edge e's child is node e + 1 (the root is node 0).
@@ -202,7 +202,7 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     noise = check_real("noise", noise)
     limb_modes = check_positive_int("limb_modes", limb_modes)
     limb_angle = check_real("limb_angle", limb_angle, maximum=math.pi)
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_seed(seed)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 
@@ -294,7 +294,7 @@ def edge_types(dataset, num_types: int, *, rest: Optional[torch.Tensor] = None, 
             raise ValueError(f"rest must be a finite ({E}, {T}, 2) tensor (the training set's edge types)")
         rest = rest.detach().to("cpu", torch.float64)
         return EdgeTypes(rest, _nearest(disp, rest).transpose(0, 1))
-    g = torch.Generator().manual_seed(check_positive_int("seed", seed, minimum=0))
+    g = torch.Generator().manual_seed(check_seed(seed))
     centres = torch.empty(E, T, 2, dtype=torch.float64)
     for e in range(E):
         points = disp[e]
@@ -364,7 +364,7 @@ def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: flo
     miss_rate = check_real("miss_rate", miss_rate, maximum=1.0)
     clutter = check_positive_int("clutter", clutter, minimum=0)
     noise = check_real("noise", noise)
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_seed(seed)
     H, W = dataset.height, dataset.width
     offset = 3 if dataset.name.endswith("test") else 4
     g = torch.Generator().manual_seed(seed * 1000 + 20 + offset)

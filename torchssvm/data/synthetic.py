@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .._validation import check_positive_int, check_real
+from .._validation import check_positive_int, check_real, check_seed
 from .sequence_dataset import SequenceDataset
 
 _SPLIT_OFFSET = {"train": 1, "test": 2}
@@ -40,7 +40,7 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     n, K, D, lo, hi = check_chain_args(split, n, num_labels, num_features, min_length, max_length)
     check_real("noise", noise)
     check_real("stickiness", stickiness, minimum=-math.inf)
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_seed(seed)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 

@@ -179,8 +179,8 @@ class BMRM:
         return reports
 
     def _log(self, r: dict) -> None:
-        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "eps", "passes", "cuts", "time"),
-                    self.steps_done)
+        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "eps", "passes", "oracle_calls", "cuts",
+                                               "time"), self.steps_done)
 
     # -- state ----------------------------------------------------------------------------------
     _state_tensors = ("w", "w_best", "cuts", "offsets", "alpha", "age")

@@ -77,7 +77,7 @@ class SSG:
         r = {"primal": primal, "dual": None, "gap": None, "gap_exact": False, "passes": self.oracle_calls / self.n,
              "oracle_calls": self.oracle_calls, "time": self.seconds}
         if self.writer is not None:
-            for key in ("primal", "passes", "time"):
+            for key in ("primal", "passes", "oracle_calls", "time"):
                 if r[key] is not None:
                     self.writer.add_scalar(f"{self.tag}/{key}", r[key], self.steps_done)
         return r
