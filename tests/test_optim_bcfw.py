@@ -4,6 +4,7 @@ import itertools
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 from conftest import needs_numba, needs_triton
@@ -242,6 +243,23 @@ def test_box_qp_newton_is_free_of_the_problem_scale(qp_host):
     want = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
     torch.testing.assert_close(box_qp(c, torch.zeros(4, 4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)),
                                want, rtol=0, atol=1e-9)
+
+
+def test_box_qp_newton_stops_where_its_ridge_stops_resolving_the_gradient():
+    """A mini-batch QP recorded late in a BCFW run (OCR-small, lam 1e-4, B = 16; tests/fixtures): H singular, the
+    gaps 1e-3 of H's scale. Tested against tol max|c| alone, the compiled loop went on to max_iter gaining less than
+    1e-13 of f per iteration; with the ridge's floor it stops within a few iterations, at the optimum."""
+    import json
+    from pathlib import Path
+
+    nb = _needs_box_qp_numba()
+    qp = json.loads((Path(__file__).parent / "fixtures" / "box_qp_late_bcfw.json").read_text())
+    c, H, u = (np.asarray(qp[k], dtype=np.float64) for k in ("c", "H", "upper"))
+    gamma = nb.projected_newton(c, H, u, 50, 1e-12)
+    assert np.array_equal(nb.projected_newton(c, H, u, 5, 1e-12), gamma)  # stopped by the test, not max_iter
+    ref = box_qp(*(torch.from_numpy(t) for t in (c, H, u)), method="sweeps", max_iter=100000, tol=1e-16).numpy()
+    f = lambda x: -(x @ c) + 0.5 * x @ H @ x  # noqa: E731
+    assert f(gamma) <= f(ref) + 1e-10 * abs(f(ref))
 
 
 def test_box_qp_newton_torch_and_numpy_paths_agree():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import _numba
+from .box_qp import _RIDGE_FLOOR
 
 # sums may be reordered (vectorized dot products); infinities keep their meaning (the arcs' last piece)
 _jit = _numba.jit(fastmath={"reassoc", "contract"})
@@ -208,7 +209,8 @@ def _change(H, grad, gamma, trial):
 @_jit
 def projected_newton(c, H, upper, max_iter, tol):
     """``gamma (B,)``, the minimizer of the box QP to ``tol`` (the gradient of the free coordinates at most
-    ``tol max|c|``, `box_qp.box_qp`). c ``(B,)``, H ``(B, B)`` symmetric PSD, upper ``(B,)`` >= 0; float64 arrays."""
+    ``tol max|c|`` plus ``_RIDGE_FLOOR`` times the ridge's resolution, `box_qp.box_qp`). c ``(B,)``, H ``(B, B)``
+    symmetric PSD, upper ``(B,)`` >= 0; float64 arrays."""
     B = c.shape[0]
     ridge = 1e-13 * np.abs(np.diag(H)).max() + 1e-300
     scale = tol * np.abs(c).max()
@@ -232,7 +234,10 @@ def projected_newton(c, H, upper, max_iter, tol):
                 projected = max(projected, abs(grad[i]))
                 free[k] = i
                 k += 1
-        if projected <= scale:
+        gmax = 0.0
+        for i in range(B):
+            gmax = max(gmax, gamma[i])
+        if projected <= scale + _RIDGE_FLOOR * ridge * gmax:
             break
         best_change = 0.0
         for arc in range(2):  # 0: projected gradient, 1: Newton
