@@ -346,7 +346,7 @@ def _machines(all_data) -> str:
     seen = []
     for part in ("linear", "kernel"):
         if part in all_data:
-            m = all_data[part].get("machine") or f"{all_data.get('machine', 'unknown')}, torch {torch.__version__}"
+            m = all_data[part].get("machine") or all_data.get("machine", "unknown")
             seen.append((part, m))
     if len({m for _, m in seen}) <= 1:
         return seen[0][1] if seen else "unknown"

@@ -101,6 +101,7 @@ def test_train_rejects_a_bad_device():
     (["--solver", "torch", "--block-batch", "4"], "--block-batch is for the dual solvers"),
     (["--solver", "fw", "--cache-size", "5"], "--cache-size is for --solver bcfw"),
     (["--solver", "ssg", "--step", "pairwise"], "--step is for --solver bcfw"),
+    (["--solver", "ssg", "--gap-tol", "0.1"], "--gap-tol is for the solvers with a duality gap"),
     (["--min-count", "5"], "--min-count is for --data conll2000-chunk"),
     (["--grid", "20"], "--grid is for --data pose"),
 ])

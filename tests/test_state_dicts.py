@@ -26,8 +26,10 @@ def _table(n=20, d=4, seed=1):
 
 
 def _snapshot(solver) -> dict:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in solver.state_dict().items()
-            if k not in ("atoms", "last_exact")}
+    state = solver.state_dict()
+    flat = {k: v for k, v in state.items() if k not in ("atoms", "last_exact", "generator")}
+    flat.update({f"atoms.{k}": v for k, v in (state.get("atoms") or {}).items()})
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
 
 
 def _unchanged(before: dict, solver) -> bool:
@@ -65,6 +67,24 @@ def test_dual_solvers_refuse_another_objective_and_change_nothing(make):
     assert _unchanged(before, target)
     target.load_state_dict(state)  # the matching state still loads, and continues the source's run
     assert target.step()["dual"] == source.step()["dual"]
+
+
+def test_bcfw_resumes_after_its_atom_storage_grew_and_refuses_broken_counts():
+    source = BCFW(_table(), lam=0.05, step="pairwise", cache_size=2, seed=3)
+    for _ in range(4):
+        source.step()
+    state = source.state_dict()
+    assert state["atoms"]["labels"].shape[1] > 2  # pairwise steps keep every active atom: the storage grew
+    resumed = BCFW(_table(), lam=0.05, step="pairwise", cache_size=2, seed=3)
+    resumed.load_state_dict(state)
+    a, b = resumed.step(), source.step()
+    assert {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
+    broken = dict(state, atoms=dict(state["atoms"], count=state["atoms"]["count"] * 0))
+    target = BCFW(_table(), lam=0.05, step="pairwise", cache_size=2, seed=3)
+    before = _snapshot(target)
+    with pytest.raises(ValueError, match="count.. must be in"):
+        target.load_state_dict(broken)
+    assert _unchanged(before, target)
 
 
 def test_bcfw_refuses_another_cache_capacity_and_a_broken_permutation():
@@ -135,6 +155,13 @@ def test_ssg_refuses_other_sizes_and_settings_and_changes_nothing():
         assert _unchanged(before, target)
     with pytest.raises(ValueError, match="missing"):
         SSG(_table(), lam=0.05).load_state_dict({k: v for k, v in state.items() if k != "generator"})
+    target = SSG(_table(), lam=0.05, seed=1)
+    before = _snapshot(target)
+    with pytest.raises(ValueError, match="state_dict\\['k'\\] must be a int"):
+        target.load_state_dict(dict(state, k=None))  # after w was checked, before anything is set
+    assert _unchanged(before, target)
+    with pytest.raises(ValueError, match="rescaling"):
+        SSG(_table(), lam=0.05, rescaling="slack").load_state_dict(state)
 
 
 def test_kernel_cutting_plane_refuses_another_training_set_or_kernel():
@@ -149,9 +176,13 @@ def test_kernel_cutting_plane_refuses_another_training_set_or_kernel():
                           (KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="constant", r=30), "sampling")):
         with pytest.raises(ValueError, match=match):
             target.load_state_dict(state)
-    broken = dict(state, basis=state["basis"] + 100)
-    with pytest.raises(ValueError, match="basis"):
-        KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact").load_state_dict(broken)
+    target = KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact")
+    before = _snapshot(target)
+    for broken, match in ((dict(state, basis=state["basis"] + 100), "basis"),
+                          (dict(state, seconds="x"), "seconds")):
+        with pytest.raises(ValueError, match=match):
+            target.load_state_dict(broken)
+        assert _unchanged(before, target)
     resumed = KernelCuttingPlane(x, y, C=1.0, gamma=2.0, sampling="exact")
     resumed.load_state_dict(state)
     assert resumed.step()["gap"] == source.step()["gap"]

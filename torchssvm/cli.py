@@ -422,6 +422,9 @@ def _check_args(args, name: str) -> None:
     if args.solver in ("fw", "ssg"):
         ignored += [(flag, True, f"is for --solver bcfw, not {args.solver!r}")
                     for flag in changed("sampling", "step", "cache_size", "gap_check_every", "block_batch")]
+    if args.solver == "ssg":
+        ignored += [(flag, True, "is for the solvers with a duality gap (bcfw, fw); ssg reports none")
+                    for flag in changed("gap_tol")]
     if args.command == "train":
         ignored += [(flag, True, "is for --data conll2000-chunk") for flag in changed("min_count")
                     if name != "conll2000-chunk"]

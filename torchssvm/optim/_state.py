@@ -45,7 +45,10 @@ def _show(value) -> str:
 
 def check_config(state: dict, config: dict) -> None:
     """Each entry of ``config`` (this solver's value of a setting its state depends on) must equal the state's."""
-    require_keys(state, list(config))
+    missing = [k for k in config if k not in state]
+    if missing:
+        raise ValueError(f"state_dict is missing {missing}: it was saved by another solver, or by a torchssvm that "
+                         "did not record the settings a state is bound to")
     for name, mine in config.items():
         if not _same(state[name], mine):
             raise ValueError(f"state_dict was saved with {name} = {_show(state[name])}; this solver has {name} = "
@@ -70,3 +73,15 @@ def checked_generator_state(state: dict, key: str = "generator") -> torch.Tensor
     except (TypeError, RuntimeError) as e:
         raise ValueError(f"state_dict[{key!r}] is not a torch.Generator state: {e}") from None
     return value
+
+
+def checked_scalars(state: dict, types: dict, name: str = "state_dict") -> dict:
+    """``{key: kind(state[key])}`` for ``types = {key: kind}`` (int, float or bool), a ValueError naming the key
+    where a value does not convert."""
+    out = {}
+    for key, kind in types.items():
+        try:
+            out[key] = kind(state[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}[{key!r}] must be a {kind.__name__}, got {state[key]!r}") from None
+    return out

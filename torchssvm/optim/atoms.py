@@ -173,7 +173,10 @@ class AtomStore:
         slots = labels.shape[1] if isinstance(labels, torch.Tensor) and labels.dim() == 3 else self.labels.shape[1]
         shapes = {"labels": (n, slots, width), "loss": (n, slots), "alpha": (n, slots), "count": (n,),
                   "alpha_valid": (n,)}
-        return {k: checked_tensor(s, k, shape, getattr(self, k), "state_dict['atoms']") for k, shape in shapes.items()}
+        out = {k: checked_tensor(s, k, shape, getattr(self, k), "state_dict['atoms']") for k, shape in shapes.items()}
+        if out["count"].numel() and not (1 <= int(out["count"].min()) and int(out["count"].max()) <= slots):
+            raise ValueError(f"state_dict['atoms']['count'] must be in [1, {slots}] (the truth and the stored atoms)")
+        return out
 
     def set_state(self, checked: dict) -> None:
         for k, value in checked.items():

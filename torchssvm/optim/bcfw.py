@@ -366,7 +366,8 @@ class BCFW(DualSolver):
         """Move to ``lam_new < lam`` keeping the primal (Prop. 1): ``alpha_i(y) <- rho alpha_i(y)`` for
         ``y != y_i`` with ``rho = lam_new / lam`` and the rest on ``y_i``; i.e. ``z <- rho z``,
         ``l <- rho l``, ``w`` unchanged. The block-gap estimates move by ``(1 - rho) delta_i`` with
-        ``delta_i = l_i - lam <w, w_i>`` (exact for exact gaps). Returns ``delta (n,)``."""
+        ``delta_i = l_i - lam <w, w_i>`` (exact for exact gaps). Returns ``delta (n,)``. A `state_dict` saved after
+        it loads into a solver built with ``lam_new``."""
         from .dual_solver import _check_lam
 
         lam_new = _check_lam(lam_new)

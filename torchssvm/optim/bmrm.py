@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from ._state import check_config, checked_tensor, require_keys
+from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam
 from .loop import log_scalars, run_steps
 from .risks import StructuredRisk
@@ -207,7 +207,7 @@ class BMRM:
         for k in self._state_tensors:
             shape = (self.d,) if k in ("w", "w_best") else ((t, self.d) if k == "cuts" else (t,))
             checked[k] = checked_tensor(state, k, shape, getattr(self, k))
-        checked.update({k: type(getattr(self, k))(state[k]) for k in self._state_scalars})
+        checked.update(checked_scalars(state, {k: type(getattr(self, k)) for k in self._state_scalars}))
         for k, value in checked.items():
             setattr(self, k, value)
         self.risk.write_model(self.w)

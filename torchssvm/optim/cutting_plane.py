@@ -352,13 +352,11 @@ class NSlackCuttingPlane(DualSolver):
         require_keys(state, (*self._working_set, "generator"))
         out = super()._checked_state(state)
         used = state["used"]
-        slots = used.shape[1] if isinstance(used, torch.Tensor) and used.dim() == 2 else None
+        if not (isinstance(used, torch.Tensor) and used.dim() == 2):
+            raise ValueError(f"state_dict['used'] must be a tensor with {self.n} rows and one column per slot")
         for k in self._working_set:
             cur = getattr(self, k)
-            shape = (self.n, slots) + tuple(cur.shape[2:])
-            if slots is None:
-                raise ValueError(f"state_dict['used'] must be a tensor with {self.n} rows and one column per slot")
-            out[k] = checked_tensor(state, k, shape, cur)
+            out[k] = checked_tensor(state, k, (self.n, used.shape[1]) + tuple(cur.shape[2:]), cur)
         out["_generator"] = checked_generator_state(state)
         return out
 

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from .._validation import check_positive_float
-from ._state import box_state, check_config, checked_tensor, require_keys
+from ._state import box_state, check_config, checked_scalars, checked_tensor, require_keys
 from .problems import DualProblem, SlackRescaledProblem, make_problem
 
 
@@ -241,7 +241,7 @@ class DualSolver:
         require_keys(state, (*self._state_tensors, *self._state_scalars))
         check_config(state, self._config())
         out = {k: checked_tensor(state, k, getattr(self, k).shape, getattr(self, k)) for k in self._state_tensors}
-        out.update({k: type(getattr(self, k))(state[k]) for k in self._state_scalars})
+        out.update(checked_scalars(state, {k: type(getattr(self, k)) for k in self._state_scalars}))
         out["last_exact"] = None if state.get("last_exact") is None else dict(state["last_exact"])
         return out
 

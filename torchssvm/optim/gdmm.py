@@ -53,6 +53,7 @@ import torch
 
 from .._validation import check_positive_float
 from ..kernels import project_shifted_simplex
+from ._state import checked_generator_state, checked_scalars
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
 from .problems import ChainProblem, MultiLabelProblem, make_problem
@@ -666,16 +667,15 @@ class GDMM:
         blocks = {k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state}
         C = check_positive_float("state_dict['C']", state.get("C", self.C))
         rho = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
-        for k, v in {**tensors, **blocks}.items():
+        scalars = checked_scalars({"eta": self.eta, "seconds": 0.0, **state},
+                                  {"eta": float, "iterations": int, "seconds": float})
+        counters = {k: dict(state.get(k, getattr(self, k))) for k in ("fmo_calls", "fmo_visits", "inner")}
+        generator = checked_generator_state(state)
+        for k, v in {**tensors, **blocks, **scalars, **counters}.items():
             setattr(self, k, v)
-        self.C, self.rho, self.eta = C, rho, float(state.get("eta", self.eta))
+        self.C, self.rho = C, rho
         self.lam = 1.0 / (self.C * self.n)
-        self.iterations = int(state["iterations"])
-        self.seconds = float(state.get("seconds", 0.0))
-        self.fmo_calls = dict(state.get("fmo_calls", self.fmo_calls))
-        self.fmo_visits = dict(state.get("fmo_visits", self.fmo_visits))
-        self.inner = dict(state.get("inner", self.inner))
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(generator)
         if self.index is not None:
             self.index = BigramIndex(self.v)
         self._write_model()

@@ -42,7 +42,7 @@ from typing import Optional
 
 import torch
 
-from ._state import check_config, checked_generator_state, checked_tensor, require_keys
+from ._state import check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from .loop import log_scalars, run_steps
 from .mercer import MercerKernel
 from .simplex_qp import simplex_qp
@@ -537,6 +537,8 @@ class KernelCuttingPlane:
         cache = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
         if state["mode"] not in ("exact", "linear", "constant"):
             raise ValueError(f"state_dict['mode'] must be 'exact', 'linear' or 'constant', got {state['mode']!r}")
+        scalars = checked_scalars(state, {"quiet": int, "steps_done": int, "sampled_cuts": int, "seconds": float})
+        evaluations = checked_scalars(state, {"kernel_evaluations": int})["kernel_evaluations"]
         generator = checked_generator_state(state)
         self._cat = None
         self.basis = list(basis.split(sizes.tolist())) if t else []
@@ -544,7 +546,7 @@ class KernelCuttingPlane:
         for k, value in checked.items():
             setattr(self, k, value)
         self._cache.set(cache)
-        self.quiet, self.steps_done = int(state["quiet"]), int(state["steps_done"])
-        self.mode, self.sampled_cuts = state["mode"], int(state["sampled_cuts"])
-        self.seconds, self.kernel.evaluations = float(state["seconds"]), int(state["kernel_evaluations"])
+        for k, value in scalars.items():
+            setattr(self, k, value)
+        self.mode, self.kernel.evaluations = state["mode"], evaluations
         self.generator.set_state(generator)

@@ -43,6 +43,7 @@ from typing import Optional
 
 import torch
 
+from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam
 from .loop import log_scalars, run_steps
 
@@ -382,19 +383,12 @@ class Pragam:
         return s
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict` (same X, y, lam and bias): the run continues the same trajectory."""
-        missing = [k for k in (*self._state_tensors, *self._state_scalars, "lam", "bias") if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
-        if state["bias"] != self.bias or state["lam"] != self.lam:
-            raise ValueError(f"state_dict is for lam={state['lam']}, bias={state['bias']}; this solver has "
-                             f"lam={self.lam}, bias={self.bias}")
-        for k in self._state_tensors:
-            cur, new = getattr(self, k), state[k]
-            if not isinstance(new, torch.Tensor) or new.shape != cur.shape:
-                raise ValueError(f"state_dict[{k!r}] must be a tensor of shape {tuple(cur.shape)}")
-        for k in self._state_tensors:
-            setattr(self, k, state[k].to(self.device, torch.float64).clone())
-        self.iteration, self.passes = int(state["iteration"]), int(state["passes"])
-        self.seconds, self.L, self.b = float(state["seconds"]), float(state["L"]), float(state["b"])
+        """Resume from `state_dict` (same X, y, lam and bias): the run continues the same trajectory. A state of
+        other sizes, lam or bias raises a ValueError and leaves the solver unchanged."""
+        require_keys(state, (*self._state_tensors, *self._state_scalars))
+        check_config(state, {"lam": self.lam, "bias": self.bias})
+        tensors = {k: checked_tensor(state, k, getattr(self, k).shape, getattr(self, k)) for k in self._state_tensors}
+        scalars = checked_scalars(state, {"iteration": int, "passes": int, "seconds": float, "L": float, "b": float})
+        for k, value in {**tensors, **scalars}.items():
+            setattr(self, k, value)
         self.last_report = dict(state["last_report"]) if state.get("last_report") else self._report()

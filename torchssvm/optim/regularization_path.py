@@ -154,7 +154,8 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Opt
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError(f"epsilon must be a positive number, got {epsilon}")
     lam_min = check_positive_float("lam_min", lam_min)
-    max_passes = check_positive_float("max_passes", max_passes)
+    if not (isinstance(max_passes, (int, float)) and not isinstance(max_passes, bool) and max_passes > 0):
+        raise ValueError(f"max_passes must be a number > 0 (inf: no limit), got {max_passes!r}")
     if "box" in solver_kwargs:
         raise ValueError("box constraints are not supported on the regularization path (Prop. 1 assumes none)")
     solver_kwargs.setdefault("sampling", "gap")

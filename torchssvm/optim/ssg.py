@@ -16,9 +16,9 @@ from typing import Optional
 
 import torch
 
-from ._state import box_state, check_config, checked_generator_state, checked_tensor, require_keys
+from ._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam, parse_box
-from .problems import make_problem
+from .problems import SlackRescaledProblem, make_problem
 
 
 class SSG:
@@ -92,7 +92,9 @@ class SSG:
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
-        return {"n": self.n, "lam": self.lam, "box": box_state(self.box), "averaging": self.averaging}
+        rescaling = "slack" if isinstance(self.problem, SlackRescaledProblem) else "margin"
+        return {"n": self.n, "lam": self.lam, "rescaling": rescaling, "box": box_state(self.box),
+                "averaging": self.averaging}
 
     def state_dict(self) -> dict:
         return {"w": self.w.clone(), "w_avg": self.w_avg.clone(), "k": self.k, "oracle_calls": self.oracle_calls,
@@ -101,13 +103,14 @@ class SSG:
 
     def load_state_dict(self, s: dict) -> None:
         """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
-        another ``lam``, box or ``averaging``, raises a ValueError and leaves the solver unchanged."""
+        another ``lam``, rescaling, box or ``averaging``, raises a ValueError and leaves the solver unchanged."""
         require_keys(s, ("w", "w_avg", "k", "oracle_calls", "steps_done", "seconds", "generator"))
         check_config(s, self._config())
         w, w_avg = (checked_tensor(s, k, self.w.shape, self.w) for k in ("w", "w_avg"))
+        scalars = checked_scalars(s, {"k": int, "oracle_calls": int, "steps_done": int, "seconds": float})
         generator = checked_generator_state(s)
         self.w, self.w_avg = w, w_avg
-        self.k, self.oracle_calls, self.steps_done = int(s["k"]), int(s["oracle_calls"]), int(s["steps_done"])
-        self.seconds = float(s["seconds"])
+        for k, value in scalars.items():
+            setattr(self, k, value)
         self.generator.set_state(generator)
         self.problem.write_model(self.output)
