@@ -39,6 +39,20 @@ def needs_numba():
     return pytest.mark.skipif(not numba_available() and not os.environ.get("CI"), reason="needs numba")
 
 
+class ScalarRecorder:
+    """A stand-in for a TensorBoard ``SummaryWriter``: ``scalars[tag]`` lists ``(step, value)``, ``hists`` lists
+    ``(tag, step, number of values)``."""
+
+    def __init__(self):
+        self.scalars, self.hists = {}, []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.setdefault(tag, []).append((step, value))
+
+    def add_histogram(self, tag, values, step):
+        self.hists.append((tag, step, values.numel()))
+
+
 def brute_force_chain(unary, transition, start, end, length, loss=None):
     """Best labelling of one chain by enumerating all K^length labellings, in float64.
 

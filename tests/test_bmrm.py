@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import ScalarRecorder
 from test_cutting_plane import random_table
 from torchssvm.kernels import numba_available
 
@@ -354,18 +355,11 @@ def test_bundle_solvers_and_ssg_log_their_oracle_calls():
     """DESIGN's scalars include the oracle calls: BMRM, OneSlack and SSG wrote the passes only."""
     from torchssvm.optim import SSG
 
-    class Recorder:
-        def __init__(self):
-            self.scalars = {}
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.setdefault(tag, []).append((step, value))
-
     F, L, y = random_table(n=10)
     for make, tag in ((lambda w: BMRM(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "bmrm"),
                       (lambda w: OneSlackCuttingPlane(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "oneslack"),
                       (lambda w: SSG(FeatureTableProblem(F, L, y), lam=0.1, writer=w), "ssg")):
-        w = Recorder()
+        w = ScalarRecorder()
         solver = make(w)
         reports = [solver.step() for _ in range(3)]
         assert w.scalars[f"{solver.tag}/oracle_calls"] == [(k + 1, r["oracle_calls"]) for k, r in enumerate(reports)]

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import needs_numba, needs_triton
+from conftest import ScalarRecorder, needs_numba, needs_triton
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, FeatureTableProblem
@@ -506,18 +506,8 @@ def test_chain_state_dict_round_trip_through_torch_save(tmp_path):
 
 
 def test_writer_gets_scalars_and_block_gap_histogram():
-    class Recorder:
-        def __init__(self):
-            self.scalars, self.hists = {}, []
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.setdefault(tag, []).append((step, value))
-
-        def add_histogram(self, tag, values, step):
-            self.hists.append((tag, step, values.numel()))
-
     F, L, y = random_table(seed=8)
-    w = Recorder()
+    w = ScalarRecorder()
     s = BCFW(FeatureTableProblem(F, L, y), lam=0.1, writer=w, cache_size=3, gap_check_every=1)
     s.step()
     for key in ("primal", "dual", "gap", "exact_gap", "oracle_calls", "cache_hit_rate", "time"):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import needs_triton
+from conftest import ScalarRecorder, needs_triton
 
 from torchssvm.optim.pragam import Pragam, best_bias
 
@@ -212,16 +212,9 @@ def test_fit_predict_and_stopping_rules():
 
 
 def test_writer_gets_scalars():
-    class Recorder:
-        def __init__(self):
-            self.scalars = {}
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.setdefault(tag, []).append((step, value))
-
     X, y = make_data(n=30, d=4, seed=11)
     for bias, tag in ((False, "pragam"), (True, "pragam_b")):
-        w = Recorder()
+        w = ScalarRecorder()
         s = Pragam(X, y, 0.1, bias=bias, writer=w)
         s.step()
         s.step()
