@@ -5,6 +5,7 @@ inactive-cut removal, state and errors."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import ScalarRecorder
@@ -80,6 +81,30 @@ def test_simplex_qp_solves_singular_faces(rank):
                 assert abs(float(x.sum()) - 0.8) <= 1e-12
                 Qi, ci = Q, c
             assert frank_wolfe_gap(Qi, ci, x, 0.8) <= 1e-8
+
+
+def test_simplex_qp_at_the_scale_of_tiny_lam():
+    """Cut Gram matrices of 1e14 to 1e18 (features of scale 1e4 at lam 1e-8). A single cut, inequality form: the
+    optimum x = 1/q (the rounding threshold sized by max|Q| r took the real descent from the slack for rounding
+    and returned x = 0 as solved, with a Frank-Wolfe gap of 1: OneSlack then reported convergence at a gap of 1).
+    A nonsingular face has no flat direction (the unscaled border of the KKT matrix made the constraint's own
+    direction look like one; the step took all the mass and the next rescaling divided by 0)."""
+    from torchssvm.optim.simplex_qp import _null_direction
+
+    for q in (1e10, 1e14, 1e16, 1e18):
+        x, info = simplex_qp(torch.tensor([[q]], dtype=torch.float64), torch.ones(1, dtype=torch.float64), 1.0,
+                             inequality=True, tol=1e-6)
+        assert info["solved"] and info["fw_gap"] <= 1e-6 and float(x[0]) == pytest.approx(1 / q, rel=1e-9)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        A = rng.standard_normal((7, 7))
+        Q = A @ A.T * 1e18 + 1e14 * np.eye(7)
+        assert _null_direction(Q, rng.standard_normal(7) * 1e18, np.arange(7), 1e3) is None
+        c = rng.random(7) * 1e9
+        x, info = simplex_qp(torch.from_numpy(Q), torch.from_numpy(c), 1.0, tol=1e-6)
+        assert bool(torch.isfinite(x).all()) and abs(float(x.sum()) - 1) < 1e-12
+        ref = simplex_qp(torch.from_numpy(Q), torch.from_numpy(c), 1.0, method="fista", max_iter=3000, tol=0)[1]
+        assert info["value"] <= ref["value"] + 1e-11 * abs(ref["value"])
 
 
 def test_simplex_qp_active_set_on_an_ill_conditioned_rank_deficient_bundle():

@@ -112,14 +112,21 @@ def _null_direction(Qn, g, F, tiny):
     k = F.size
     if k < 2:
         return None
+    QFF = Qn[np.ix_(F, F)]
+    # the border in Q's units: with Q ~ 1e18 against a border of 1, the relative cut-off of the SVD took the
+    # constraint's own direction (sum d != 0) for a null direction
+    border = max(float(np.abs(QFF).max()), 1e-300)
     K = np.zeros((k + 1, k + 1))
-    K[:k, :k] = Qn[np.ix_(F, F)]
-    K[:k, k] = 1.0
-    K[k, :k] = 1.0
+    K[:k, :k] = QFF
+    K[:k, k] = border
+    K[k, :k] = border
     _, sv, vt = np.linalg.svd(K)
     best = None
     for v in vt[sv <= 1e-9 * sv[0]]:
         d = v[:k] / max(np.abs(v[:k]).max(), 1e-300)
+        Qd = QFF @ d
+        if abs(d.sum()) > 1e-9 * k or np.abs(Qd - Qd.mean()).max() > 1e-8 * border:
+            continue  # not a flat direction of the face after all
         gd = float(g[F] @ d)
         if gd > 0:
             d, gd = -d, -gd
@@ -151,16 +158,23 @@ def _pairwise_step(Qn, g, x, tiny):
     return x, x > 0
 
 
+def _rounding(Qn, cn, x, radius) -> float:
+    """The size of a change of ``f`` that rounding can fake at ``x``: from the magnitudes of the gradient's terms
+    there, ``|Q| |x|`` and ``|c|`` (a bound by ``max|Q| r`` took real descents for rounding where the mass sits on
+    coordinates of small curvature, e.g. the slack of the inequality form against cuts of norm 1e8)."""
+    return 1e-15 * radius * (1.0 + float((np.abs(Qn) @ np.abs(x)).max()) + float(np.abs(cn).max()))
+
+
 def _active_set(Qn, cn, radius, x, tol, max_iter):
     """Primal active-set iterations from the feasible ``x`` (numpy); returns ``(x, iterations, fw_gap, done)``
-    with ``done`` False only when ``max_iter`` ran out (``fw_gap`` above ``tol`` with ``done`` True means the
-    KKT conditions hold to rounding: no coordinate can enter and the face gives no descent)."""
+    with ``done`` False when ``max_iter`` ran out or the iterate lost its mass (FISTA takes over) (``fw_gap``
+    above ``tol`` with ``done`` True means the KKT conditions hold to rounding: no coordinate can enter and the
+    face gives no descent)."""
     free = x > 0
-    scale = 1.0 + np.abs(Qn).max() * radius + np.abs(cn).max()
-    tiny = 1e-15 * scale * radius
     it = 0
     while True:
         g = Qn @ x - cn
+        tiny = _rounding(Qn, cn, x, radius)
         fw = float(g @ x - radius * g.min())
         if fw <= tol or it >= max_iter:
             return x, it, fw, fw <= tol
@@ -192,16 +206,16 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
                 # support coordinate to the best coordinate, exact line search) always makes progress.
                 x, free = _pairwise_step(Qn, g, x, tiny)
                 continue
-            x = x + s * p
+            x_prev, x = x, x + s * p
             if s >= s_max:  # a coordinate reached 0: it leaves the support
                 x[dec[ratios <= s_max * (1 + 1e-12)]] = 0.0
-                x = np.maximum(x, 0.0)
-                x *= radius / x.sum()
-                free = x > 0
-                continue
             x = np.maximum(x, 0.0)
+            if not x.sum() > 0:  # the step took all the mass (a wrong direction): FISTA takes over
+                return x_prev, it, fw, False
             x *= radius / x.sum()
             free = x > 0
+            if s >= s_max:
+                continue
             g = Qn @ x - cn
         # the face is solved (exactly, or to rounding on an ill-conditioned face, where waiting for an exact
         # solve would zigzag): the most negative multiplier g_j - nu enters
