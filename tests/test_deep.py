@@ -55,6 +55,24 @@ def test_autocast_bfloat16_matches_float32():
         assert torch.allclose(g, p.grad, rtol=0.1, atol=0.05)
 
 
+def test_float16_autocast_losses_are_float32_and_take_a_grad_scalers_scale():
+    """Under float16 autocast the losses come back in float32, like autocast's own losses: a float16 loss made
+    GradScaler's default scale (65536, above float16's largest value) inf in the loss's own backward, whatever the
+    gradients' size, and the scaler skipped every step taken at that scale."""
+    torch.manual_seed(0)
+    B, T, K = 8, 6, 4
+    x, y = torch.randn(B, T, 5), torch.randint(0, K, (B, T))
+    for loss_fn in (ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss, ts.crf_negative_log_likelihood):
+        head, transition = torch.nn.Linear(5, K), torch.nn.Parameter(torch.zeros(K, K))
+        with torch.autocast("cpu", dtype=torch.float16):
+            unary = head(x)
+            unary.retain_grad()
+            loss = loss_fn(ts.Chain(K), (unary, transition), y)
+        assert unary.dtype == torch.float16 and loss.dtype == torch.float32
+        torch.amp.GradScaler("cpu").scale(loss).backward()  # 65536 x the loss
+        assert bool(torch.isfinite(unary.grad).all()) and bool(torch.isfinite(transition.grad).all()), loss_fn
+
+
 @pytest.mark.parametrize("structure", [ts.MultiLabel(8), ts.Hierarchy([-1, 0, 0, 1, 1, 2, -1, 6])])
 def test_autocast_leaves_enumeration_oracles_in_float32(structure):
     """MultiLabel and Hierarchy score labellings by matrix products, which autocast would run in bfloat16
@@ -188,3 +206,13 @@ def test_examples_run(data_root, tmp_path):
         out = mod.main(["--epochs", "1", "--limit", "40", "--root", data_root, "--device", "cpu",
                         "--logdir", str(tmp_path), "--history", str(tmp_path / f"{name}.json"), *extra])
         assert (tmp_path / f"{name}.json").exists() and out
+
+
+def test_vmap_over_a_loss_says_it_is_unsupported():
+    """The boundary checks read values on the host, which vmap's batched tensors cannot give ("Cannot access data
+    pointer of Tensor that doesn't have storage"): a NotImplementedError names vmap instead."""
+    y = torch.randint(0, 3, (2, 4))
+    for loss_fn in (ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss, ts.crf_negative_log_likelihood):
+        with pytest.raises(NotImplementedError, match="vmap"):
+            torch.func.vmap(lambda u, fn=loss_fn: fn(ts.Chain(3), (u.unsqueeze(0), torch.zeros(3, 3)), y[:1]))(
+                torch.randn(5, 4, 3))

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 from conftest import needs_triton
-from torchssvm.kernels import slack_viterbi
+from torchssvm.kernels import numba_available, slack_viterbi
 
 import torchssvm as ts
 
@@ -359,3 +359,18 @@ def test_searched_slack_loss_on_a_chain_and_angular_needs_the_constrained_oracle
     assert bool((loss <= exact + 1e-12).all()) and bool((loss > 0).any())
     with pytest.raises(ValueError, match="constrained"):
         ts.SlackRescaledHingeLoss(chain, search="angular")
+
+
+def test_numba_backend_is_refused_for_the_exact_slack_oracle_only():
+    """The exact slack-rescaled oracles have no numba twin: the loss says so when it is built (it failed in forward
+    with a message about the other kernels); the searches over the loss-augmented decoder take numba."""
+    with pytest.raises(ValueError, match="no numba twin"):
+        ts.SlackRescaledHingeLoss(ts.Chain(3), backend="numba")
+    pot = ts.ChainPotentials(torch.randn(2, 4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64))
+    y = torch.randint(0, 3, (2, 4))
+    with pytest.raises(ValueError, match="no numba twin"):
+        ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, backend="numba")
+    if numba_available():
+        searched = ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, search="bisecting", backend="numba")
+        assert torch.equal(searched, ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, search="bisecting",
+                                                                  backend="torch"))

@@ -121,6 +121,15 @@ def test_scalar_loss_weight_equals_tensor():
     assert torch.equal(a, b)
 
 
+def test_a_loss_weight_past_the_dtype_range_gives_inf_not_nan():
+    """float32 potentials with loss_weight 1e39 (finite in float64, inf in float32): every wrong label gets +inf;
+    the true labels got inf * 0 = NaN and the value was NaN."""
+    pot = ts.ChainPotentials(*(t.float() for t in chain_pot(2, 6, 4, seed=3)))
+    y = random_labels(2, 6, 4, torch.tensor([6, 6]))
+    _, value = ts.Chain(4, normalize=False).max_oracle(pot, y, loss_weight=1e39)
+    assert torch.equal(value, torch.full((2,), torch.inf))
+
+
 @needs_triton()
 def test_loss_augmented_decode_triton_equals_torch():
     pot = chain_pot(5, 7, 30, per_position=True, seed=2, dtype=torch.float32)

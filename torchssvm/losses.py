@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ._validation import check_loss_weight
 from .kernels import BACKENDS, resolve_backend
@@ -45,7 +46,9 @@ class _StructuredHinge(torch.autograd.Function):
             dt = value.dtype
             gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
                                     target, lengths)
-        loss = (value - gold).clamp_min(0).to(tensors[0].dtype)
+        # float32 for half-precision potentials, as autocast's own losses: a float16 loss overflows GradScaler's
+        # scale (65536 > float16's max) and sums of a large batch
+        loss = (value - gold).clamp_min(0).to(compute_dtype(tensors))
         ctx.structure = structure
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -60,6 +63,16 @@ class _StructuredHinge(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
         return (None, None, None, grad_lw, None) + grads
+
+
+def _refuse_vmap(*inputs) -> None:
+    """A clear error under ``torch.func.vmap``: the boundary checks and the oracles read values on the host, which a
+    batched tensor cannot give (it failed with "Cannot access data pointer")."""
+    is_batched = getattr(torch._C._functorch, "is_batchedtensor", None)
+    if is_batched is not None and any(isinstance(t, torch.Tensor) and is_batched(t)
+                                      for t in pytree.tree_leaves(inputs)):
+        raise NotImplementedError("the structured losses do not support torch.func.vmap (their oracles read values "
+                                  "on the host); they are batched over the first dimension already")
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -113,6 +126,7 @@ def structured_hinge_loss(
     """
     _check_structure(structure)
     _check_reduction(reduction)
+    _refuse_vmap(potentials, target, lengths)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
     resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
@@ -164,7 +178,7 @@ class _SlackRescaledHinge(torch.autograd.Function):
         ctx.structure = structure
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
-        return value.to(tensors[0].dtype), y_hat
+        return value.to(compute_dtype(tensors)), y_hat  # float32 for half precision (see _StructuredHinge)
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_y_hat):
@@ -192,6 +206,13 @@ def _check_search(search: str, structure=None) -> str:
                              f"MultiLabel (enumeration); {type(structure).__name__} has the lambda-oracle only: use "
                              f"'bisecting', 'binary', 'golden' or 'exact'")
     return search
+
+
+def _check_slack_backend(search: str, backend: str) -> None:
+    if backend == "numba" and search == "exact":
+        raise ValueError("backend='numba' with search='exact': the exact slack-rescaled oracles have no numba twin; "
+                         "use backend='auto' (numba where a twin exists) or 'torch', or a search over the "
+                         "loss-augmented decoder")
 
 
 def _searched_oracle(structure, pot, target, lengths, backend, search):
@@ -243,6 +264,8 @@ def slack_rescaled_hinge_loss(
     _check_structure(structure)
     _check_reduction(reduction)
     _check_search(search, structure)
+    _check_slack_backend(search, backend)
+    _refuse_vmap(potentials, target, lengths)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
     resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
@@ -261,6 +284,7 @@ class SlackRescaledHingeLoss(nn.Module):
         self.reduction = _check_reduction(reduction)
         self.search = _check_search(search, structure)
         self.backend = _check_backend(backend)
+        _check_slack_backend(self.search, self.backend)
 
     def forward(self, potentials, target, lengths=None):
         return slack_rescaled_hinge_loss(self.structure, potentials, target, lengths, search=self.search,
@@ -277,13 +301,14 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     hinge loss against, not a max-margin loss."""
     _check_structure(structure)
     _check_reduction(reduction)
+    _refuse_vmap(potentials, target, lengths)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     with no_autocast():
         log_z = structure._log_partition(pot, lengths)
         tensors = structure.tensors(pot)
         as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
         nll = log_z - structure._score(structure.from_tensors(as_log_z), target, lengths)
-    return _reduce(nll.to(tensors[0].dtype), reduction)
+    return _reduce(nll.to(compute_dtype(tensors)), reduction)  # float32 for half precision (see _StructuredHinge)
 
 
 class CRFLoss(nn.Module):

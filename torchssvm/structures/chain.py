@@ -106,8 +106,9 @@ class Chain(Structure):
         if target is not None:
             # Hamming is decomposable: add its per-position weight to every wrong label.
             pos_w = self._position_loss_weights(target, lengths).to(dt) * loss_weight.to(dt).unsqueeze(1)
-            wrong = torch.ones_like(unary).scatter_(2, target.clamp_min(0).unsqueeze(2), 0.0)
-            unary = unary + pos_w.unsqueeze(2) * wrong
+            wrong = torch.ones_like(unary, dtype=torch.bool).scatter_(2, target.clamp_min(0).unsqueeze(2), False)
+            # where, not a product: a weight past the dtype's range gives +inf on the wrong labels, not inf * 0 = NaN
+            unary = unary + torch.where(wrong, pos_w.unsqueeze(2), 0.0)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
         return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
 
