@@ -174,3 +174,17 @@ def test_nslack_converges_only_with_a_solved_working_set_qp():
     assert history[-1]["converged"] and history[-1]["qp_iterations"] == 0
     assert any(r["added"] == 0 and r["qp_iterations"] > 0 for r in history)  # a pass that solved further
     assert s.duality_gap()["gap"] <= s.eps
+
+
+def test_nslack_fit_leaves_the_certified_iterate_in_the_model():
+    """A step reports the gap of the iterate it started from, then adds the cuts it found and re-solves the QP,
+    which raises the dual but may raise P: fit(gap_tol) returned a model with a gap of 0.0318 after reporting a
+    certified 0.0267 <= 0.03. The certifying pass now keeps its iterate."""
+    data = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=8, seed=2, dtype=torch.float64)
+    model = ts.LinearChainModel(8, 4, dtype=torch.float64)
+    solver = NSlackCuttingPlane(model, data, lam=0.01, eps=1e-4)
+    last = solver.fit(gap_tol=0.03)[-1]
+    assert last["gap_exact"] and last["gap"] <= 0.03
+    now = solver.duality_gap()
+    assert now["gap"] == pytest.approx(last["gap"], rel=1e-9, abs=1e-12) and now["gap"] <= 0.03
+    assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), solver.w)

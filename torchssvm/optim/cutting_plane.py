@@ -95,6 +95,7 @@ class NSlackCuttingPlane(DualSolver):
         self.inactive_after, self.qp_max_iter, self.qp_tol = inactive_after, qp_max_iter, qp_tol
         self.qp_step, self.qp_batch, self.qp_inner, self.chunk = qp_step, qp_batch, qp_inner, chunk
         self.generator = torch.Generator().manual_seed(int(seed))
+        self._hold_below = None  # set by fit(gap_tol=...): a pass certifying the gap leaves w where it certified it
         p = self.problem
         kw = {"device": p.device}
         # working sets, padded: slot 0 is the truth
@@ -308,12 +309,20 @@ class NSlackCuttingPlane(DualSolver):
         primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / n
         dual = self.dual_value()
         self.block_gaps = gaps
+        # The pass's primal and dual are those of w before the cuts it found re-solve the QP: during
+        # fit(gap_tol), a pass that certifies the gap keeps that w (the re-solve raises the dual but may raise P)
+        hold = self._hold_below is not None and exact and primal - dual <= self._hold_below
+        found = added
+        if hold:
+            pending, added = [], 0
         for rows, labels, loss in pending:
             self._add(rows, labels, loss)
         self.cuts_added += added
         # also without a new cut: an unsolved working-set QP (qp_max_iter ran out) is solved further, and the pass
         # certifies w (converged) only when no sweep was needed
-        if added:
+        if hold:
+            qp_iter, qp_gap = 0, self._qp_gap()
+        elif added:
             qp_iter, qp_gap = self._solve_qp()
         else:
             qp_iter, qp_gap = 0, self._qp_gap()
@@ -327,17 +336,22 @@ class NSlackCuttingPlane(DualSolver):
              "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
              "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
              "separation_seconds": self.separation_seconds, "time": self.seconds,
-             "converged": added == 0 and qp_iter == 0}
+             "converged": found == 0 and qp_iter == 0}
         self._log(r)
         return r
 
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
             time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
         """`DualSolver.fit`, which also stops at the first pass that adds no cut (``converged``); with no
-        limit given it runs until then."""
+        limit given it runs until then. The pass that certifies ``gap <= gap_tol`` leaves the iterate it certified
+        in the model (each `step` reports the gap of the iterate it started from, then adds cuts and re-solves)."""
         if max_passes is None and gap_tol is None and time_budget is None:
             max_passes = math.inf
-        return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
+        self._hold_below = gap_tol
+        try:
+            return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
+        finally:
+            self._hold_below = None
 
     _working_set = ("labels", "loss", "alpha", "used", "age")
     _state_scalars = DualSolver._state_scalars + ("cuts_added", "separation_seconds")
