@@ -216,3 +216,6 @@ def test_vmap_over_a_loss_says_it_is_unsupported():
         with pytest.raises(NotImplementedError, match="vmap"):
             torch.func.vmap(lambda u, fn=loss_fn: fn(ts.Chain(3), (u.unsqueeze(0), torch.zeros(3, 3)), y[:1]))(
                 torch.randn(5, 4, 3))
+    with pytest.raises(NotImplementedError, match="vmap"):  # over the loss weight
+        torch.func.vmap(lambda w: ts.structured_hinge_loss(ts.Chain(3), (torch.zeros(1, 4, 3), torch.zeros(3, 3)),
+                                                           y[:1], loss_weight=w))(torch.rand(5))

@@ -126,7 +126,7 @@ def structured_hinge_loss(
     """
     _check_structure(structure)
     _check_reduction(reduction)
-    _refuse_vmap(potentials, target, lengths)
+    _refuse_vmap(potentials, target, lengths, loss_weight)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
     resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)

@@ -336,7 +336,7 @@ class NSlackCuttingPlane(DualSolver):
              "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
              "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
              "separation_seconds": self.separation_seconds, "time": self.seconds,
-             "converged": found == 0 and qp_iter == 0}
+             "converged": found == 0 and qp_iter == 0 and not (hold and qp_gap > self.qp_tol * self.eps)}
         self._log(r)
         return r
 

@@ -158,11 +158,12 @@ def _pairwise_step(Qn, g, x, tiny):
     return x, x > 0
 
 
-def _rounding(Qn, cn, x, radius) -> float:
-    """The size of a change of ``f`` that rounding can fake at ``x``: from the magnitudes of the gradient's terms
-    there, ``|Q| |x|`` and ``|c|`` (a bound by ``max|Q| r`` took real descents for rounding where the mass sits on
-    coordinates of small curvature, e.g. the slack of the inequality form against cuts of norm 1e8)."""
-    return 1e-15 * radius * (1.0 + float((np.abs(Qn) @ np.abs(x)).max()) + float(np.abs(cn).max()))
+def _rounding(Qn, cn, x) -> float:
+    """The size of a gradient difference that rounding can fake at ``x``: from the magnitudes of the gradient's
+    terms there, ``|Q| |x|`` and ``|c|`` (a bound by ``max|Q| r`` took real descents for rounding where the mass sits
+    on coordinates of small curvature, e.g. the slack of the inequality form against cuts of norm 1e8). A change of
+    ``f`` along a step of length up to ``r`` is compared with ``r`` times it."""
+    return 1e-15 * (1.0 + float((np.abs(Qn) @ np.abs(x)).max()) + float(np.abs(cn).max()))
 
 
 def _active_set(Qn, cn, radius, x, tol, max_iter):
@@ -174,16 +175,33 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
     it = 0
     while True:
         g = Qn @ x - cn
-        tiny = _rounding(Qn, cn, x, radius)
+        tiny = _rounding(Qn, cn, x)  # gradient differences; tiny * radius for f along a face step
         fw = float(g @ x - radius * g.min())
         if fw <= tol or it >= max_iter:
             return x, it, fw, fw <= tol
         it += 1
         F = np.flatnonzero(free)
+        xf = _face_solve(Qn, cn, F, radius)
         p = np.zeros_like(x)
-        p[F] = _face_solve(Qn, cn, F, radius) - x[F]
+        p[F] = xf - x[F]
         gp = float(g @ p)
-        if not gp < -tiny:  # the face solve gave no descent (singular face)
+        if not gp < -tiny * radius and np.all(xf >= 0):
+            # a short face step near the optimum falls under the test's threshold (sized for steps of length r)
+            # although it is a real descent: take the face's minimizer when it lowers the Frank-Wolfe gap
+            x_face = np.zeros_like(x)
+            x_face[F] = xf
+            if x_face.sum() > 0:
+                x_face *= radius / x_face.sum()
+                g_face = Qn @ x_face - cn
+                fw_face = float(g_face @ x_face - radius * g_face.min())
+                if fw_face < fw:
+                    x, g, free = x_face, g_face, x_face > 0
+                    out = np.flatnonzero(~free)
+                    if out.size == 0 or g[out].min() >= g[free].min() - tiny:
+                        return x, it, fw_face, True  # KKT to rounding
+                    free[out[np.argmin(g[out])]] = True
+                    continue
+        if not gp < -tiny * radius:  # the face solve gave no descent (singular face)
             p = _null_direction(Qn, g, F, tiny)
             if p is None:  # none along the face's flat directions either: a pairwise Frank-Wolfe step
                 x_new, free = _pairwise_step(Qn, g, x, tiny)
@@ -276,6 +294,7 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
         if done:
             value = qp_value(Q, c, x)
             return (x[:t] if inequality else x), {"iterations": it, "fw_gap": fw, "value": value, "solved": True}
+    handed, handed_fw = x, fw  # FISTA may end worse than the iterate it starts from
     L = float(torch.linalg.eigvalsh(Q)[-1])
     if L <= 0:  # linear objective: the best vertex
         x = torch.zeros_like(x)
@@ -298,6 +317,8 @@ def simplex_qp(Q: torch.Tensor, c: torch.Tensor, radius: float = 1.0, x0: Option
                 if p is not None and qp_value(Q, c, p) <= qp_value(Q, c, x):
                     x, y, s = p, p.clone(), 1.0
                 fw = frank_wolfe_gap(Q, c, x, radius)
+    if fw > handed_fw and qp_value(Q, c, handed) < qp_value(Q, c, x):
+        x, fw = handed, handed_fw
     value = qp_value(Q, c, x)
     info = {"iterations": it, "fw_gap": fw, "value": value, "solved": fw <= tol}
     return (x[:t] if inequality else x), info
