@@ -112,6 +112,13 @@ def check_positive_int(name: str, v, minimum: int = 1) -> int:
     return int(v)
 
 
+def check_float_dtype(dtype, name: str = "dtype") -> torch.dtype:
+    """``dtype`` if it is a floating-point ``torch.dtype``, else a TypeError naming ``name``."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
 # Seeds of the data generators: the split streams are seeded with ``seed * 1000 + k``, which must stay a 64-bit int.
 MAX_SEED = 2**32 - 1
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .._validation import check_seed
+from .._validation import check_float_dtype, check_seed
 from .paths import locate
 
 RELPATH = "adult/a9a.txt.gz"
@@ -131,8 +131,7 @@ def a9a(split: str = "train", *, test_fraction: float = 0.3, seed: int = 0, root
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
     train_idx, test_idx = split_indices(SIZE, test_fraction, seed)
     path = locate(root, RELPATH).resolve()
     st = os.stat(path)

@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-from .._validation import check_positive_int, check_seed
+from .._validation import check_float_dtype, check_positive_int, check_seed
 
 
 def checkers(n: int, *, grid: int = 4, noise: float = 0.02, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -35,8 +35,7 @@ def checkers(n: int, *, grid: int = 4, noise: float = 0.02, seed: int = 0, dtype
     if not (noise >= 0 and math.isfinite(noise)):
         raise ValueError(f"noise must be finite and >= 0, got {noise}")
     seed = check_seed(seed)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
 
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, 2, generator=g, dtype=torch.float64) * grid

@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .._validation import check_float_dtype
 from .paths import locate
 from .sequence_dataset import SequenceDataset
 
@@ -77,8 +78,7 @@ def ocr(split: str = "train", variant: str = "large", *, root: Optional[str] = N
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if variant not in ("large", "small"):
         raise ValueError(f"variant must be 'large' or 'small', got {variant!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
     a = _load_arrays(root, download)
     lengths = a["lengths"].astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])

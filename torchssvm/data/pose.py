@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .._validation import check_positive_int, check_real, check_seed
+from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
 
 # Node names and parents (-1: the root). Every parent has a smaller index than its children, so one sweep
 # in index order samples a pose root to leaves. Edge e's child is node e + 1 (the root is node 0).
@@ -203,8 +203,7 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     limb_modes = check_positive_int("limb_modes", limb_modes)
     limb_angle = check_real("limb_angle", limb_angle, maximum=math.pi)
     seed = check_seed(seed)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
 
     V = len(POSE_PARENTS)
     canon = _canonical()

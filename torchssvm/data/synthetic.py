@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .._validation import check_positive_int, check_real, check_seed
+from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
 from .sequence_dataset import SequenceDataset
 
 _SPLIT_OFFSET = {"train": 1, "test": 2}
@@ -41,8 +41,7 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     check_real("noise", noise)
     check_real("stickiness", stickiness, minimum=-math.inf)
     seed = check_seed(seed)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
 
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(K, K, generator=g) + stickiness * torch.eye(K)

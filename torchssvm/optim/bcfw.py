@@ -24,7 +24,7 @@ import torch
 from .._device import host_to_device
 from ..kernels import apply_block_step, select_atoms
 from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
-from ._state import checked_generator_state, checked_tensor, require_keys
+from ._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
@@ -415,9 +415,9 @@ class BCFW(DualSolver):
         first_visit = checked_tensor(state, "first_visit", (self.n,), self.first_visit)
         if not torch.equal(first_visit.sort().values, torch.arange(self.n)):
             raise ValueError(f"state_dict['first_visit'] must be a permutation of range({self.n})")
-        out.update(global_gap=float(state["global_gap"]), first_visit=first_visit,
-                   first_visit_pos=int(state["first_visit_pos"]), cache_hits=int(state["cache_hits"]),
-                   visits=int(state["visits"]))
+        out["first_visit"] = first_visit
+        out.update(checked_scalars(state, {"global_gap": float, "first_visit_pos": int, "cache_hits": int,
+                                           "visits": int}))
         out["_generator"] = checked_generator_state(state)
         out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
         return out

@@ -228,15 +228,14 @@ def projected_newton(c, H, upper, max_iter, tol):
     best = np.empty(B)
     for _ in range(max_iter):
         projected = 0.0
+        gmax = 0.0
         k = 0
         for i in range(B):
+            gmax = max(gmax, gamma[i])
             if not ((gamma[i] <= 0.0 and grad[i] >= 0.0) or (gamma[i] >= upper[i] and grad[i] <= 0.0)):
                 projected = max(projected, abs(grad[i]))
                 free[k] = i
                 k += 1
-        gmax = 0.0
-        for i in range(B):
-            gmax = max(gmax, gamma[i])
         if projected <= scale + _RIDGE_FLOOR * ridge * gmax:
             break
         best_change = 0.0

@@ -95,7 +95,6 @@ class NSlackCuttingPlane(DualSolver):
         self.inactive_after, self.qp_max_iter, self.qp_tol = inactive_after, qp_max_iter, qp_tol
         self.qp_step, self.qp_batch, self.qp_inner, self.chunk = qp_step, qp_batch, qp_inner, chunk
         self.generator = torch.Generator().manual_seed(int(seed))
-        self._hold_below = None  # set by fit(gap_tol=...): a pass certifying the gap leaves w where it certified it
         p = self.problem
         kw = {"device": p.device}
         # working sets, padded: slot 0 is the truth
@@ -320,13 +319,12 @@ class NSlackCuttingPlane(DualSolver):
         self.cuts_added += added
         # also without a new cut: an unsolved working-set QP (qp_max_iter ran out) is solved further, and the pass
         # certifies w (converged) only when no sweep was needed
-        if hold:
-            qp_iter, qp_gap = 0, self._qp_gap()
-        elif added:
+        target = self.qp_tol * self.eps
+        if added:
             qp_iter, qp_gap = self._solve_qp()
         else:
             qp_iter, qp_gap = 0, self._qp_gap()
-            if qp_gap > self.qp_tol * self.eps:
+            if qp_gap > target and not hold:
                 qp_iter, qp_gap = self._solve_qp(qp_gap)
         removed = self._remove_inactive()
         self.steps_done += 1
@@ -336,7 +334,7 @@ class NSlackCuttingPlane(DualSolver):
              "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
              "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
              "separation_seconds": self.separation_seconds, "time": self.seconds,
-             "converged": found == 0 and qp_iter == 0 and not (hold and qp_gap > self.qp_tol * self.eps)}
+             "converged": found == 0 and qp_iter == 0 and qp_gap <= target}
         self._log(r)
         return r
 
@@ -347,11 +345,7 @@ class NSlackCuttingPlane(DualSolver):
         in the model (each `step` reports the gap of the iterate it started from, then adds cuts and re-solves)."""
         if max_passes is None and gap_tol is None and time_budget is None:
             max_passes = math.inf
-        self._hold_below = gap_tol
-        try:
-            return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
-        finally:
-            self._hold_below = None
+        return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
 
     _working_set = ("labels", "loss", "alpha", "used", "age")
     _state_scalars = DualSolver._state_scalars + ("cuts_added", "separation_seconds")

@@ -22,7 +22,7 @@ import torch
 
 from .._validation import check_positive_float
 from ._state import box_state, check_config, checked_scalars, checked_tensor, require_keys
-from .problems import DualProblem, SlackRescaledProblem, make_problem
+from .problems import DualProblem, make_problem, rescaling_of
 
 
 def _check_lam(lam) -> float:
@@ -123,6 +123,9 @@ class DualSolver:
         self.steps_done = 0
         self.seconds = 0.0
         self.last_exact: Optional[dict] = None
+        # fit(gap_tol=...) sets it: a solver whose step measures the gap of w and then moves w (FrankWolfe, NSlack)
+        # keeps w in the pass that certifies the gap, so that the model holds the certified iterate
+        self._hold_below: Optional[float] = None
         p.write_model(self.w)
 
     # -- primal / dual --------------------------------------------------------------------------
@@ -171,9 +174,17 @@ class DualSolver:
         seconds of solver time are spent, or a report says ``converged`` (a solver's own stopping rule).
         With ``exact=True`` (default) only an exact gap stops the run (a certificate); ``exact=False``
         also accepts the estimate (the heuristic path). Returns the list of step reports;
-        ``callback(report)`` is called after each."""
+        ``callback(report)`` is called after each. The pass that certifies ``gap <= gap_tol`` leaves the iterate it
+        certified in the model (`_hold_below`)."""
         if max_passes is None and gap_tol is None and time_budget is None:
             raise ValueError("fit needs at least one of max_passes, gap_tol, time_budget")
+        self._hold_below = gap_tol
+        try:
+            return self._fit(max_passes, gap_tol, time_budget, exact, callback)
+        finally:
+            self._hold_below = None
+
+    def _fit(self, max_passes, gap_tol, time_budget, exact, callback) -> list:
         history = []
         while True:
             r = self.step()
@@ -221,8 +232,7 @@ class DualSolver:
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
-        rescaling = "slack" if isinstance(self.problem, SlackRescaledProblem) else "margin"
-        return {"lam": self.lam, "rescaling": rescaling, "box": box_state(self.box)}
+        return {"lam": self.lam, "rescaling": rescaling_of(self.problem), "box": box_state(self.box)}
 
     def state_dict(self) -> dict:
         s = {k: getattr(self, k).clone() for k in self._state_tensors}

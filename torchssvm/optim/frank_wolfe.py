@@ -30,16 +30,6 @@ class FrankWolfe(DualSolver):
         super().__init__(model, dataset, lam, box=box, writer=writer, structure=structure, backend=backend,
                          rescaling=rescaling)
         self.chunk = check_positive_int("chunk", chunk)
-        self._hold_below = None  # set by fit(gap_tol=...): a pass certifying the gap does not move on
-
-    def fit(self, max_passes=None, gap_tol=None, time_budget=None, *, exact: bool = True, callback=None) -> list:
-        """`DualSolver.fit`; the pass that certifies ``gap <= gap_tol`` leaves the iterate it certified in the model
-        (without it the step would move on to an iterate whose gap nobody measured)."""
-        self._hold_below = gap_tol
-        try:
-            return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
-        finally:
-            self._hold_below = None
 
     @torch.no_grad()
     def step(self) -> dict:

@@ -537,16 +537,15 @@ class KernelCuttingPlane:
         cache = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
         if state["mode"] not in ("exact", "linear", "constant"):
             raise ValueError(f"state_dict['mode'] must be 'exact', 'linear' or 'constant', got {state['mode']!r}")
-        scalars = checked_scalars(state, {"quiet": int, "steps_done": int, "sampled_cuts": int, "seconds": float})
-        evaluations = checked_scalars(state, {"kernel_evaluations": int})["kernel_evaluations"]
+        checked.update(checked_scalars(state, {"quiet": int, "steps_done": int, "sampled_cuts": int,
+                                               "seconds": float, "kernel_evaluations": int}))
         generator = checked_generator_state(state)
         self._cat = None
         self.basis = list(basis.split(sizes.tolist())) if t else []
         self.diffs = list(diffs.split(sizes.tolist())) if t else []
+        self.kernel.evaluations = checked.pop("kernel_evaluations")
         for k, value in checked.items():
             setattr(self, k, value)
         self._cache.set(cache)
-        for k, value in scalars.items():
-            setattr(self, k, value)
-        self.mode, self.kernel.evaluations = state["mode"], evaluations
+        self.mode = state["mode"]
         self.generator.set_state(generator)

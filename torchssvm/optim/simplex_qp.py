@@ -51,8 +51,7 @@ def qp_value(Q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> float:
 def frank_wolfe_gap(Q: torch.Tensor, c: torch.Tensor, x: torch.Tensor, radius: float) -> float:
     """``<grad f(x), x> - r min_i grad_i`` (``min(0, ...)`` for the inequality form is handled by the
     caller through the slack coordinate)."""
-    g = Q @ x - c
-    return float(g @ x - radius * g.min())
+    return _fw_gap(Q @ x - c, x, radius)
 
 
 def _polish(Q, c, x, radius):
@@ -166,6 +165,20 @@ def _rounding(Qn, cn, x) -> float:
     return 1e-15 * (1.0 + float((np.abs(Qn) @ np.abs(x)).max()) + float(np.abs(cn).max()))
 
 
+def _fw_gap(g, x, radius) -> float:
+    """`frank_wolfe_gap` from the gradient ``g`` at ``x`` (numpy)."""
+    return float(g @ x - radius * g.min())
+
+
+def _entering(g, free, tiny):
+    """The coordinate outside the support ``free`` with the most negative multiplier, or None when none improves on
+    the support's best gradient by more than ``tiny``."""
+    out = np.flatnonzero(~free)
+    if out.size == 0 or g[out].min() >= g[free].min() - tiny:
+        return None
+    return out[np.argmin(g[out])]
+
+
 def _active_set(Qn, cn, radius, x, tol, max_iter):
     """Primal active-set iterations from the feasible ``x`` (numpy); returns ``(x, iterations, fw_gap, done)``
     with ``done`` False when ``max_iter`` ran out or the iterate lost its mass (FISTA takes over) (``fw_gap``
@@ -176,7 +189,7 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
     while True:
         g = Qn @ x - cn
         tiny = _rounding(Qn, cn, x)  # gradient differences; tiny * radius for f along a face step
-        fw = float(g @ x - radius * g.min())
+        fw = _fw_gap(g, x, radius)
         if fw <= tol or it >= max_iter:
             return x, it, fw, fw <= tol
         it += 1
@@ -193,13 +206,13 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
             if x_face.sum() > 0:
                 x_face *= radius / x_face.sum()
                 g_face = Qn @ x_face - cn
-                fw_face = float(g_face @ x_face - radius * g_face.min())
+                fw_face = _fw_gap(g_face, x_face, radius)
                 if fw_face < fw:
-                    x, g, free = x_face, g_face, x_face > 0
-                    out = np.flatnonzero(~free)
-                    if out.size == 0 or g[out].min() >= g[free].min() - tiny:
+                    x, free = x_face, x_face > 0
+                    j = _entering(g_face, free, tiny)
+                    if j is None:
                         return x, it, fw_face, True  # KKT to rounding
-                    free[out[np.argmin(g[out])]] = True
+                    free[j] = True
                     continue
         if not gp < -tiny * radius:  # the face solve gave no descent (singular face)
             p = _null_direction(Qn, g, F, tiny)
@@ -210,40 +223,34 @@ def _active_set(Qn, cn, radius, x, tol, max_iter):
                 x = x_new
                 continue
             gp = float(g @ p)
-        moved = True
-        if moved:
-            pQp = float(p @ Qn @ p)
-            s_line = -gp / pQp if pQp > 0 else np.inf
-            dec = F[p[F] < 0]
-            ratios = x[dec] / -p[dec]
-            s_max = float(ratios.min()) if ratios.size else np.inf
-            s = min(s_line, s_max)
-            if not s > 0:
-                # a blocked face step: the (ridge) solve of a singular face wants a coordinate that sits at 0
-                # lower, so it would leave, re-enter and cycle. A pairwise Frank-Wolfe step (mass from the worst
-                # support coordinate to the best coordinate, exact line search) always makes progress.
-                x, free = _pairwise_step(Qn, g, x, tiny)
-                continue
-            x_prev, x = x, x + s * p
-            if s >= s_max:  # a coordinate reached 0: it leaves the support
-                x[dec[ratios <= s_max * (1 + 1e-12)]] = 0.0
-            x = np.maximum(x, 0.0)
-            if not x.sum() > 0:  # the step took all the mass (a wrong direction): FISTA takes over
-                return x_prev, it, fw, False
-            x *= radius / x.sum()
-            free = x > 0
-            if s >= s_max:
-                continue
-            g = Qn @ x - cn
+        pQp = float(p @ Qn @ p)
+        s_line = -gp / pQp if pQp > 0 else np.inf
+        dec = F[p[F] < 0]
+        ratios = x[dec] / -p[dec]
+        s_max = float(ratios.min()) if ratios.size else np.inf
+        s = min(s_line, s_max)
+        if not s > 0:
+            # a blocked face step: the (ridge) solve of a singular face wants a coordinate that sits at 0
+            # lower, so it would leave, re-enter and cycle. A pairwise Frank-Wolfe step (mass from the worst
+            # support coordinate to the best coordinate, exact line search) always makes progress.
+            x, free = _pairwise_step(Qn, g, x, tiny)
+            continue
+        x_prev, x = x, x + s * p
+        if s >= s_max:  # a coordinate reached 0: it leaves the support
+            x[dec[ratios <= s_max * (1 + 1e-12)]] = 0.0
+        x = np.maximum(x, 0.0)
+        if not x.sum() > 0:  # the step took all the mass (a wrong direction): FISTA takes over
+            return x_prev, it, fw, False
+        x *= radius / x.sum()
+        free = x > 0
+        if s >= s_max:
+            continue
         # the face is solved (exactly, or to rounding on an ill-conditioned face, where waiting for an exact
-        # solve would zigzag): the most negative multiplier g_j - nu enters
-        out = np.flatnonzero(~free)
-        F = np.flatnonzero(free)
-        if out.size == 0 or g[out].min() >= g[F].min() - tiny:  # no coordinate improves
-            if moved:
-                continue
-            return x, it, fw, True  # KKT to rounding
-        free[out[np.argmin(g[out])]] = True
+        # solve would zigzag): the most negative multiplier g_j - nu enters; if none does, the next iteration's
+        # test (Frank-Wolfe gap, face step) decides
+        j = _entering(Qn @ x - cn, free, tiny)
+        if j is not None:
+            free[j] = True
 
 
 @torch.no_grad()

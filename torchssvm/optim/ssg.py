@@ -18,7 +18,7 @@ import torch
 
 from ._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam, parse_box
-from .problems import SlackRescaledProblem, make_problem
+from .problems import make_problem, rescaling_of
 
 
 class SSG:
@@ -92,8 +92,7 @@ class SSG:
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
-        rescaling = "slack" if isinstance(self.problem, SlackRescaledProblem) else "margin"
-        return {"n": self.n, "lam": self.lam, "rescaling": rescaling, "box": box_state(self.box),
+        return {"n": self.n, "lam": self.lam, "rescaling": rescaling_of(self.problem), "box": box_state(self.box),
                 "averaging": self.averaging}
 
     def state_dict(self) -> dict:

@@ -44,6 +44,11 @@ def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
     return problem
 
 
+def rescaling_of(problem: DualProblem) -> str:
+    """The ``rescaling`` that `make_problem` built ``problem`` with."""
+    return "slack" if isinstance(problem, SlackRescaledProblem) else "margin"
+
+
 __all__ = ["DualProblem", "ChainProblem", "FeatureTableProblem", "MultiLabelProblem",
            "SlackRescaledProblem", "SpatialTreeProblem", "SpatialTreeTheta", "MixtureSpatialTreeProblem",
-           "MixtureTreeTheta", "make_problem", "RESCALINGS"]
+           "MixtureTreeTheta", "make_problem", "rescaling_of", "RESCALINGS"]

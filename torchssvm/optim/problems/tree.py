@@ -33,21 +33,30 @@ from ...structures.tree import SpatialTree, SpatialTreePotentials
 from .base import DualProblem
 
 
-def _checked_pose_data(dataset, V: int, HW: int, with_scale: bool) -> tuple:
-    """``(features (n, V, F, HW), positions (n, V), scale (n,) or None)`` of a pose data set, checked: float finite
-    features with n, F >= 1, integer positions in ``[0, HW)``, and (``with_scale``) a finite scale > 0 per example.
-    A ValueError names the attribute."""
-    for attr in ("features", "positions") + (("scale",) if with_scale else ()):
+def _require(dataset, attrs) -> None:
+    for attr in attrs:
         if not hasattr(dataset, attr):
             raise TypeError(f"dataset must be a PoseDataset (it has no {attr!r}), got {type(dataset).__name__}")
-    feats, pos = dataset.features, dataset.positions
+
+
+def _checked_features(dataset, V: int, HW: int) -> torch.Tensor:
+    """``dataset.features``, checked: a finite float ``(n, V, F, HW)`` tensor with n, F >= 1."""
+    _require(dataset, ("features",))
+    feats = dataset.features
     if not isinstance(feats, torch.Tensor) or feats.dim() != 4 or not feats.is_floating_point() \
             or feats.shape[1] != V or feats.shape[3] != HW or feats.shape[0] == 0 or feats.shape[2] == 0:
         raise ValueError(f"dataset.features must be a float (n, {V}, F, {HW}) tensor with n, F >= 1, got "
                          f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
     if not torch.isfinite(feats).all():
         raise ValueError("dataset.features holds NaN or Inf")
-    n = feats.shape[0]
+    return feats
+
+
+def _checked_truth(dataset, n: int, V: int, HW: int, with_scale: bool) -> tuple:
+    """``(positions (n, V), scale (n,) or None)`` of a pose data set of ``n`` examples, checked: integer positions in
+    ``[0, HW)`` and (``with_scale``) a finite scale > 0 per example. A ValueError names the attribute."""
+    _require(dataset, ("positions",) + (("scale",) if with_scale else ()))
+    pos = dataset.positions
     if not isinstance(pos, torch.Tensor) or pos.shape != (n, V) or pos.is_floating_point():
         raise ValueError(f"dataset.positions must be a ({n}, {V}) integer tensor")
     if int(pos.min()) < 0 or int(pos.max()) >= HW:
@@ -56,7 +65,7 @@ def _checked_pose_data(dataset, V: int, HW: int, with_scale: bool) -> tuple:
     if with_scale and (not isinstance(scale, torch.Tensor) or scale.shape != (n,)
                        or not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all())):
         raise ValueError(f"dataset.scale must be a finite ({n},) tensor > 0 (the LSP loss scale)")
-    return feats, pos, scale
+    return pos, scale
 
 
 class SpatialTreeTheta(NamedTuple):
@@ -92,8 +101,9 @@ class SpatialTreeProblem(DualProblem):
         self.structure = SpatialTree(dataset.parents, dataset.height, dataset.width, loss=loss)
         self.backend = backend
         V, E, HW = self.structure.num_nodes, self.structure.num_edges, self.structure.num_labels
-        feats, pos, scale = _checked_pose_data(dataset, V, HW, with_scale=loss == "truncated")
+        feats = _checked_features(dataset, V, HW)
         n, _, F, _ = feats.shape
+        pos, scale = _checked_truth(dataset, n, V, HW, with_scale=loss == "truncated")
         rest = dataset.rest if rest is None else rest
         if not isinstance(rest, torch.Tensor) or rest.shape != (E, 2) or not torch.isfinite(rest).all():
             raise ValueError(f"rest must be a finite ({E}, 2) tensor")
@@ -147,7 +157,7 @@ class SpatialTreeProblem(DualProblem):
         ``dataset`` (checked against the training set's shapes)."""
         if dataset is None:
             return (self.features,)
-        feats = _checked_pose_data(dataset, self.V, self.structure.num_labels, with_scale=False)[0]
+        feats = _checked_features(dataset, self.V, self.structure.num_labels)
         if feats.shape[2] != self.F:
             raise ValueError(f"dataset.features must have {self.F} features per node (the training set's), got "
                              f"{feats.shape[2]}")
@@ -240,7 +250,8 @@ class SpatialTreeProblem(DualProblem):
                 raise ValueError("evaluate needs the LSP loss scale, which a problem with loss='hamming' does not "
                                  "keep: pass the data set, evaluate(w, dataset)")
         else:
-            _, truth, scale = _checked_pose_data(dataset, self.V, self.structure.num_labels, with_scale=True)
+            n = inputs[0].shape[0]
+            truth, scale = _checked_truth(dataset, n, self.V, self.structure.num_labels, with_scale=True)
         truth, scale = truth.to(self.device).long(), scale.to(self.device, self.dtype)
         loss, correct = [], []
         st = self.structure
