@@ -129,7 +129,6 @@ def test_meta_records_the_parameters():
     ({"noise": -1.0}, "noise"),
     ({"noise": float("inf")}, "noise"),
     ({"seed": -1}, "seed"),
-    ({"dtype": torch.long}, "dtype"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, name):
     kwargs = {"n": 3, "num_labels": 20, **kwargs}
@@ -137,9 +136,17 @@ def test_bad_arguments_name_the_argument(kwargs, name):
         synthetic_large_chain(**kwargs)
 
 
-def test_non_integer_sizes_raise_type_error():
-    with pytest.raises(TypeError, match="num_labels"):
-        synthetic_large_chain(n=3, num_labels=10.0)
+@pytest.mark.parametrize("kwargs, name", [
+    ({"num_labels": 10.0}, "num_labels"),
+    ({"zipf": "1"}, "zipf"),
+    ({"noise": True}, "noise"),
+    ({"dtype": torch.long}, "dtype"),
+    ({"dtype": "float32"}, "dtype"),
+])
+def test_wrong_types_raise_type_error(kwargs, name):
+    """Wrong types are TypeErrors, as in the other loaders (`check_real`, `check_float_dtype`)."""
+    with pytest.raises(TypeError, match=name):
+        synthetic_large_chain(**{"n": 3, "num_labels": 10, **kwargs})
 
 
 def test_features_carry_signal_but_unaries_are_ambiguous():

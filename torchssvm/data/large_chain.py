@@ -6,11 +6,9 @@ features, and a transition structure in which each label is followed by only a f
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .._validation import check_positive_int, check_seed
+from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
 from .sequence_dataset import SequenceDataset
 from .synthetic import _SPLIT_OFFSET, check_chain_args
 
@@ -45,13 +43,10 @@ def synthetic_large_chain(split: str = "train", n: int = 1000, *, num_labels: in
     S = check_positive_int("successors", successors)
     if S > K:
         raise ValueError(f"successors ({S}) must be <= num_labels ({K})")
-    if not (isinstance(zipf, (int, float)) and not isinstance(zipf, bool) and 0 <= zipf < math.inf):
-        raise ValueError(f"zipf must be a finite number >= 0, got {zipf!r}")
-    if not (isinstance(noise, (int, float)) and not isinstance(noise, bool) and 0 <= noise < math.inf):
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    zipf = check_real("zipf", zipf)
+    noise = check_real("noise", noise)
     seed = check_seed(seed)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
 
     # The model: depends only on the seed and the sizes.
     g = torch.Generator().manual_seed(seed)
