@@ -115,6 +115,38 @@ def test_synthetic_chain_is_seeded_and_shares_the_hmm():
     assert bool((a.y[valid] >= 0).all()) and bool((a.x[~valid] == 0).all())
 
 
+class _SeedSpy(torch.Generator):
+    """A `torch.Generator` that records the seeds it is given."""
+
+    seeds: list = []
+
+    def manual_seed(self, seed):
+        _SeedSpy.seeds.append(int(seed))
+        return super().manual_seed(seed)
+
+
+@pytest.mark.parametrize("generate", [
+    lambda seed: [ts.data.synthetic_chain(s, 5, seed=seed) for s in ("train", "test")],
+    lambda seed: [ts.data.synthetic_large_chain(s, 5, num_labels=20, seed=seed) for s in ("train", "test")],
+    lambda seed: [ts.data.synthetic_type_maps(p, ts.data.edge_types(p, 2, seed=seed), seed=seed)
+                  for p in (ts.data.synthetic_pose(s, 12, limb_modes=2, seed=seed) for s in ("train", "test"))],
+], ids=["chain", "large_chain", "pose"])
+def test_generators_draw_every_seed_from_its_own_streams(monkeypatch, generate):
+    """No random stream of one seed is a stream of another (seed 1's model was seeded like seed 0's training
+    split); seed 0's streams are ``manual_seed(0..999)``, so its data did not change when this was fixed."""
+    monkeypatch.setattr(torch, "Generator", _SeedSpy)
+    used = {}
+    for seed in range(4):
+        _SeedSpy.seeds = []
+        generate(seed)
+        used[seed] = set(_SeedSpy.seeds)
+        assert used[seed], "the generator drew from no seeded stream"
+    for a in used:
+        for b in used:
+            assert a == b or not used[a] & used[b], (a, b, used[a] & used[b])
+    assert max(used[0]) < 1000 and min(used[1]) >= 1000
+
+
 def test_synthetic_chain_checks_its_arguments():
     for kw, match in [({"noise": float("nan")}, r"noise must be finite and in \[0.0, inf\]"),
                       ({"noise": -1.0}, "noise must be"), ({"stickiness": float("inf")}, "stickiness must be"),

@@ -46,20 +46,20 @@ def test_sequential_reaches_the_bcfw_optimum_at_a_linear_rate(small, update):
     data, st, P = small
     g = GDMM(_model(), data, C=1.0, rho=1.0, structure=st, batch_size=1, primal_every=0, bigram_update=update)
     infeas = []
-    for _ in range(200):
+    for _ in range(400):
         infeas.append(g.step()["infeasibility"])
     primal, dual = g.primal_objective(), -g.lam * g.dual_objective()
     assert abs(primal - P) <= 1e-3 * P  # note 002 section 6, item 1
     assert abs(dual - P) <= 1e-3 * P
     assert infeas[-1] <= 1e-5
-    # linear convergence: the residual shrinks by a constant factor per window (O(1/t) would give 2/3, 3/4)
-    assert infeas[149] <= 0.2 * infeas[99] and infeas[199] <= 0.2 * infeas[149]
+    # linear convergence: the residual shrinks by a constant factor per window (O(1/t) would give 1/2, 2/3, 3/4)
+    assert infeas[199] <= 0.2 * infeas[99] and infeas[299] <= 0.2 * infeas[199] and infeas[399] <= 0.2 * infeas[299]
 
 
 @pytest.mark.parametrize("update", ["step", "exact"])
 def test_block_jacobi_reaches_the_same_optimum(small, update):
     data, st, P = small
-    g, r = _run(data, st, 300, rho=1.0, batch_size=8, bigram_update=update)
+    g, r = _run(data, st, 500, rho=1.0, batch_size=8, bigram_update=update)
     assert r["infeasibility"] <= 1e-5
     assert abs(g.primal_objective() - P) <= 1e-3 * P
     assert abs(r["dual"] - P) <= 1e-3 * P
@@ -67,7 +67,7 @@ def test_block_jacobi_reaches_the_same_optimum(small, update):
 
 def test_sampled_fmo_reaches_the_same_optimum(small):
     data, st, P = small
-    g, r = _run(data, st, 300, rho=1.0, batch_size=8, fmo="sampled", nu=2)
+    g, r = _run(data, st, 400, rho=1.0, batch_size=8, fmo="sampled", nu=2)
     assert abs(g.primal_objective() - P) <= 1e-3 * P
     assert r["visits_unigram"] < K  # one of two label blocks per call
 

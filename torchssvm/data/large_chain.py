@@ -10,7 +10,8 @@ import torch
 
 from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
 from .sequence_dataset import SequenceDataset
-from .synthetic import _SPLIT_OFFSET, check_chain_args
+from .streams import MODEL, SPLIT_STREAM, stream
+from .synthetic import check_chain_args
 
 
 def _zipf_weights(m: int, s: float) -> torch.Tensor:
@@ -49,7 +50,7 @@ def synthetic_large_chain(split: str = "train", n: int = 1000, *, num_labels: in
     check_float_dtype(dtype)
 
     # The model: depends only on the seed and the sizes.
-    g = torch.Generator().manual_seed(seed)
+    g = stream(seed, MODEL)
     perm = torch.randperm(K, generator=g)
     unigram = torch.empty(K, dtype=torch.float64)
     unigram[perm] = _zipf_weights(K, float(zipf))
@@ -62,7 +63,7 @@ def synthetic_large_chain(split: str = "train", n: int = 1000, *, num_labels: in
     prototypes = prototypes / prototypes.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     # The sample.
-    g.manual_seed(seed * 1000 + _SPLIT_OFFSET[split])
+    g = stream(seed, SPLIT_STREAM[split])
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)
     y = torch.empty((n, hi), dtype=torch.long)
     y[:, 0] = torch.multinomial(unigram, n, replacement=True, generator=g)

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
+from .streams import MODEL, SPLIT_STREAM, stream
 
 # Node names and parents (-1: the root). Every parent has a smaller index than its children, so one sweep
 # in index order samples a pose root to leaves. Edge e's child is node e + 1 (the root is node 0).
@@ -57,7 +58,6 @@ _MIDPOINTS = {
     "r_shin": ("r_knee", "r_ankle"), "l_torso": ("l_shoulder", "l_hip"), "l_thigh": ("l_hip", "l_knee"),
     "l_shin": ("l_knee", "l_ankle"), "pelvis": ("r_hip", "l_hip"),
 }
-_SPLIT_OFFSET = {"train": 1, "test": 2}
 
 
 def _canonical() -> torch.Tensor:
@@ -141,12 +141,11 @@ _BENDS = {"r_upper_arm": 1.0, "r_lower_arm": 1.0, "l_upper_arm": 1.0, "l_lower_a
           "r_thigh": 0.5, "r_shin": 0.5, "l_thigh": 0.5, "l_shin": 0.5}
 
 
-def _limb_angles(n: int, modes: int, max_angle: float, seed: int):
+def _limb_angles(n: int, modes: int, max_angle: float, g: torch.Generator):
     """``(n, V)`` float64 rotation of each node's edge relative to its parent's (radians), or None for upright
     limbs (``modes == 1``)."""
     if modes == 1:
         return None
-    g = torch.Generator().manual_seed(seed)
     angles = torch.zeros(n, len(POSE_NODES), dtype=torch.float64)
     grid = torch.linspace(-max_angle, max_angle, modes, dtype=torch.float64)
     for name, frac in _BENDS.items():
@@ -179,11 +178,11 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     drawn from their own generator, so ``limb_modes=1`` (upright limbs) gives the same data as before.
 
     ``rest`` is the mean true displacement of each edge over the split (what the paper derives from its
-    training data); train with the training split's ``rest``. Train and test draw from different seeds
-    (``seed * 1000 + 1`` and ``+ 2``) with the same distribution. Everything is drawn in float64 and then
+    training data); train with the training split's ``rest``. Train and test draw from different streams
+    (`torchssvm.data.streams`) with the same distribution. Everything is drawn in float64 and then
     cast to ``dtype`` (features only).
     """
-    if split not in _SPLIT_OFFSET:
+    if split not in SPLIT_STREAM:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     n = check_positive_int("n", n)
     H = check_positive_int("height", height, minimum=8)
@@ -207,7 +206,7 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
 
     V = len(POSE_PARENTS)
     canon = _canonical()
-    g = torch.Generator().manual_seed(seed * 1000 + _SPLIT_OFFSET[split])
+    g = stream(seed, SPLIT_STREAM[split])
     kw = {"dtype": torch.float64, "generator": g}
     size = (lo + (hi - lo) * torch.rand(n, **kw)) * min(H, W)  # (n,) body height in pixels
     # Root: the canonical bounding box [-0.25, 0.25] x [0, 0.96] body units fits inside the grid.
@@ -218,7 +217,7 @@ def synthetic_pose(split: str = "train", n: int = 100, *, height: int = 32, widt
     pos[:, 0, 0] = left + span_x * torch.rand(n, **kw)
     pos[:, 0, 1] = canon[0, 1] * size + span_y * torch.rand(n, **kw)
     step = torch.randn(n, V, 2, **kw) * (jitter * size).view(n, 1, 1)
-    angle = _limb_angles(n, limb_modes, limb_angle, seed * 1000 + 10 + _SPLIT_OFFSET[split])
+    angle = _limb_angles(n, limb_modes, limb_angle, stream(seed, 10 + SPLIT_STREAM[split]))
     for v in range(1, V):
         p = POSE_PARENTS[v]
         offset = canon[v] - canon[p]
@@ -293,7 +292,7 @@ def edge_types(dataset, num_types: int, *, rest: Optional[torch.Tensor] = None, 
             raise ValueError(f"rest must be a finite ({E}, {T}, 2) tensor (the training set's edge types)")
         rest = rest.detach().to("cpu", torch.float64)
         return EdgeTypes(rest, _nearest(disp, rest).transpose(0, 1))
-    g = torch.Generator().manual_seed(check_seed(seed))
+    g = stream(check_seed(seed), MODEL)
     centres = torch.empty(E, T, 2, dtype=torch.float64)
     for e in range(E):
         points = disp[e]
@@ -366,7 +365,7 @@ def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: flo
     seed = check_seed(seed)
     H, W = dataset.height, dataset.width
     offset = 3 if dataset.name.endswith("test") else 4
-    g = torch.Generator().manual_seed(seed * 1000 + 20 + offset)
+    g = stream(seed, 20 + offset)
     kw = {"dtype": torch.float64, "generator": g}
     truth = types.types.long()
     wrong = (truth + torch.randint(1, max(T, 2), (n, E), generator=g)) % T  # a uniformly drawn other type

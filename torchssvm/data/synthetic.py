@@ -8,13 +8,12 @@ import torch
 
 from .._validation import check_float_dtype, check_positive_int, check_real, check_seed
 from .sequence_dataset import SequenceDataset
-
-_SPLIT_OFFSET = {"train": 1, "test": 2}
+from .streams import MODEL, SPLIT_STREAM, stream
 
 
 def check_chain_args(split, n, num_labels, num_features, min_length, max_length):
     """The shared arguments of the chain generators, validated: ``(n, K, D, min_length, max_length)``."""
-    if split not in _SPLIT_OFFSET:
+    if split not in SPLIT_STREAM:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     n = check_positive_int("n", n)
     K = check_positive_int("num_labels", num_labels, minimum=2)
@@ -43,14 +42,14 @@ def synthetic_chain(split: str = "train", n: int = 500, *, num_labels: int = 5, 
     seed = check_seed(seed)
     check_float_dtype(dtype)
 
-    g = torch.Generator().manual_seed(seed)
+    g = stream(seed, MODEL)
     logits = torch.randn(K, K, generator=g) + stickiness * torch.eye(K)
     trans = torch.softmax(logits, dim=1)
     init = torch.softmax(torch.randn(K, generator=g), dim=0)
     means = torch.randn(K, D, generator=g)
     means = 2.0 * means / means.norm(dim=1, keepdim=True)
 
-    g.manual_seed(seed * 1000 + _SPLIT_OFFSET[split])
+    g = stream(seed, SPLIT_STREAM[split])
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)
     y = torch.full((n, hi), -1, dtype=torch.long)
     y[:, 0] = torch.multinomial(init, n, replacement=True, generator=g)
