@@ -3,6 +3,8 @@ against an independent solve of the SVM dual (RBF) and against linear BMRM / 1-s
 binary and multiclass); sampled cuts near the optimum; the paper's stopping rules and kernel-evaluation
 counts; state and errors."""
 
+import math
+
 import pytest
 import torch
 from conftest import linear_classes
@@ -24,7 +26,8 @@ def multiclass_data(n=60, d=3, K=4, seed=0):
     return linear_classes(n, d, K, 0.7, seed)
 
 
-def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_at_minus_80():
+def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_before_subnormals():
+    """The exponent is floored at -80 in float32 and at -700 in float64, where exp's results would be subnormal."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(7, 3, generator=g, dtype=torch.float64) * 3
     b = torch.randn(5, 3, generator=g, dtype=torch.float64) * 3
@@ -32,8 +35,12 @@ def test_rbf_kernel_matches_the_definition_and_floors_the_exponent_at_minus_80()
     K = kernel(a, b)
     arg = 2.0 * ((a.unsqueeze(1) - b.unsqueeze(0)) ** 2).sum(-1)
     assert bool((arg > 80).any()) and bool((arg < 80).any())
-    torch.testing.assert_close(K, torch.exp(-arg.clamp_max(80.0)), rtol=1e-12, atol=0)
-    assert kernel.evaluations == 35
+    torch.testing.assert_close(K, torch.exp(-arg), rtol=1e-12, atol=0)  # float64: exact past exp(-80)
+    torch.testing.assert_close(kernel(a, b, torch.float32), torch.exp(-arg.clamp_max(80.0)).float(), rtol=1e-4,
+                               atol=0)
+    assert kernel.evaluations == 70
+    far = MercerKernel("rbf", 1.0)(torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[30.0]], dtype=torch.float64))
+    assert float(far) == math.exp(-700.0)  # 900 > 700: floored
     torch.testing.assert_close(MercerKernel("linear")(a, b), a @ b.T)
 
 
@@ -279,8 +286,90 @@ def test_state_dict_resumes_the_same_trajectory():
     torch.testing.assert_close(a.decision_function(x), b.decision_function(x), rtol=0, atol=0)
 
 
+def test_state_dict_resumes_bitwise_after_cuts_were_removed():
+    """The cut cache's slots (freed by removed cuts, reused by new ones) are saved: a resumed run sums the same rows
+    in the same order (a compacted cache differed from step 12 on, by 5e-17 in the violation)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 3, generator=g, dtype=torch.float64)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    kw = dict(C=50.0, gamma=0.7, sampling="linear", r=15, eps=1e-6, seed=4, inactive_after=3)
+    a = KernelCuttingPlane(x, y, **kw)
+    removed = sum(a.step()["removed"] for _ in range(20))
+    slot = a._cache.slot
+    assert removed > 0 and not torch.equal(slot, torch.arange(slot.numel()))  # freed slots reused out of order
+    b = KernelCuttingPlane(x, y, **kw)
+    b.load_state_dict(a.state_dict())
+    for _ in range(40):
+        ra, rb = a.step(), b.step()
+        assert (ra["violation"], ra["dual"], ra["cuts"]) == (rb["violation"], rb["dual"], rb["cuts"])
+    bad = a.state_dict()
+    bad["cache_layout"] = bad["cache_layout"].clone().fill_(0)
+    with pytest.raises(ValueError, match="cache_layout"):
+        b.load_state_dict(bad)
+
+
+def test_duality_gap_is_the_returned_models_after_fit_stops_on_max_iter():
+    """A step certifies the iterate it started from, then adds a cut and re-solves: after fit(max_iter) the last
+    report is not the model's (its gap was 33.2 while the model's was 50.8); duality_gap is, by an independent
+    primal."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 2, generator=g, dtype=torch.float64)
+    y = torch.where(x[:, 0] * x[:, 1] + 0.2 * torch.randn(200, generator=g, dtype=torch.float64) > 0, 1, -1)
+    s = KernelCuttingPlane(x, y, 100.0, gamma=1.0, sampling="exact", eps=1e-6)
+    history = s.fit(max_iter=4)
+    assert len(history) == 4 and not history[-1]["converged"]
+    cert = s.duality_gap()
+    f = s.decision_function(x)
+    primal = 0.5 * float(s.alpha @ (s.G @ s.alpha)) + 100.0 * float((1 - y * f).clamp_min(0).mean())
+    assert cert["gap_exact"] and math.isclose(cert["primal"], primal, rel_tol=1e-10)
+    assert cert["gap"] != history[-1]["gap"] and cert["gap"] >= 0
+    assert cert["train_error"] == float((s.predict(x) != y).double().mean())
+    assert s.fit(max_iter=4) == [] and s.steps_done == 4  # max_iter counts every step, as Pragam's
+
+
+def test_train_errors_are_predicts_errors():
+    """``train_error`` breaks f = 0 as `predict` does (+1; at w = 0 it reported 0.675 for predict's 0.325), and the
+    constant-time ``train_error_sampled`` is predict's error on the draws (it was the rate of margin violators)."""
+    x, y = binary_data(n=40, seed=2)
+    s = KernelCuttingPlane(x, y, 1.0, gamma=0.5, sampling="exact")
+    assert s.objective()["train_error"] == float((y != 1).double().mean())
+    c = KernelCuttingPlane(x, y, 1.0, gamma=0.5, sampling="constant", r=40, seed=1)
+    for _ in range(6):
+        r = c.step()
+    state = c.generator.get_state()
+    draw = torch.randint(40, (40,), generator=c.generator)
+    c.generator.set_state(state)
+    expect = float((c.predict(x[draw]) != y[draw]).double().mean())
+    assert c.step()["train_error_sampled"] == expect
+    assert r["train_error_sampled"] <= 1.0
+
+
+def test_prediction_checks_its_input():
+    x, y = binary_data(n=10)
+    s = KernelCuttingPlane(x, y, 1.0, gamma=0.5)
+    s.fit(max_iter=3)
+    for bad, match in ((x[:, :1], "x must be"), (x[0], "x must be"), (x.long(), "x must be"),
+                       (x.clone().fill_(float("nan")), "NaN")):
+        with pytest.raises(ValueError, match=match):
+            s.predict(bad)
+
+
+def test_fit_limits_are_checked():
+    x, y = binary_data(n=10)
+    s = KernelCuttingPlane(x, y, 1.0, gamma=0.5)
+    for kwargs, err in (({"max_iter": -3}, ValueError), ({"max_iter": 2.5}, TypeError), ({"max_iter": "5"}, TypeError),
+                        ({"time_budget": -1.0}, ValueError), ({"time_budget": float("nan")}, ValueError)):
+        with pytest.raises(err, match=next(iter(kwargs))):
+            s.fit(**kwargs)
+    assert s.steps_done == 0 and s.fit(max_iter=0) == []
+
+
 def test_errors():
     x, y = binary_data(n=10)
+    for kwargs, err in (({"num_classes": 3.9}, TypeError), ({"num_classes": "4"}, TypeError),
+                        ({"num_classes": 1}, ValueError), ({"seed": 2.5}, TypeError), ({"gamma": True}, ValueError)):
+        with pytest.raises(err, match=next(iter(kwargs))):
+            KernelCuttingPlane(x, y.clamp_min(0), **kwargs)
     with pytest.raises(ValueError, match="sampling"):
         KernelCuttingPlane(x, y, sampling="rand")
     with pytest.raises(ValueError, match="C must be"):

@@ -31,7 +31,7 @@ import torch
 
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam
-from .loop import log_scalars, run_steps
+from .loop import check_limits, log_scalars, run_steps
 from .risks import StructuredRisk
 from .simplex_qp import simplex_qp
 
@@ -167,6 +167,8 @@ class BMRM:
         spent. Returns the reports; ``callback(report)`` after each. The model is left at ``w_best``, the
         evaluated iterate of lowest primal, whose gap both stops certify (``self.w`` stays the next iterate,
         so that `step` can go on)."""
+        check_limits(max_passes=max_passes, gap_tol=gap_tol, time_budget=time_budget)
+
         def stop(r):
             return (r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol)
                     or (max_passes is not None and r["passes"] >= max_passes)

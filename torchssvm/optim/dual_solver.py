@@ -22,6 +22,7 @@ import torch
 
 from .._validation import check_positive_float
 from ._state import box_state, check_config, checked_scalars, checked_tensor, require_keys
+from .loop import check_limits
 from .problems import DualProblem, make_problem, rescaling_of
 
 
@@ -178,6 +179,7 @@ class DualSolver:
         certified in the model (`_hold_below`)."""
         if max_passes is None and gap_tol is None and time_budget is None:
             raise ValueError("fit needs at least one of max_passes, gap_tol, time_budget")
+        check_limits(max_passes=max_passes, gap_tol=gap_tol, time_budget=time_budget)
         self._hold_below = gap_tol
         try:
             return self._fit(max_passes, gap_tol, time_budget, exact, callback)

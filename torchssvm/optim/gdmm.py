@@ -56,6 +56,7 @@ from ..kernels import project_shifted_simplex
 from ._state import checked_generator_state, checked_scalars
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
+from .loop import check_limits
 from .problems import ChainProblem, MultiLabelProblem, make_problem
 from .shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 
@@ -607,6 +608,8 @@ class GDMM:
         is at most ``infeasibility_tol`` too. Returns the reports; ``callback(report)`` after each."""
         if max_iter is None and time_budget is None and infeasibility_tol is None:
             raise ValueError("fit needs at least one of max_iter, time_budget, infeasibility_tol")
+        check_limits(max_iter=max_iter, time_budget=time_budget, infeasibility_tol=infeasibility_tol,
+                     integer=("max_iter",))
         history = []
         while True:
             r = self.step()

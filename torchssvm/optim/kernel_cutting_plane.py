@@ -42,8 +42,9 @@ from typing import Optional
 
 import torch
 
+from .._validation import check_positive_int, check_seed
 from ._state import check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
-from .loop import log_scalars, run_steps
+from .loop import check_limits, log_scalars, run_steps
 from .mercer import MercerKernel
 from .simplex_qp import simplex_qp
 
@@ -72,10 +73,23 @@ class CutCache:
         """``(T, N, S')`` in cut order (a copy)."""
         return self.buf[self.slot]
 
-    def set(self, rows: torch.Tensor) -> None:
-        self.buf = rows.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
-        self.slot = torch.arange(rows.shape[0], device=rows.device)
-        self.free = []
+    def set(self, rows: torch.Tensor, layout: Optional[tuple] = None) -> None:
+        """The cuts' rows ``(T, N, S')`` in cut order, compacted, or placed as ``layout = (capacity, slot (T,),
+        free)`` of `layout` says: `scores` then sums the same slots in the same order, so a resumed run is bitwise
+        the one saved."""
+        if layout is None:
+            self.buf = rows.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
+            self.slot = torch.arange(rows.shape[0], device=rows.device)
+            self.free = []
+            return
+        capacity, slot, free = layout
+        self.buf = torch.zeros(capacity, self.N, self.width, dtype=torch.float64, device=rows.device)
+        self.buf[slot] = rows.to(torch.float64)
+        self.slot, self.free = slot.clone(), list(free)
+
+    def layout(self) -> tuple:
+        """``(capacity, slot (T,), free)``: where `set` puts the rows back."""
+        return self.buf.shape[0], self.slot.clone(), list(self.free)
 
     def add(self, row: torch.Tensor) -> None:
         if not self.free:
@@ -145,6 +159,11 @@ class KernelCuttingPlane:
         N = x.shape[0]
         if not isinstance(y, torch.Tensor) or y.shape != (N,) or y.is_floating_point():
             raise ValueError(f"y must be a ({N},) integer tensor")
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device} but x is on {x.device}")
+        if num_classes is not None:
+            check_positive_int("num_classes", num_classes, minimum=2)
+        seed = check_seed(seed)
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         for name, value in (("C", C), ("eps", eps), ("qp_tol", qp_tol)):
@@ -177,7 +196,7 @@ class KernelCuttingPlane:
         self.mode = "constant" if sampling == "hybrid" else sampling
         self.inactive_after, self.patience, self.max_resample = inactive_after, patience, max_resample
         self.qp_tol, self.chunk, self.writer = float(qp_tol), chunk, writer
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch.Generator().manual_seed(seed)
         # the cuts: basis example indices, label-difference rows (m, S') and coefficient per cut
         self.basis: list = []
         self.diffs: list = []
@@ -241,17 +260,35 @@ class KernelCuttingPlane:
         return max(1, min(self.chunk, BLOCK_ENTRIES // max(width, 1)))
 
     def decision_function(self, x: torch.Tensor) -> torch.Tensor:
-        """Scores of new inputs ``x (q, D)``: ``f(x) = <w, phi(x)>`` ``(q,)`` (binary) or ``(q, K)``."""
+        """Scores of new inputs ``x (q, D)`` (float, finite, on the training data's device): ``f(x) = <w, phi(x)>``
+        ``(q,)`` (binary) or ``(q, K)``."""
+        D = self.x.shape[1]
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != D or not x.is_floating_point():
+            got = f"shape {tuple(x.shape)} and dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be a (q, {D}) float tensor like the training data, got {got}")
+        if x.device != self.x.device:
+            raise ValueError(f"x is on {x.device} but the training data are on {self.x.device}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("x holds NaN or Inf")
         count = self.kernel.evaluations
         f = self._expansion_scores(x.to(self.x.dtype))
         self.kernel.evaluations = count  # prediction is not training cost
         return f[:, 0] if self.binary else f
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.decision_function(x)
+        """Labels ``(q,)``: ``-1 / +1`` (binary; ``f = 0`` gives +1) or the class of the largest score (the first)."""
+        return self._labels_from(self.decision_function(x).view(x.shape[0], -1))
+
+    def _labels_from(self, fS: torch.Tensor) -> torch.Tensor:
+        """`predict`'s labels from label-feature scores ``(q, S')``."""
         if self.binary:
-            return torch.where(f >= 0, 1, -1)
-        return f.argmax(1)
+            return torch.where(fS[:, 0] >= 0, 1, -1)
+        return fS.argmax(1)
+
+    def _errors(self, fS: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Whether `predict` is wrong on training examples ``idx`` with scores ``fS (q, S')``, ``(q,)`` bool."""
+        truth = self.truth[idx]
+        return self._labels_from(fS) != (2 * truth - 1 if self.binary else truth)
 
     def _oracle(self, fS: torch.Tensor, idx: torch.Tensor):
         """Loss-augmented argmax for examples ``idx`` with label-feature scores ``fS (q, S')``: ``(y^, Delta,
@@ -394,6 +431,16 @@ class KernelCuttingPlane:
         """The QP's value ``sum alpha c - 1/2 alpha^T G alpha`` (a lower bound of OP1 with exact cuts)."""
         return float(self.alpha @ self.offsets) - 0.5 * float(self.alpha @ (self.G @ self.alpha))
 
+    def duality_gap(self) -> dict:
+        """``primal``, ``dual`` and ``gap`` of the current iterate, the model `predict` uses (a pass over the training
+        set, from the cut cache in exact and linear mode, else through the kernel expansion; not training cost),
+        with its ``train_error``. ``gap_exact``: the cuts are exact (``sampling="exact"``), so ``dual`` bounds OP1
+        from below and the gap is a certificate."""
+        obj = self.objective()
+        dual = self.dual_value()
+        return {"primal": obj["primal"], "dual": dual, "gap": obj["primal"] - dual,
+                "gap_exact": self.sampling == "exact", "train_error": obj["train_error"]}
+
     def objective(self) -> dict:
         """OP1 at the current ``w`` by a full pass (kernel expansion; not counted as training cost):
         ``{"primal", "risk", "train_error"}``."""
@@ -403,8 +450,7 @@ class KernelCuttingPlane:
         """OP1 from the training scores ``fS (N, S')``; ``H`` the losses of the oracle pass, if already made."""
         if H is None:
             H = self._oracle(fS, torch.arange(self.N, device=self.x.device))[2]
-        scores = fS @ self.F.T
-        err = float((scores.argmax(1) != self.truth).double().mean())
+        err = float(self._errors(fS, torch.arange(self.N, device=fS.device)).double().mean())
         risk = float(H.mean())
         half_norm = 0.5 * float(self.alpha @ (self.G @ self.alpha))
         return {"primal": half_norm + self.C * risk, "risk": risk, "train_error": err}
@@ -436,7 +482,7 @@ class KernelCuttingPlane:
             if converged and self.sampling == "hybrid":
                 self._switch_to_linear()
                 converged = False
-            report["train_error_sampled"] = float((delta > 0).double().mean())
+            report["train_error_sampled"] = float(self._errors(fS, draw).double().mean())
         else:
             all_idx = torch.arange(self.N, device=dev)
             if self.basis:
@@ -484,8 +530,16 @@ class KernelCuttingPlane:
         return r
 
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None) -> list:
-        """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations or
-        ``time_budget`` seconds. Returns the reports."""
+        """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations in all
+        (none when ``steps_done`` is already there) or ``time_budget`` seconds. Returns the reports.
+
+        Each report certifies the iterate its step started from; a step that adds a cut then re-solves the QP. So
+        after a stop on ``max_iter`` or ``time_budget`` the last report's gap is not the returned model's:
+        `duality_gap` gives that one (a ``converged`` stop added no cut, and its report is the model's)."""
+        check_limits(max_iter=max_iter, time_budget=time_budget, integer=("max_iter",))
+        if max_iter is not None and self.steps_done >= max_iter:
+            return []
+
         def stop(r):
             return (r["converged"] or (max_iter is not None and self.steps_done >= max_iter)
                     or (time_budget is not None and self.seconds >= time_budget))
@@ -509,10 +563,32 @@ class KernelCuttingPlane:
         return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
                 "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
                 "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
-                "cache": self.cache, "mode": self.mode, "quiet": self.quiet, "sampled_cuts": self.sampled_cuts,
+                "cache": self.cache, "cache_layout": self._cache_layout(), "mode": self.mode, "quiet": self.quiet,
+                "sampled_cuts": self.sampled_cuts,
                 "steps_done": self.steps_done,
                 "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
                 "generator": self.generator.get_state(), **self._config()}
+
+    def _cache_layout(self) -> torch.Tensor:
+        """The cache's layout as one long tensor ``[capacity, T, slot (T), free...]``."""
+        capacity, slot, free = self._cache.layout()
+        return torch.tensor([capacity, slot.numel(), *slot.tolist(), *free], dtype=torch.long)
+
+    def _checked_layout(self, saved, rows: int, device) -> Optional[tuple]:
+        """`_cache_layout` of a state, checked: None for states without one (the rows are then compacted)."""
+        if saved is None or rows == 0:
+            return None
+        ok = isinstance(saved, torch.Tensor) and saved.dim() == 1 and not saved.is_floating_point() and \
+            saved.numel() >= 2 and int(saved[1]) == rows and saved.numel() >= 2 + rows
+        if ok:
+            capacity = int(saved[0])
+            slot, free = saved[2 : 2 + rows], saved[2 + rows :]
+            both = torch.cat([slot, free])
+            ok = both.numel() == capacity and bool((both.sort().values == torch.arange(capacity)).all())
+        if not ok:
+            raise ValueError("state_dict['cache_layout'] is not the layout of a cache of "
+                             f"{rows} rows (capacity, count, then a permutation of the slots)")
+        return capacity, slot.to(device), free.tolist()
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from `state_dict`: the run continues the same trajectory. A state of another training-set size,
@@ -535,6 +611,7 @@ class KernelCuttingPlane:
         rows = cache.shape[0] if isinstance(cache, torch.Tensor) and cache.dim() == 3 and cache.shape[0] in (0, t) \
             else t
         cache = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
+        layout = self._checked_layout(state.get("cache_layout"), rows, dev)
         if state["mode"] not in ("exact", "linear", "constant"):
             raise ValueError(f"state_dict['mode'] must be 'exact', 'linear' or 'constant', got {state['mode']!r}")
         checked.update(checked_scalars(state, {"quiet": int, "steps_done": int, "sampled_cuts": int,
@@ -546,6 +623,6 @@ class KernelCuttingPlane:
         self.kernel.evaluations = checked.pop("kernel_evaluations")
         for k, value in checked.items():
             setattr(self, k, value)
-        self._cache.set(cache)
+        self._cache.set(cache, layout)
         self.mode = state["mode"]
         self.generator.set_state(generator)

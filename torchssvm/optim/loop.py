@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 import math
+import numbers
+
+
+def check_limits(*, integer: tuple = (), **limits) -> None:
+    """The stopping limits of a ``fit`` (``max_iter=..., gap_tol=...``; None: no limit): each a number ``>= 0``,
+    not NaN (``inf``: no limit), and an int for the names in ``integer``; else a TypeError / ValueError naming it.
+    A negative ``max_iter`` or ``time_budget`` ran one step; a float ``max_iter = 2.5`` ran three."""
+    for name, value in limits.items():
+        if value is None:
+            continue
+        kind = numbers.Integral if name in integer else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TypeError(f"{name} must be {'an int' if name in integer else 'a number'} or None, got {value!r}")
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
 def run_steps(step, stop, callback=None) -> list:

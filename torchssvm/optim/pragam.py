@@ -45,7 +45,7 @@ import torch
 
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam
-from .loop import log_scalars, run_steps
+from .loop import check_limits, log_scalars, run_steps
 
 # Safety factor on the Lanczos estimate of sigma_max(X)^2: the Ritz value is a lower bound that 50 steps bring
 # to ~1e-8 relative on the data we tried (Gaussian 2000 x 1000 included); 1% on top makes L an upper bound.
@@ -336,6 +336,7 @@ class Pragam:
         seconds of solver time are spent. Returns the list of step reports; ``callback(report)`` after each."""
         if max_iter is None and gap_tol is None and time_budget is None:
             raise ValueError("fit needs at least one of max_iter, gap_tol, time_budget")
+        check_limits(max_iter=max_iter, gap_tol=gap_tol, time_budget=time_budget, integer=("max_iter",))
         if max_iter is not None and self.iteration >= max_iter:
             return []
 

@@ -18,6 +18,7 @@ import torch
 
 from ._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam, parse_box
+from .loop import check_limits
 from .problems import make_problem, rescaling_of
 
 
@@ -88,7 +89,9 @@ class SSG:
         return self.problem.primal(self.output if w is None else w, self.lam)
 
     def fit(self, max_passes: int) -> list:
-        return [self.step() for _ in range(int(max_passes))]
+        """``max_passes`` more calls of `step` (one pass each). Returns the reports."""
+        check_limits(max_passes=max_passes, integer=("max_passes",))
+        return [self.step() for _ in range(max_passes)]
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
