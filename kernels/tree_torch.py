@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from torchssvm._device import host_to_device
+from torchssvm._validation import check_int_sequence
 
 from .distance_transform_torch import distance_transform_2d
 
@@ -49,14 +50,7 @@ class TreeSchedule(NamedTuple):
 def check_parents(parents, name: str = "parents") -> Tuple[int, ...]:
     """``parents`` as a tuple of ints, or a ValueError naming ``name``: one root (-1), every other entry a
     node in ``[0, V)`` other than itself, and no cycle."""
-    if isinstance(parents, torch.Tensor):
-        if parents.dim() != 1 or parents.is_floating_point():
-            raise ValueError(f"{name} must be a 1-D integer sequence, got a tensor of shape {tuple(parents.shape)}")
-        parents = parents.tolist()
-    try:
-        par = tuple(int(p) for p in parents)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a sequence of ints") from None
+    par = check_int_sequence(name, parents)
     V = len(par)
     if V == 0:
         raise ValueError(f"{name} must hold at least one node")

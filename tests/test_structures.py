@@ -1,5 +1,7 @@
 """Chain and Multiclass: the structure protocol against brute force and autograd."""
 
+import math
+
 import pytest
 import torch
 from conftest import brute_force_chain, needs_triton
@@ -128,6 +130,57 @@ def test_a_loss_weight_past_the_dtype_range_gives_inf_not_nan():
     y = random_labels(2, 6, 4, torch.tensor([6, 6]))
     _, value = ts.Chain(4, normalize=False).max_oracle(pot, y, loss_weight=1e39)
     assert torch.equal(value, torch.full((2,), torch.inf))
+
+
+def test_a_loss_weight_past_the_dtype_range_in_the_enumerated_structures():
+    """Multiclass and MultiLabel: +inf on every wrong labelling, not inf * 0 = NaN at the truth (the hinge was NaN
+    with a zero gradient); Hierarchy's flip costs would add +inf and -inf in its DP, so it refuses."""
+    g = torch.Generator().manual_seed(0)
+    mc = ts.Multiclass(4)
+    s, y = torch.randn(3, 4, generator=g), torch.tensor([0, 2, 3])
+    y_hat, value = mc.max_oracle(s, y, loss_weight=1e39)
+    assert torch.equal(value, torch.full((3,), torch.inf)) and bool((y_hat != y).all())
+    heavy = ts.Multiclass(4, class_weights=torch.tensor([1e39, 1.0, 1.0, 1.0], dtype=torch.float64))
+    _, value = heavy.slack_max_oracle(s, torch.tensor([0, 0, 1]))
+    assert not bool(value.isnan().any()) and float(value[0]) == math.inf
+    ml = ts.MultiLabel(3)
+    pot = ts.MultiLabelPotentials(torch.randn(2, 3, generator=g), torch.randn(ml.num_edges, generator=g))
+    yl = torch.tensor([[1, 0, 1], [0, 0, 0]])
+    y_hat, value = ml.max_oracle(pot, yl, loss_weight=1e39)
+    assert torch.equal(value, torch.full((2,), torch.inf)) and bool((y_hat != yl).any(1).all())
+    with pytest.raises(ValueError, match="loss_weight"):
+        ts.Hierarchy([-1, 0, 0]).max_oracle(torch.randn(2, 3, generator=g), torch.tensor([[1, 1, 0], [0, 0, 0]]),
+                                            loss_weight=1e39)
+
+
+def test_multilabel_scores_mixed_precision_like_it_decodes():
+    """A half-precision unary with a float32 shared pairwise (a network under autocast) passes `validate`; `score`
+    raised in its matrix product ('addmv ... same dtype') while decoding and the losses worked."""
+    g = torch.Generator().manual_seed(1)
+    ml = ts.MultiLabel(3)
+    unary, pairwise = torch.randn(4, 3, generator=g), torch.randn(ml.num_edges, generator=g)
+    y = torch.randint(0, 2, (4, 3), generator=g)
+    for half in (torch.float16, torch.bfloat16):
+        got = ml.score(ts.MultiLabelPotentials(unary.to(half), pairwise), y)
+        assert got.dtype == torch.float32  # compute_dtype, as the oracles
+        torch.testing.assert_close(got, ml.score(ts.MultiLabelPotentials(unary.to(half).float(), pairwise), y))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ts.Hierarchy([-1, 0.5, 1.7]),
+    lambda: ts.Hierarchy(torch.tensor([-1.0, 0.0])),
+    lambda: ts.Tree([-1, 0.0, 1.9], num_labels=2),
+    lambda: ts.Tree(torch.tensor([-1.0, 0.0]), num_labels=2),
+    lambda: ts.MultiLabel(3, [(0.5, 1.9)]),
+], ids=["hierarchy-list", "hierarchy-tensor", "tree-list", "tree-tensor", "multilabel-edges"])
+def test_non_integer_parents_and_edges_are_refused_not_truncated(make):
+    with pytest.raises(TypeError, match="parents|edge"):
+        make()
+
+
+def test_an_empty_hierarchy_names_parents():
+    with pytest.raises(ValueError, match="parents"):
+        ts.Hierarchy([])
 
 
 @needs_triton()

@@ -119,7 +119,8 @@ def check_float_dtype(dtype, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
-# Seeds of the data generators: the split streams are seeded with ``seed * 1000 + k``, which must stay a 64-bit int.
+# Seeds of the data generators: their streams are seeded with ``seed * 1000 + k`` (`torchssvm.data.streams`), which
+# must stay a 64-bit int.
 MAX_SEED = 2**32 - 1
 
 
@@ -129,6 +130,23 @@ def check_seed(seed, name: str = "seed") -> int:
     if seed > MAX_SEED:
         raise ValueError(f"{name} must be <= {MAX_SEED}, got {seed}")
     return seed
+
+
+def check_int_sequence(name: str, values) -> tuple:
+    """``values`` (a sequence of ints or a 1-D integer tensor) as a tuple of Python ints, or a TypeError naming
+    ``name``: a float such as 0.5 or 1.7 is refused, not truncated."""
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer sequence, got a tensor of shape {tuple(values.shape)} "
+                            f"and dtype {values.dtype}")
+        return tuple(values.tolist())
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    out = tuple(values)
+    for i, v in enumerate(out):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name}[{i}] must be an int, got {v!r}")
+    return tuple(int(v) for v in out)
 
 
 def check_positive_float(name: str, v) -> float:

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from .._validation import check_positive_int
+from .arguments import check_per_example
 from .result import Incumbent, SearchResult
 
 QUEUES = ("fifo", "priority")
@@ -102,6 +103,8 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
     if lam0 is None:
         H, G = oracle.max_h().to(torch.float64), oracle.max_g().to(torch.float64)
         lam0 = torch.where((H > 0) & (G > 0), H / G.clamp_min(1e-300), torch.ones_like(H))
+    else:
+        lam0 = check_per_example("lam0", lam0, B, dev, positive=True)
     lam0 = lam0.to(torch.float64).cpu().tolist()
     if max_calls is None and hasattr(oracle, "size"):
         max_calls = 2 * oracle.size + 1  # Thm 2's bound: a guard against rounding, never reached in exact arithmetic

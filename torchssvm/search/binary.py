@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
 from .result import Incumbent, SearchResult
 
 
 def binary_search(oracle, *, lam_min: float = 1e-6, lam_max: float = 1e6, max_calls: int = 50,
                   tol: float = 1e-6) -> SearchResult:
     check_positive_int("max_calls", max_calls)
+    lam_min, lam_max = check_real("lam_min", lam_min), check_real("lam_max", lam_max)
+    tol = check_real("tol", tol)
     if not 0 < lam_min < lam_max:
         raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
     best = Incumbent(oracle)

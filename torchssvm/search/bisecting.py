@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
+from .arguments import check_per_example
 from .result import Incumbent, SearchResult
 
 
@@ -28,13 +29,12 @@ def bisecting_search(oracle, lam0: Optional[torch.Tensor] = None, *, max_calls: 
         tol: relative tolerance of the interval tests.
     """
     check_positive_int("max_calls", max_calls)
+    tol = check_real("tol", tol)
     best = Incumbent(oracle)
     B = oracle.batch_size
     dev = best.phi.device
     f64 = dict(dtype=torch.float64, device=dev)
-    lam = torch.ones(B, **f64) if lam0 is None else lam0.to(**f64).clone()
-    if bool((lam <= 0).any()):
-        raise ValueError("lam0 must be > 0")
+    lam = torch.ones(B, **f64) if lam0 is None else check_per_example("lam0", lam0, B, dev, positive=True).clone()
     lo, hi = torch.zeros(B, **f64), torch.full((B,), torch.inf, **f64)
     h_lo, h_hi = torch.zeros(B, **f64), torch.full((B,), torch.inf, **f64)
     g_lo, g_hi = torch.zeros(B, **f64), torch.full((B,), torch.inf, **f64)

@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
+from .arguments import check_per_example
 from .result import Incumbent, SearchResult
 
 _R = (math.sqrt(5) - 1) / 2  # 0.618...
@@ -29,12 +30,13 @@ def golden_search(oracle, xi: torch.Tensor, *, lam_max: float = 1e3, max_calls: 
         max_calls, tol: call cap, and the relative width at which the interval counts as found.
     """
     check_positive_int("max_calls", max_calls)
+    lam_max, tol = check_real("lam_max", lam_max), check_real("tol", tol)
+    if lam_max == 0:
+        raise ValueError("lam_max must be > 0, got 0.0")
     best = Incumbent(oracle)
     B = oracle.batch_size
     f64 = dict(dtype=torch.float64, device=best.phi.device)
-    xi = xi.to(**f64)
-    if xi.shape != (B,) or bool((xi < 0).any()):
-        raise ValueError(f"xi must be a ({B},) tensor of slacks >= 0")
+    xi = check_per_example("xi", xi, B, best.phi.device, positive=False)
     active = torch.ones(B, dtype=torch.bool, device=best.phi.device)
 
     def F(lam):

@@ -19,6 +19,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .._validation import check_finite, check_labels, check_tensor
+
 
 class OracleAnswer(NamedTuple):
     """``labels``: per example (``(B,)`` indices into the table, or the structure's labelling tensor);
@@ -37,15 +39,30 @@ class TableOracle:
 
     def __init__(self, h: torch.Tensor, g: torch.Tensor, labels: Optional[torch.Tensor] = None,
                  truth: Optional[torch.Tensor] = None):
+        check_tensor("h", h)
+        check_tensor("g", g)
         if h.shape != g.shape or h.dim() != 2:
             raise ValueError(f"h and g must be (B, N) tensors of one shape, got {tuple(h.shape)} and "
                              f"{tuple(g.shape)}")
-        if bool((g < 0).any()):
+        self.h, self.g = h.detach().to(torch.float64), g.detach().to(h.device, torch.float64)
+        check_finite({"h": self.h, "g": self.g})
+        if bool((self.g < 0).any()):
             raise ValueError("g (the task loss) must be >= 0")
-        self.h, self.g = h.to(torch.float64), g.to(torch.float64)
+        B, N = h.shape
+        if labels is not None and (not isinstance(labels, torch.Tensor) or labels.dim() == 0 or labels.shape[0] != N):
+            got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise ValueError(f"labels must be a tensor with one row per column of h ({N}), got {got}")
         self.table_labels = labels  # (N, ...) the labelling of each column, or None (indices)
         # the true labelling's column (Phi = 0): given, else the first column with g = 0
-        self.truth = truth if truth is not None else (self.g == 0).to(torch.int8).argmax(1)
+        if truth is None:
+            has_zero = (self.g == 0).any(1)
+            if not bool(has_zero.all()):
+                raise ValueError(f"g has no column with g = 0 (the truth) in rows "
+                                 f"{(~has_zero).nonzero().squeeze(1)[:4].tolist()}: pass truth")
+            truth = (self.g == 0).to(torch.int8).argmax(1)
+        else:
+            truth = check_labels("truth", truth, (B,), N, h.device)
+        self.truth = truth
         self.calls = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
 
     @classmethod

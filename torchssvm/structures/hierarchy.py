@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_shape, check_tensor
+from .._validation import check_finite, check_int_sequence, check_labels, check_shape, check_tensor
 from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 MAX_ENUMERATION_LEAVES = 16
@@ -37,7 +37,9 @@ class Hierarchy(Structure):
 
     def __init__(self, parents: Sequence[int], *, normalize: bool = True, class_weights=None,
                  allow_empty: bool = True):
-        parents = [int(p) for p in parents]
+        parents = list(check_int_sequence("parents", parents))
+        if not parents:
+            raise ValueError("parents must hold at least one node")
         super().__init__(len(parents), class_weights)
         N = len(parents)
         for n, p in enumerate(parents):
@@ -102,6 +104,9 @@ class Hierarchy(Structure):
         const = torch.zeros(theta.shape[0], dtype=dt, device=theta.device)
         if target is not None:  # Hamming over nodes is decomposable: +c when a node flips
             c = self._node_costs(dt, theta.device) * loss_weight.to(dt).unsqueeze(1)
+            if not bool(torch.isfinite(c).all()):  # the DP would add +inf and -inf flips: NaN
+                raise ValueError(f"loss_weight times the node costs overflows {dt}: use float64 potentials or a "
+                                 "smaller loss_weight / class_weights")
             t = target.to(dt)
             theta = theta + c * (1 - 2 * t)
             const = (c * t).sum(1)

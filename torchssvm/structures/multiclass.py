@@ -46,8 +46,8 @@ class Multiclass(Structure):
         s = scores.detach().to(compute_dtype([scores]))
         if target is not None:
             cost = (self._class_weight(target, torch.float64) * loss_weight).to(s.dtype)
-            wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
-            s = s + cost.unsqueeze(1) * wrong
+            wrong = torch.ones_like(s, dtype=torch.bool).scatter_(1, target.unsqueeze(1), False)
+            s = s + torch.where(wrong, cost.unsqueeze(1), 0.0)  # where: an inf cost gives +inf, not inf * 0 = NaN
         value, y_hat = s.max(dim=1)
         return y_hat, value
 
@@ -56,8 +56,8 @@ class Multiclass(Structure):
         s = scores.detach().to(compute_dtype([scores]))
         gold = s.gather(1, target.unsqueeze(1))
         cost = self._class_weight(target, s.dtype).unsqueeze(1)
-        wrong = torch.ones_like(s).scatter_(1, target.unsqueeze(1), 0.0)
-        value, y_hat = (cost * wrong * (1 + s - gold)).max(dim=1)
+        wrong = torch.ones_like(s, dtype=torch.bool).scatter_(1, target.unsqueeze(1), False)
+        value, y_hat = torch.where(wrong, cost * (1 + s - gold), 0.0).max(dim=1)
         return truth_unless_violated(y_hat, value, target)
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:

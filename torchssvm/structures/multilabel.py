@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_shape, check_tensor
+from .._validation import check_finite, check_int_sequence, check_labels, check_shape, check_tensor
 from .base import Structure, binary_hamming_table, compute_dtype, no_autocast, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
@@ -58,9 +58,9 @@ class MultiLabel(Structure):
         else:
             pairs = []
             for e in edges:
-                if len(e) != 2:
+                if not hasattr(e, "__len__") or len(e) != 2:
                     raise ValueError(f"edges must hold (k, l) pairs, got {e!r}")
-                k, l = int(e[0]), int(e[1])
+                k, l = check_int_sequence("an edge of edges", e)
                 if not (0 <= k < K and 0 <= l < K) or k == l:
                     raise ValueError(f"edges holds ({k}, {l}): labels must be distinct and in [0, {K})")
                 pairs.append((min(k, l), max(k, l)))
@@ -171,7 +171,9 @@ class MultiLabel(Structure):
         if target is None:
             return self._enumerate(pot, None, lambda s, loss, rows: s)
         lw = loss_weight.to(compute_dtype(pot))
-        return self._enumerate(pot, target, lambda s, loss, rows: s + lw[rows].unsqueeze(1) * loss)
+        # where, not a product: a weight past the dtype's range gives +inf on the wrong labellings, not inf * 0 = NaN
+        return self._enumerate(pot, target,
+                               lambda s, loss, rows: s + torch.where(loss > 0, lw[rows].unsqueeze(1) * loss, 0.0))
 
     def _slack_max_oracle(self, pot, lengths, target, backend):
         """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))`` by enumeration; the truth when nothing
@@ -189,12 +191,13 @@ class MultiLabel(Structure):
             return self._score(pot, y, None)
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
-        yf = y.to(pot.unary.dtype)
-        s = (pot.unary * yf).sum(1)
+        dt = compute_dtype(pot)  # a half unary with a float32 shared pairwise (a network under autocast): float32
+        yf = y.to(dt)
+        s = (pot.unary.to(dt) * yf).sum(1)
         if self.num_edges:
             e = self.edges.to(y.device)
             both = yf[:, e[:, 0]] * yf[:, e[:, 1]]
-            pw = pot.pairwise
+            pw = pot.pairwise.to(dt)
             s = s + ((pw * both).sum(1) if pw.dim() == 2 else both @ pw)
         return s
 
