@@ -101,6 +101,55 @@ def _backend_with_numba(backend: str, device: torch.device, *tensors) -> str:
     return be
 
 
+def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None, minus=None, *,
+                      values: bool = True, padded: bool = False) -> None:
+    """The chain kernels' arguments (a ValueError / TypeError naming one), before any backend runs: the Triton
+    kernels read what the shapes say (a ``z`` without its unary block, labels narrower than ``T`` or a length past
+    ``T`` read out of bounds). Shapes always; the values of ``lengths`` (in ``[1, T]``) and ``labels`` (in
+    ``[0, K)`` within each length, and -1 past it with ``padded``) on CPU tensors only, and not twice (``values=False``: the numba twins check them
+    in their loop): on a device that check would make the host wait in every BCFW step, and the callers (`Chain`,
+    `ChainProblem`) check them at the boundary."""
+    if unary is not None:
+        if not isinstance(unary, torch.Tensor) or unary.dim() != 3:
+            raise ValueError(f"unary must be a (B, T, K) tensor, got "
+                             f"{tuple(unary.shape) if isinstance(unary, torch.Tensor) else type(unary).__name__}")
+        B, T, K = unary.shape
+    else:
+        B, T, K = labels.shape[0], labels.shape[-1], num_labels
+    if labels is not None:
+        if not isinstance(labels, torch.Tensor) or labels.is_floating_point():
+            raise TypeError("labels must be an integer tensor")
+        want = 3 if unary is not None else 2
+        if labels.dim() != want or labels.shape[0] != B or labels.shape[-1] < T:
+            shape = f"({B}, C, >= {T})" if want == 3 else "(B, T)"
+            raise ValueError(f"labels must have shape {shape}, got {tuple(labels.shape)}")
+    if minus is not None and (not isinstance(minus, torch.Tensor) or minus.shape != labels.shape):
+        raise ValueError(f"minus must have the shape of labels {tuple(labels.shape)}")
+    if z is not None:
+        tail = K * K + 2 * K
+        if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[0] != B or z.shape[1] < T * K + tail \
+                or (z.shape[1] - tail) % max(K, 1):
+            raise ValueError(f"z must have shape ({B}, T' {K} + {tail}) with T' >= {T}, got "
+                             f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor) or lengths.shape != (B,) or lengths.is_floating_point():
+            raise ValueError(f"lengths must be a ({B},) integer tensor")
+        if values and lengths.device.type == "cpu" and B:
+            lo, hi = int(lengths.min()), int(lengths.max())
+            if lo < 1 or hi > T:
+                raise ValueError(f"lengths must be in [1, {T}], got a length of {lo if lo < 1 else hi}")
+            if labels is not None and labels.device.type == "cpu" and labels.numel():
+                width = labels.shape[-1]
+                inside = torch.arange(width).unsqueeze(0) < lengths.view(B, *([1] * (labels.dim() - 1)))
+                used = labels[inside.expand_as(labels)]
+                for name, t in (("labels", labels),) + (() if minus is None else (("minus", minus),)):
+                    used = t[inside.expand_as(t)]
+                    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= K):
+                        raise ValueError(f"{name} must be in [0, {K}) within each length")
+                    if padded and bool((t[~inside.expand_as(t)] != -1).any()):
+                        raise ValueError(f"{name} must be -1 past each length (the padding)")
+
+
 @torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
@@ -122,10 +171,12 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
     """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
     `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
     `chain_labels_score_numba` (one compiled loop; equal to rounding; ``"auto"`` keeps torch for the per-position
-    transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example)."""
+    transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example). The arguments'
+    shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`)."""
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end)
     if be == "numba" and backend == "auto" and transition.dim() != 2:
         be = "torch"
+    _check_chain_args(unary, lengths=lengths, labels=labels, values=be != "numba")
     if be == "triton":
         from .chain_score_triton import chain_labels_score_triton
 
@@ -141,7 +192,8 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
 def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
     `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
-    rounding)."""
+    rounding). The shapes are checked (`_check_chain_args`)."""
+    _check_chain_args(unary, z=z)
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end, z)
     if be == "numba":
         from .chain_score_numba import chain_inner_numba
@@ -207,14 +259,17 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
 def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto",
                     subtract=None):
     """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
-    `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal). ``subtract``
+    `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal; ``labels`` padded
+    with -1 past ``lengths``). ``subtract``
     ``(B, m)`` of ``dtype``: the result minus it (the numba twin does it in the same pass; the FW direction of
-    BCFW)."""
+    BCFW). The shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`)."""
     if subtract is not None and subtract.dtype != dtype:
         raise ValueError(f"subtract must be of dtype {dtype}, got {subtract.dtype}")
     be = resolve_backend(backend, labels.device, has_numba=True)
     if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES:
         be = "torch"
+    _check_chain_args(None, lengths=lengths, labels=labels, num_labels=num_labels, minus=minus, values=be != "numba",
+                      padded=True)
     if be == "numba":
         from .chain_marginals_numba import chain_marginals_numba
 
@@ -264,9 +319,10 @@ def project_simplex(v, mask=None, radius=None, backend: str = "auto"):
     a radius <= 0 is infeasible and raises)."""
     _check_simplex_args(v, mask, radius)
     if resolve_backend(backend, v.device) == "triton":
-        from .simplex_triton import project_simplex_triton
+        from .simplex_triton import MAX_BLOCK, project_simplex_triton
 
-        return project_simplex_triton(v, mask, radius)
+        if v.shape[1] <= MAX_BLOCK or backend == "triton":  # "auto": longer rows go to the torch twin
+            return project_simplex_triton(v, mask, radius)
     return project_simplex_torch(v, mask, radius)
 
 
@@ -389,11 +445,29 @@ def check_quadratic_weights(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be >= 0 (the quadratic deformation weights of a distance transform)")
 
 
+def _check_tree_args(unary, parents: tuple, name: str, table, table_name: str, last: tuple) -> None:
+    """``unary (B, V, .)`` with V the number of nodes of ``parents`` and ``table`` (``pairwise`` / ``weights``) of
+    shape ``(E, *last)`` or ``(B, E, *last)``: the kernels index them by the tree's nodes and edges (a shorter unary
+    left labels uninitialised)."""
+    V, E = len(parents), len(parents) - 1
+    if not isinstance(unary, torch.Tensor) or unary.dim() != 3 or unary.shape[1] != V:
+        raise ValueError(f"unary must have shape (B, {V}, K) for the {V} nodes of {name}, got "
+                         f"{tuple(unary.shape) if isinstance(unary, torch.Tensor) else type(unary).__name__}")
+    B = unary.shape[0]
+    allowed = [(E, *last), (B, E, *last)]
+    if not isinstance(table, torch.Tensor) or tuple(table.shape) not in allowed:
+        raise ValueError(f"{table_name} must have shape {' or '.join(map(str, allowed))}, got "
+                         f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+
+
 @torch.no_grad()
 def tree_max_sum(unary, pairwise, parents, backend: str = "auto"):
     """Dispatch to `tree_max_sum_torch` or `tree_max_sum_triton` (explicit pairwise tables); see
-    `tree_max_sum_torch` for the contract. Only ``parents`` is checked here (the structures validate)."""
+    `tree_max_sum_torch` for the contract. ``parents`` and the shapes are checked here (the structures validate
+    the values)."""
     sched = tree_schedule(parents)
+    K = unary.shape[-1] if isinstance(unary, torch.Tensor) else 0
+    _check_tree_args(unary, sched.parents, "parents", pairwise, "pairwise", (K, K))
     if resolve_backend(backend, unary.device) == "triton":
         from .tree_triton import tree_max_sum_triton
 
@@ -407,6 +481,12 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     Raises a ValueError naming ``weights`` if a quadratic weight (``weights[..., 1]``, ``weights[..., 3]``)
     is negative."""
     sched = tree_schedule(parents)
+    _check_tree_args(unary, sched.parents, "parents", weights, "weights", (4,))
+    if not isinstance(rest, torch.Tensor) or tuple(rest.shape) != (len(sched.parents) - 1, 2):
+        raise ValueError(f"rest must have shape ({len(sched.parents) - 1}, 2), got "
+                         f"{tuple(rest.shape) if isinstance(rest, torch.Tensor) else type(rest).__name__}")
+    if unary.shape[2] != height * width:
+        raise ValueError(f"unary must have height * width = {height * width} positions, got {unary.shape[2]}")
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
     be = _backend_with_numba(backend, unary.device, unary, weights, rest)
     if be == "triton":

@@ -164,7 +164,7 @@ def _viterbi_batch_last(unary, transition, start, end, lengths):
     if end is not None:
         final = final + end.unsqueeze(1)
     score, cur = final.max(dim=0)
-    if not per_position and unary.device.type == "cpu":
+    if not per_position and unary.device.type == "cpu" and hist.dtype != torch.bfloat16:  # numpy has no bfloat16
         return _backtrack_numpy(hist, transition, cur, lengths), score
     batch = torch.arange(B, device=unary.device)
     trans_t = None if per_position else transition.t().contiguous()

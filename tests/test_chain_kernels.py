@@ -325,3 +325,50 @@ def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
     per_position = torch.randn(B, T - 1, K, K, generator=g, dtype=torch.float64)
     chain_labels_score(theta[0], per_position, *theta[2:], y[:, :1], lengths)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=needs_triton()), "torch",
+                                     pytest.param("numba", marks=needs_numba())])
+def test_chain_kernels_check_their_arguments_on_every_backend(backend):
+    """The Triton kernels read what the shapes say: a length past T segfaulted, labels narrower than T or a z without
+    its unary block read other rows; torch counted a label >= K into the next position's block."""
+    u, tr = torch.randn(2, 3, 2, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64)
+    y = torch.tensor([[0, 1, 0]])
+    cases = [
+        (lambda: chain_marginals(y, torch.tensor([5]), 2, backend=backend), r"lengths must .*\[1, 3\]"),
+        (lambda: chain_marginals(y, torch.tensor([0]), 2, backend=backend), r"lengths must .*\[1, 3\]"),
+        (lambda: chain_marginals(torch.tensor([[2, 0, -1]]), torch.tensor([2]), 2, backend=backend),
+         "labels must be"),
+        (lambda: chain_marginals(y, torch.tensor([3]), 2, minus=torch.zeros(1, 2, dtype=torch.long),
+                                 backend=backend), "minus must have the shape of labels"),
+        (lambda: chain_labels_score(u, tr, None, None, torch.zeros(2, 1, 2, dtype=torch.long), torch.tensor([3, 3]),
+                                    backend=backend), r"labels must have shape \(2, C, >= 3\)"),
+        (lambda: chain_labels_score(u, tr, None, None, torch.full((2, 1, 3), 2), torch.tensor([3, 3]),
+                                    backend=backend), "labels must be"),
+        (lambda: chain_labels_score(u, tr, None, None, torch.zeros(2, 1, 3, dtype=torch.long), torch.tensor([3]),
+                                    backend=backend), r"lengths must"),
+        (lambda: chain_inner(u, tr, None, None, torch.randn(2, 8, dtype=torch.float64), backend=backend),
+         "z must have shape"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    if backend != "numba":  # the numba twin checks every entry against K: its error differs
+        with pytest.raises(ValueError, match="labels must be -1 past each length"):  # torch counted a 7 there
+            chain_marginals(torch.tensor([[1, 0, 7]]), torch.tensor([2]), 2, backend=backend)
+    m = chain_marginals(torch.tensor([[1, 0, -1]]), torch.tensor([2]), 2, backend=backend)
+    torch.testing.assert_close(m.sum(1), torch.tensor([2.0 + 1 + 2], dtype=m.dtype))  # 2 unary, 1 transition, 2 ends
+
+
+def test_torch_viterbi_decodes_bfloat16_batches():
+    """The torch twin (what "auto" keeps for half types) backtracked in numpy from B = 16 on: numpy has no
+    bfloat16."""
+    from torchssvm.kernels import viterbi
+
+    g = torch.Generator().manual_seed(0)
+    u, tr = torch.randn(20, 4, 3, generator=g), torch.randn(3, 3, generator=g)
+    lengths = torch.randint(1, 5, (20,), generator=g)
+    labels, score = viterbi(u.bfloat16(), tr.bfloat16(), None, None, lengths)
+    ref, ref_score = viterbi(u.bfloat16().float(), tr.bfloat16().float(), None, None, lengths, backend="torch")
+    assert torch.equal(labels, ref)
+    torch.testing.assert_close(score.float(), ref_score, rtol=1e-2, atol=1e-2)

@@ -169,3 +169,22 @@ def test_solver_chunk_and_path_arguments():
     w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="needs a step"):
         Pegasos([w], lam=0.5, average=True).averaged()
+
+
+def test_metrics_take_lengths_none_and_conlleval_reads_untyped_tags():
+    from torchssvm.metrics import chunk_f1, chunks, sequence_errors, token_errors
+
+    y = torch.tensor([[0, 1, 2], [1, 1, 0]])
+    y_hat = torch.tensor([[0, 1, 1], [1, 1, 0]])
+    assert token_errors(y_hat, y, None) == (1, 6) and sequence_errors(y_hat, y, None) == (1, 2)
+    # conlleval: a tag without a type is (prefix, ""), "B" "I" one chunk (it read them as chunks of type B and I)
+    assert chunks(["B", "I", "O"]) == {(0, 2, "")}
+    assert chunk_f1([["I", "I"]], [["B", "I"]])["f1"] == 100.0
+    assert chunks(["NP", "NP", "O"]) == {(0, 2, "NP")}  # a bare type stays one I-chunk of that type
+
+
+def test_hinge_module_checks_a_scalar_loss_weight_when_built():
+    for bad, err in ((-1.0, ValueError), (float("nan"), ValueError), ("a", TypeError),
+                     (torch.zeros(2, 2), ValueError), (torch.ones(2, dtype=torch.long), ValueError)):
+        with pytest.raises(err, match="loss_weight"):
+            ts.StructuredHingeLoss(ts.Chain(3), loss_weight=bad)

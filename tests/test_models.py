@@ -113,3 +113,34 @@ def test_joint_feature_per_example_takes_any_tuple_of_marginals():
     assert torch.allclose(named.sum(0), ts.joint_feature(model, x, mu))
     empty = ts.joint_feature(model, x[:0], ts.Chain(4).marginals(y[:0], dtype=torch.float64), per_example=True)
     assert empty.shape == (0, named.shape[1]) and empty.dtype == torch.float64
+
+
+def test_joint_feature_refuses_missing_and_mismatched_marginals():
+    """A None part of the marginals (start / end of a bias='ocr' model) was skipped, so <w, phi> was not the score;
+    per_example=True paired the first rows of a longer x with the marginals."""
+    g = torch.Generator().manual_seed(0)
+    model = ts.LinearChainModel(4, 3, dtype=torch.float64)
+    ch = ts.Chain(3)
+    x, y = torch.randn(2, 5, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (2, 5), generator=g)
+    mu = ch.marginals(y)
+    with pytest.raises(ValueError, match="marginals.start is None"):
+        ts.joint_feature(model, x, ts.ChainPotentials(mu.unary, mu.transition))
+    with pytest.raises(ValueError, match="x holds 3 examples but marginals 2"):
+        ts.joint_feature(model, torch.randn(3, 5, 4, dtype=torch.float64), mu, per_example=True)
+    sparse = ts.LinearChainModel(6, 3, sparse=True, dtype=torch.float64)
+    ids = torch.randint(-1, 6, (2, 5, 3), generator=g)
+    assert ts.joint_feature(sparse, ts.TokenFeatures(ids), mu, per_example=True).shape == (2, sum(
+        p.numel() for p in sparse.parameters()))
+
+
+def test_sparse_ids_of_any_integer_dtype():
+    """embedding_bag takes int32 / int64 only: int16 ids passed the check and failed inside torch."""
+    g = torch.Generator().manual_seed(0)
+    model = ts.LinearChainModel(6, 3, sparse=True, dtype=torch.float64)
+    torch.nn.init.normal_(model.emission, generator=g)
+    ids = torch.randint(-1, 6, (2, 3, 4), generator=g)
+    ref = model(ts.TokenFeatures(ids)).unary
+    for dt in (torch.int8, torch.int16, torch.int32, torch.uint8):
+        if dt == torch.uint8:
+            continue  # no -1 in uint8
+        torch.testing.assert_close(model(ts.TokenFeatures(ids.to(dt))).unary, ref, rtol=0, atol=0)

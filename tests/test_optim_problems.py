@@ -179,3 +179,58 @@ def test_feature_table_validation():
         FeatureTableProblem(F, -L, y)
     with pytest.raises(ValueError, match="truth"):
         FeatureTableProblem(F, L, torch.tensor([0, 3]))
+
+
+def _one_sequence(x=None, y=None, lengths=None, D=2, sparse=False):
+    x = torch.randn(1, 3, D, generator=torch.Generator().manual_seed(0)) if x is None else x
+    y = torch.tensor([[0, 1, 1]]) if y is None else y
+    lengths = torch.tensor([3]) if lengths is None else lengths
+    ds = ts.data.SequenceDataset(x, y, lengths, num_labels=3, num_features=D)
+    return ChainProblem(ts.LinearChainModel(D, 3, sparse=sparse, dtype=torch.float64), ds)
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    # a label -1 inside a length was clamped to 0 in the loss: the oracle's H then differed from L - <theta, m>
+    ({"y": torch.tensor([[0, -1, 1]])}, ValueError, r"dataset.y holds label -1"),
+    ({"y": torch.tensor([[0, 3, 1]])}, ValueError, r"dataset.y holds label 3"),
+    ({"lengths": torch.tensor([0])}, ValueError, r"dataset.lengths must be in \[1, 3\]"),
+    ({"lengths": torch.tensor([4])}, ValueError, r"dataset.lengths must be in \[1, 3\]"),
+    ({"x": torch.full((1, 3, 2), float("nan"))}, ValueError, "dataset.x contains NaN"),  # BCFW certified inf
+    ({"x": torch.randn(1, 3, 5)}, ValueError, "dataset.x must have num_features = 2"),
+    ({"x": torch.zeros(1, 3, 2, dtype=torch.long)}, TypeError, "token ids"),
+    # values of another shape were broadcast in the potentials, read flat in the Gram matrix
+    ({"x": TokenFeatures(torch.tensor([[[0, 1], [1, 2], [2, 0]]]), torch.ones(1, 3, 1)), "D": 3, "sparse": True},
+     ValueError, "dataset.x.values must have the shape of dataset.x.ids"),
+    ({"x": TokenFeatures(torch.tensor([[[0, -2], [1, 2], [2, 0]]])), "D": 3, "sparse": True},
+     ValueError, "dataset.x.ids holds attribute -2"),
+    ({"x": TokenFeatures(torch.tensor([[[0, 3], [1, 2], [2, 0]]])), "D": 3, "sparse": True},
+     ValueError, "dataset.x.ids holds attribute 3"),
+    ({"x": TokenFeatures(torch.tensor([[[0, 1]] * 3]), torch.full((1, 3, 2), float("inf"))), "D": 3,
+      "sparse": True}, ValueError, "dataset.x.values contains NaN or Inf"),
+])
+def test_chain_problem_checks_its_sequences(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        _one_sequence(**kwargs)
+
+
+def test_chain_problem_takes_padding_beyond_the_lengths():
+    p = _one_sequence(y=torch.tensor([[0, 1, -1]]), lengths=torch.tensor([2]))
+    assert p.T == 2 and p.truth.tolist() == [[0, 1]]
+
+
+def test_a_problem_is_not_rebuilt_with_another_structure_or_backend():
+    """make_problem used a DualProblem as is and dropped these silently."""
+    model, ds = _dense_problem()
+    p = ChainProblem(model, ds)
+    with pytest.raises(ValueError, match="structure must be None"):
+        ts.optim.BCFW(p, lam=0.1, structure=ts.Chain(3, normalize=False))
+    with pytest.raises(ValueError, match="backend='torch' differs"):
+        ts.optim.BCFW(p, lam=0.1, backend="torch")
+    assert ts.optim.BCFW(ChainProblem(model, ds, backend="torch"), lam=0.1, backend="torch").problem.backend == "torch"
+
+
+def test_slack_rescaling_of_a_weighted_chain_is_refused_when_built():
+    model, ds = _dense_problem()
+    weighted = ChainProblem(model, ds, ts.Chain(3, class_weights=torch.tensor([1.0, 2.0, 1.0])))
+    with pytest.raises(ValueError, match="class_weights must be None"):
+        SlackRescaledProblem(weighted)

@@ -488,3 +488,26 @@ def test_property_random_trees_match_enumeration(V, K, shared, seed):
     for b in range(2):
         y, v = brute_force_tree(unary[b], pairwise if shared else pairwise[b], parents)
         assert labels[b].tolist() == y and float(value[b]) == v
+
+
+def test_tree_kernels_check_the_nodes_against_parents():
+    """A unary with more nodes than ``parents`` left the extra nodes' labels uninitialised (80 on a 2 x 2 grid)."""
+    from torchssvm.kernels import spatial_tree_max_sum, tree_max_sum
+
+    f64 = torch.float64
+    u = torch.randn(1, 3, 4, dtype=f64)
+    with pytest.raises(ValueError, match=r"unary must have shape \(B, 2, K\) for the 2 nodes of parents"):
+        spatial_tree_max_sum(u, torch.rand(2, 4, dtype=f64), torch.zeros(2, 2, dtype=f64), [-1, 0], 2, 2,
+                             backend="torch")
+    with pytest.raises(ValueError, match=r"unary must have shape \(B, 4, K\)"):
+        tree_max_sum(u, torch.randn(3, 4, 4, dtype=f64), [-1, 0, 0, 1], backend="torch")
+    with pytest.raises(ValueError, match="pairwise must have shape"):
+        tree_max_sum(u, torch.randn(3, 4, 4, dtype=f64), [-1, 0, 1], backend="torch")
+    with pytest.raises(ValueError, match="weights must have shape"):
+        spatial_tree_max_sum(u, torch.rand(3, 4, dtype=f64), torch.zeros(2, 2, dtype=f64), [-1, 0, 0], 2, 2)
+    with pytest.raises(ValueError, match="rest must have shape"):
+        spatial_tree_max_sum(u, torch.rand(2, 4, dtype=f64), torch.zeros(3, 2, dtype=f64), [-1, 0, 0], 2, 2)
+    with pytest.raises(ValueError, match="height \\* width"):
+        spatial_tree_max_sum(u, torch.rand(2, 4, dtype=f64), torch.zeros(2, 2, dtype=f64), [-1, 0, 0], 1, 2)
+    labels, _ = tree_max_sum(u, torch.randn(2, 4, 4, dtype=f64), [-1, 0, 1], backend="torch")
+    assert bool(((labels >= 0) & (labels < 4)).all())

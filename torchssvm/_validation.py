@@ -6,6 +6,7 @@ import math
 import numbers
 from typing import Optional
 
+import numpy as np
 import torch
 
 
@@ -110,6 +111,13 @@ def check_positive_int(name: str, v, minimum: int = 1) -> int:
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return int(v)
+
+
+def check_bool(name: str, v) -> bool:
+    """``v`` if it is a bool (Python's or numpy's), else a TypeError naming ``name`` (``bool("False")`` is True)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {v!r}")
+    return bool(v)
 
 
 def check_float_dtype(dtype, name: str = "dtype") -> torch.dtype:

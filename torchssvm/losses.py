@@ -144,6 +144,13 @@ class StructuredHingeLoss(nn.Module):
         _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
+        # checked here as far as it can be without a batch (its shape is checked per call)
+        if isinstance(loss_weight, torch.Tensor):
+            if not loss_weight.is_floating_point() or loss_weight.dim() > 1:
+                raise ValueError(f"loss_weight must be a scalar or a (B,) float tensor, got shape "
+                                 f"{tuple(loss_weight.shape)} and dtype {loss_weight.dtype}")
+        else:
+            check_loss_weight(loss_weight, 1, torch.device("cpu"), torch.float64)
         if isinstance(loss_weight, torch.Tensor) and not loss_weight.requires_grad:
             # a buffer, so that .to(device) moves it with the module (not saved: it is a setting, not a parameter)
             self.register_buffer("loss_weight", loss_weight, persistent=False)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from ._validation import check_lengths, check_tensor
 
 
-def _valid(y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _valid(y: torch.Tensor, lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """The tokens within the lengths of a padded batch ``y (B, T)``, after checking ``y`` and ``lengths``."""
     check_tensor("y", y, ndim=2, integer=True)
-    check_lengths(lengths, y.shape[0], y.shape[1], y.device)
+    lengths = check_lengths(lengths, y.shape[0], y.shape[1], y.device)  # None: every sequence has length T
     return torch.arange(y.shape[1], device=y.device).unsqueeze(0) < lengths.unsqueeze(1)
 
 
@@ -22,14 +22,15 @@ def _check_predictions(y_hat: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"y_hat must have y's shape {tuple(y.shape)}, got {tuple(y_hat.shape)}")
 
 
-def token_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
-    """(wrong tokens, tokens) over a padded batch ``(B, T)``; the error rate is their ratio."""
+def token_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]) -> Tuple[int, int]:
+    """(wrong tokens, tokens) over a padded batch ``(B, T)`` (``lengths`` None: every sequence has length T); the
+    error rate is their ratio."""
     valid = _valid(y, lengths)
     _check_predictions(y_hat, y)
     return int(((y_hat != y) & valid).sum()), int(valid.sum())
 
 
-def sequence_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> Tuple[int, int]:
+def sequence_errors(y_hat: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]) -> Tuple[int, int]:
     """(sequences with at least one wrong token, sequences): OCR's "word error"."""
     valid = _valid(y, lengths)
     _check_predictions(y_hat, y)
@@ -41,7 +42,10 @@ def _split_tag(tag: str) -> Tuple[str, str]:
     if tag == "O":
         return "O", ""
     prefix, _, kind = tag.partition("-")
-    if not kind:  # a bare type: read as I-type (a run of one type is one chunk); conlleval has no such reading
+    if not kind:
+        if prefix in ("B", "I", "E", "S"):  # an untyped tag: conlleval's (prefix, "")
+            return prefix, ""
+        # a bare type: read as I-type (a run of one type is one chunk); conlleval has no such reading
         return "I", prefix
     return prefix, kind
 
@@ -100,7 +104,7 @@ def chunk_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) 
             "gold": n_gold}
 
 
-def labels_to_tags(y: torch.Tensor, lengths: torch.Tensor, names: Sequence[str]) -> List[List[str]]:
+def labels_to_tags(y: torch.Tensor, lengths: Optional[torch.Tensor], names: Sequence[str]) -> List[List[str]]:
     """Padded label ids ``(B, T)`` to lists of tag strings; ids within the lengths must be in
     ``[0, len(names))``."""
     valid = _valid(y, lengths)
@@ -109,4 +113,4 @@ def labels_to_tags(y: torch.Tensor, lengths: torch.Tensor, names: Sequence[str])
         raise ValueError(f"y must hold label ids in [0, {len(names)}) within the lengths, got "
                          f"[{int(inside.min())}, {int(inside.max())}]")
     rows = y.tolist()
-    return [[names[k] for k in row[:L]] for row, L in zip(rows, lengths.tolist())]
+    return [[names[k] for k in row[:L]] for row, L in zip(rows, valid.sum(1).tolist())]

@@ -84,7 +84,7 @@ class LinearChainModel(nn.Module):
                 raise TypeError(f"x must be TokenFeatures for a sparse model, got {type(x).__name__}")
             check_tensor("x.ids", x.ids, ndim=3, integer=True, device=self.emission.device)
             B, T, A = x.ids.shape
-            ids = x.ids.reshape(B * T, A)
+            ids = x.ids.reshape(B * T, A).long()  # embedding_bag takes int32 / int64 ids only
             if ids.numel():
                 lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
                 if hi >= D or lo < -1:
@@ -147,7 +147,8 @@ def _as_tuple(potentials):
 
 
 def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) -> torch.Tensor:
-    """``phi(x, mu) = d <model(x), mu> / d w`` flattened in ``model.parameters()`` order.
+    """``phi(x, mu) = d <model(x), mu> / d w`` flattened in ``model.parameters()`` order (the parameters that
+    require grad: a frozen one is not part of ``w``).
 
     Args:
         model: maps ``x`` to potentials (a tensor or a tuple such as `ChainPotentials`).
@@ -161,6 +162,9 @@ def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) 
     if per_example:
         mus = _as_tuple(marginals)
         B = mus[0].shape[0]
+        n_x = x.shape[0] if hasattr(x, "shape") else len(x)  # TokenFeatures: len is the NamedTuple's
+        if n_x != B:  # each row of x goes with a row of the marginals
+            raise ValueError(f"x holds {n_x} examples but marginals {B}")
         rows = []
         for b in range(B):
             xb = x[b : b + 1]
@@ -181,9 +185,12 @@ def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) 
         if len(pots) != len(mus):
             raise ValueError(f"marginals has {len(mus)} parts but the model's potentials have {len(pots)}")
         total = None
-        for p, m in zip(pots, mus):
-            if p is None or m is None:
+        for i, (p, m) in enumerate(zip(pots, mus)):
+            if p is None:
                 continue
+            if m is None:  # phi would silently miss this factor's features, and <w, phi> the score
+                name = marginals._fields[i] if hasattr(marginals, "_fields") else f"part {i}"
+                raise ValueError(f"marginals.{name} is None but the model has that potential (pass its marginals)")
             if p.dim() == m.dim() - 1:  # shared factor: pair with the batch sum
                 m = m.sum(0)
             if p.shape != m.shape:

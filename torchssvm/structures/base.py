@@ -49,12 +49,14 @@ def _autocast_enabled(device_type: str) -> bool:
 
 def binary_hamming_table(costs: torch.Tensor, target: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
     """``(B, C)``: ``sum_k costs_k [configs_ck != target_bk]`` for 0 / 1 labellings ``target (B, K)`` and
-    ``configs (C, K)``, costs ``(B, K)`` or ``(K,)``; one product through
-    ``[c != t] = t + c - 2 t c``, clamped at 0 against rounding."""
+    ``configs (C, K)``, costs ``(B, K)`` or ``(K,)``; two products of non-negative terms,
+    ``[c != t] = t (1 - c) + (1 - t) c``: exactly 0 at ``configs == target`` (the form ``t + c - 2 t c`` left
+    float32 rounding there, a violation of 3e-8 where none is) and never NaN (costs past the dtype's range are
+    held at its largest value, where ``inf - inf`` gave NaN)."""
     t = target.to(costs.dtype)
     c = configs.to(costs.dtype)
-    costs = costs.expand_as(t)
-    return ((costs * t).sum(1, keepdim=True) + (costs * (1 - 2 * t)) @ c.t()).clamp_min(0.0)
+    costs = costs.expand_as(t).clamp_max(torch.finfo(costs.dtype).max)
+    return (costs * t) @ (1 - c).t() + (costs * (1 - t)) @ c.t()
 
 
 def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torch.Tensor):
@@ -90,8 +92,6 @@ class Structure:
     def decode(self, potentials, lengths=None, *, target=None, loss_weight=1.0, backend="auto"):
         """MAP labelling; with ``target`` the loss-augmented (margin-rescaled) max-oracle
         ``argmax_y loss_weight * Delta(target, y) + s(y)``. ``loss_weight``: scalar or ``(B,)``."""
-        if target is None:
-            return self.max_oracle(potentials, lengths=lengths, backend=backend)[0]
         return self.max_oracle(
             potentials, target, lengths=lengths, loss_weight=loss_weight, backend=backend
         )[0]
@@ -104,9 +104,10 @@ class Structure:
         pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
         resolve_backend(backend, first.device, has_numba=self.has_numba_oracle)
-        lw = None
-        if target is not None:
-            lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
+        # checked without a target too (where it weighs nothing), so that a bad value is not silently taken
+        lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
+        if target is None:
+            lw = None
         with no_autocast():
             return self._max_oracle(pot, lengths, target, lw, backend)
 
@@ -172,8 +173,9 @@ class Structure:
         for name, t in tensors.items():
             if t is None:
                 continue
+            check_tensor(name, t, floating=True, device=ref.device)
             mixed_ok = t.dtype in _AUTOCAST_FAMILY and ref.dtype in _AUTOCAST_FAMILY
-            check_tensor(name, t, floating=True, device=ref.device, dtype=None if mixed_ok else ref.dtype)
+            check_tensor(name, t, dtype=None if mixed_ok else ref.dtype)
 
     def _class_weight(self, y: torch.Tensor, dtype) -> torch.Tensor:
         """Weight of each true label (1 without class weights); padding (-1) gets weight 0 later."""

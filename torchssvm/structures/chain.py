@@ -7,7 +7,9 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from .._validation import (
+    check_bool,
     check_finite,
+    check_float_dtype,
     check_labels,
     check_lengths,
     check_shape,
@@ -51,7 +53,7 @@ class Chain(Structure):
 
     def __init__(self, num_labels: int, *, normalize: bool = True, class_weights=None):
         super().__init__(num_labels, class_weights)
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
@@ -105,7 +107,9 @@ class Chain(Structure):
         unary = pot.unary.detach().to(dt)
         if target is not None:
             # Hamming is decomposable: add its per-position weight to every wrong label.
-            pos_w = self._position_loss_weights(target, lengths).to(dt) * loss_weight.to(dt).unsqueeze(1)
+            # the product in float64: a weight past dt's range times a zero class weight is 0, not inf * 0 = NaN
+            pos_w = (self._position_loss_weights(target, lengths).to(torch.float64)
+                     * loss_weight.to(torch.float64).unsqueeze(1)).to(dt)
             wrong = torch.ones_like(unary, dtype=torch.bool).scatter_(2, target.clamp_min(0).unsqueeze(2), False)
             # where, not a product: a weight past the dtype's range gives +inf on the wrong labels, not inf * 0 = NaN
             unary = unary + torch.where(wrong, pos_w.unsqueeze(2), 0.0)
@@ -156,6 +160,7 @@ class Chain(Structure):
         """One-hot marginals of labellings ``y (B, T)``: a `ChainPotentials` of unary ``(B, T, K)``,
         transition counts ``(B, K, K)`` (or one-hot ``(B, T-1, K, K)`` with ``per_position``), start and
         end ``(B, K)``. ``score(pot, y) == <pot, marginals(y)>`` summed over each example's factors."""
+        check_float_dtype(dtype)
         check_tensor("y", y, ndim=2)
         B, T = y.shape
         lengths = check_lengths(lengths, B, T, y.device)

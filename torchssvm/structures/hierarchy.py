@@ -19,7 +19,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_int_sequence, check_labels, check_shape, check_tensor
+from .._validation import (
+    check_bool,
+    check_finite,
+    check_float_dtype,
+    check_int_sequence,
+    check_labels,
+    check_shape,
+    check_tensor,
+)
 from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 MAX_ENUMERATION_LEAVES = 16
@@ -61,7 +69,7 @@ class Hierarchy(Structure):
         self.roots = [n for n in range(N) if parents[n] == -1]
         self.leaves = [n for n in range(N) if not children[n]]
         self.post_order = sorted(range(N), key=lambda n: -depth[n])  # children before parents
-        self.normalize, self.allow_empty = bool(normalize), bool(allow_empty)
+        self.normalize, self.allow_empty = check_bool("normalize", normalize), check_bool("allow_empty", allow_empty)
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
@@ -203,6 +211,7 @@ class Hierarchy(Structure):
 
     def marginals(self, y, lengths=None, *, dtype=torch.float32) -> torch.Tensor:
         """The node indicators ``(B, N)``: the gradient of `score` in the node potentials."""
+        check_float_dtype(dtype)
         if lengths is not None:
             raise ValueError("lengths must be None for Hierarchy")
         check_tensor("y", y, ndim=2)

@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_positive_int, check_shape, check_tensor
+from .._validation import check_finite, check_float_dtype, check_labels, check_positive_int, check_shape, check_tensor
 from ..kernels import check_quadratic_weights, mixture_tree_max_sum
 from .base import compute_dtype
 from .tree import SpatialTree
@@ -132,6 +132,7 @@ class MixtureSpatialTree(SpatialTree):
         return torch.cat([pos, types], 1)
 
     def _check_y(self, y, y_hat):
+        check_tensor("y", y)
         y = self._check_labels("y", y, None, y.device)
         y_hat = self._check_labels("y_hat", y_hat, y.shape[0], y.device) if y_hat is not None else None
         return y, y_hat
@@ -192,10 +193,29 @@ class MixtureSpatialTree(SpatialTree):
         return torch.cat([pos, types], 1), value
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
+        dt = compute_dtype(pot)  # a half unary with float32 weights (a network under autocast): float32, as the oracles
         pos, types = self._split(y)
-        s = pot.unary.gather(2, pos.unsqueeze(2)).squeeze(2).sum(1)
+        s = pot.unary.to(dt).gather(2, pos.unsqueeze(2)).squeeze(2).sum(1)
         if not self.num_edges:
             return s
+        delta = self._typed_deltas(y, self._rest(pot, dt, y.device), dt)
+        B, E = types.shape
+        weights = pot.weights.to(dt)
+        if weights.dim() == 3:
+            w = weights[torch.arange(E, device=y.device), types]  # (B, E, 4)
+        else:
+            w = weights.gather(2, types.view(B, E, 1, 1).expand(B, E, 1, 4)).squeeze(2)
+        s = s - (w * delta).sum((1, 2))
+        par, ch = self._edges(y.device)
+        for scores, at in ((pot.child_scores, pos[:, ch]), (pot.parent_scores, pos[:, par])):
+            if scores is not None:
+                idx = self._typed_positions(types, at, scores.shape[3])
+                flat = scores.reshape(B, E, -1).gather(2, idx.unsqueeze(2))
+                s = s + flat.squeeze(2).sum(1).to(dt)
+        if pot.cooccurrence is not None:
+            c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
+            s = s + c.gather(2, self._type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(dt)
+        return s
         delta = self._typed_deltas(y, self._rest(pot, pot.weights.dtype, y.device), pot.weights.dtype)
         B, E = types.shape
         if pot.weights.dim() == 3:
@@ -221,6 +241,7 @@ class MixtureSpatialTree(SpatialTree):
     def marginals(self, y, lengths=None, *, dtype=torch.float32, rest=None) -> MixtureTreePotentials:
         """Marginals of labels ``y (B, V + E)`` (`MixtureTreePotentials`), with ``rest (E, T, 2)`` (default
         zero), so that ``score == <pot, marginals>`` per example (shared weights broadcast)."""
+        check_float_dtype(dtype)
         y, _ = self._check_y(y, None)
         if rest is not None:
             check_shape("rest", rest, (self.num_edges, self.num_types, 2))

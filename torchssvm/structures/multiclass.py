@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_tensor
+from .._validation import check_finite, check_float_dtype, check_labels, check_tensor
 from .base import Structure, compute_dtype, truth_unless_violated
 
 
@@ -79,6 +79,7 @@ class Multiclass(Structure):
 
     def marginals(self, y, lengths=None, *, dtype=torch.float32) -> torch.Tensor:
         """One-hot ``(B, K)``."""
+        check_float_dtype(dtype)
         _no_lengths(lengths)
         check_tensor("y", y, ndim=1)
         y = check_labels("y", y, tuple(y.shape), self.num_labels, y.device)

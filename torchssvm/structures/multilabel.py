@@ -16,7 +16,15 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_int_sequence, check_labels, check_shape, check_tensor
+from .._validation import (
+    check_bool,
+    check_finite,
+    check_float_dtype,
+    check_int_sequence,
+    check_labels,
+    check_shape,
+    check_tensor,
+)
 from .base import Structure, binary_hamming_table, compute_dtype, no_autocast, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
@@ -67,7 +75,7 @@ class MultiLabel(Structure):
             if len(set(pairs)) != len(pairs):
                 raise ValueError("edges holds a pair twice")
         self.edges = torch.tensor(pairs, dtype=torch.long).view(-1, 2)
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
         self._configs = None
 
     @property
@@ -214,6 +222,7 @@ class MultiLabel(Structure):
 
     def marginals(self, y, lengths=None, *, dtype=torch.float32) -> MultiLabelPotentials:
         """``y (B, K)`` and the edge indicators ``y_k y_l (B, E)`` (None without edges)."""
+        check_float_dtype(dtype)
         if lengths is not None:
             raise ValueError("lengths must be None for MultiLabel (every example has K labels)")
         check_tensor("y", y, ndim=2)

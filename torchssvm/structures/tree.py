@@ -16,7 +16,15 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_labels, check_positive_int, check_shape, check_tensor
+from .._validation import (
+    check_bool,
+    check_finite,
+    check_float_dtype,
+    check_labels,
+    check_positive_int,
+    check_shape,
+    check_tensor,
+)
 from ..kernels import check_quadratic_weights, spatial_tree_max_sum, tree_max_sum, tree_schedule
 from .base import Structure, compute_dtype
 
@@ -80,7 +88,7 @@ class Tree(Structure):
         self.parents = self.schedule.parents
         self.num_nodes = len(self.parents)
         self.num_edges = self.num_nodes - 1
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
         self._edge_child = torch.tensor(self.schedule.edge_child, dtype=torch.long)
         self._edge_parent = torch.tensor(self.schedule.edge_parent, dtype=torch.long)
 
@@ -187,6 +195,7 @@ class Tree(Structure):
     def marginals(self, y, lengths=None, *, dtype=torch.float32) -> TreePotentials:
         """One-hot marginals of ``y (B, V)``: unary ``(B, V, K)`` and pairwise ``(B, E, K, K)``, so that
         ``score(pot, y) == <pot, marginals(y)>`` per example (shared tables broadcast)."""
+        check_float_dtype(dtype)
         if lengths is not None:
             raise ValueError("lengths must be None for Tree")
         y, _ = self._check_y(y, None)
@@ -356,10 +365,11 @@ class SpatialTree(Tree):
         return d2.view(*target.shape, self.num_labels).div_(s2).clamp_max_(1.0).div_(self.num_nodes)
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
-        s = pot.unary.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)
+        dt = compute_dtype(pot)  # a half unary with float32 weights (a network under autocast): float32, as the oracles
+        s = pot.unary.to(dt).gather(2, y.unsqueeze(2)).squeeze(2).sum(1)
         if self.num_edges:
-            delta = self._deltas(y, self._rest(pot, pot.weights.dtype, y.device), pot.weights.dtype)
-            s = s - (pot.weights * delta).sum((1, 2)).to(s.dtype)
+            delta = self._deltas(y, self._rest(pot, dt, y.device), dt)
+            s = s - (pot.weights.to(dt) * delta).sum((1, 2))
         return s
 
     def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
@@ -376,6 +386,7 @@ class SpatialTree(Tree):
     def marginals(self, y, lengths=None, *, dtype=torch.float32, rest=None) -> SpatialTreePotentials:
         """Marginals of positions ``y (B, V)``: unary one-hot ``(B, V, H*W)`` and weights ``(B, E, 4)`` =
         ``-Delta(l_c - l_p - r)`` (``rest (E, 2)``, default zero), so that ``score == <pot, marginals>``."""
+        check_float_dtype(dtype)
         y, _ = self._check_y(y, None)
         B = y.shape[0]
         unary = torch.zeros(B, self.num_nodes, self.num_labels, dtype=dtype, device=y.device)

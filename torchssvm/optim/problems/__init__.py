@@ -24,8 +24,16 @@ def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
     if rescaling not in RESCALINGS:
         raise ValueError(f"rescaling must be one of {RESCALINGS}, got {rescaling!r}")
     if isinstance(model, DualProblem):
+        # the problem holds its own structure and kernels' backend: others given here would be ignored
         if dataset is not None:
             raise ValueError("dataset must be None when model is already a DualProblem")
+        if structure is not None:
+            raise ValueError(f"structure must be None when model is already a DualProblem (which holds its own "
+                             f"task loss), got {structure!r}")
+        own = getattr(model, "backend", None)
+        if backend != "auto" and own is not None and backend != own:
+            raise ValueError(f"backend={backend!r} differs from the problem's own backend={own!r}: build the problem "
+                             "with it")
         problem = model
     else:
         from ...models import LinearChainModel
@@ -37,9 +45,6 @@ def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
             raise ValueError("dataset is required with a LinearChainModel")
         problem = ChainProblem(model, dataset, structure, backend=backend)
     if rescaling == "slack" and not isinstance(problem, SlackRescaledProblem):
-        if isinstance(problem, ChainProblem) and problem.structure.class_weights is not None:
-            raise ValueError("rescaling='slack' with a chain needs the same cost for every wrong position: "
-                             "the structure's class_weights must be None")
         problem = SlackRescaledProblem(problem)
     return problem
 

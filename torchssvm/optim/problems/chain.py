@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ..._validation import check_finite, check_labels, check_tensor
 from ...data.sequence_dataset import SequenceDataset
 from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve_backend, viterbi
 from ...models import LinearChainModel, TokenFeatures
@@ -23,6 +24,45 @@ from .sparse_gram import add_attribute_rows, attribute_rows, sparse_emission_gra
 from .sparse_gram_numba import add_attribute_rows_numba, attribute_rows_numba, sparse_emission_gram_numba
 from .sparse_unary import sparse_unary
 from .sparse_unary_numba import sparse_unary_numba
+
+
+def _check_sequences(dataset: SequenceDataset) -> None:
+    """The training sequences, checked as the model and `Chain` check a batch (a ValueError / TypeError naming the
+    field): the problem reads them directly, and a label out of range inside a length (clamped to 0 in the loss) or a
+    NaN feature gave a certificate of another problem or of inf."""
+    x, D = dataset.x, dataset.num_features
+    if isinstance(x, TokenFeatures):
+        ids = check_tensor("dataset.x.ids", x.ids, ndim=3, integer=True)
+        width = ids.shape[1]
+        if ids.numel():
+            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+            if hi >= D or lo < -1:
+                raise ValueError(f"dataset.x.ids holds attribute {hi if hi >= D else lo}, outside [0, {D}) "
+                                 "(-1 marks no attribute)")
+        if x.values is not None:
+            check_tensor("dataset.x.values", x.values, ndim=3, floating=True, device=ids.device)
+            if x.values.shape != ids.shape:
+                raise ValueError(f"dataset.x.values must have the shape of dataset.x.ids {tuple(ids.shape)}, got "
+                                 f"{tuple(x.values.shape)}")
+            check_finite({"dataset.x.values": x.values})
+    else:
+        check_tensor("dataset.x", x, ndim=3)
+        if not x.is_floating_point():
+            raise TypeError("dataset holds token ids; the linear chain SSVM needs float features or TokenFeatures")
+        if x.shape[2] != D:
+            raise ValueError(f"dataset.x must have num_features = {D} features in its last dimension, got shape "
+                             f"{tuple(x.shape)}")
+        width = x.shape[1]
+        check_finite({"dataset.x": x})
+    y = check_tensor("dataset.y", dataset.y, ndim=2, integer=True)
+    lengths = check_tensor("dataset.lengths", dataset.lengths, ndim=1, integer=True, device=y.device)
+    width = min(width, y.shape[1])
+    lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()
+    if lo < 1 or hi > width:
+        raise ValueError(f"dataset.lengths must be in [1, {width}] (the padded length), got a length of "
+                         f"{lo if lo < 1 else hi}")
+    valid = torch.arange(y.shape[1], device=y.device).unsqueeze(0) < lengths.unsqueeze(1)
+    check_labels("dataset.y", y, tuple(y.shape), dataset.num_labels, y.device, valid=valid)
 
 
 class ChainProblem(DualProblem):
@@ -50,6 +90,7 @@ class ChainProblem(DualProblem):
                              f"{'sparse' if dataset.sparse else 'dense'}")
         if len(dataset) == 0:
             raise ValueError("dataset is empty")
+        _check_sequences(dataset)
         self.structure = structure if structure is not None else Chain(dataset.num_labels)
         if not isinstance(self.structure, Chain) or self.structure.num_labels != dataset.num_labels:
             raise ValueError(f"structure must be a Chain with {dataset.num_labels} labels, got {self.structure!r}")
@@ -80,9 +121,6 @@ class ChainProblem(DualProblem):
             self.x = TokenFeatures(dataset.x.ids[:, : self.T].to(self.device),
                                    None if vals is None else vals[:, : self.T].to(self.device, self.dtype))
         else:
-            if not dataset.x.is_floating_point():
-                raise TypeError("dataset holds token ids; the linear chain SSVM needs float features or "
-                                "TokenFeatures")
             self.x = dataset.x[:, : self.T].to(self.device, self.dtype)
         K, T = self.K, self.T
         # Loss augmentation of the unary potentials (Hamming is decomposable): the cost of label k at

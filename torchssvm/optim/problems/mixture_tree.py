@@ -84,7 +84,8 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
                              f"(torchssvm.data.edge_types)")
         if not torch.isfinite(types.rest).all():
             raise ValueError("types.rest holds NaN or Inf")
-        if types.types.is_floating_point() or int(types.types.min()) < 0 or int(types.types.max()) >= T:
+        if types.types.is_floating_point() or (types.types.numel() and (int(types.types.min()) < 0
+                                                                         or int(types.types.max()) >= T)):
             raise ValueError(f"types.types must be integers in [0, {T})")
         self.structure = MixtureSpatialTree(dataset.parents, dataset.height, dataset.width, T, loss=loss)
         self.T = T

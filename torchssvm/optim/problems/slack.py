@@ -17,6 +17,7 @@ SSG) then trains the slack-rescaled SSVM with a certified gap.
 from __future__ import annotations
 
 from .base import DualProblem
+from .chain import ChainProblem
 
 
 class SlackRescaledProblem(DualProblem):
@@ -34,6 +35,9 @@ class SlackRescaledProblem(DualProblem):
             raise ValueError("base is already slack-rescaled")
         if type(base).slack_oracle is DualProblem.slack_oracle:
             raise ValueError(f"{type(base).__name__} has no exact slack oracle: slack rescaling is not available")
+        if isinstance(base, ChainProblem) and base.structure.class_weights is not None:
+            raise ValueError("slack rescaling of a chain needs the same cost for every wrong position: the "
+                             "structure's class_weights must be None")
         self.base = base
         self.n, self.d, self.m = base.n, base.d, base.m
         self.label_width, self.truth = base.label_width, base.truth

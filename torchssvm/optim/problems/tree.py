@@ -95,7 +95,9 @@ class SpatialTreeProblem(DualProblem):
 
     def __init__(self, dataset, *, rest: Optional[torch.Tensor] = None, loss: str = "truncated",
                  unit: Optional[float] = None, backend: str = "auto"):
-        for attr in ("parents", "features", "positions", "rest", "scale", "height", "width"):
+        needs = ("parents", "features", "positions", "rest", "height", "width") + (("scale",) if loss == "truncated"
+                                                                                  else ())
+        for attr in needs:
             if not hasattr(dataset, attr):
                 raise TypeError(f"dataset must be a PoseDataset (it has no {attr!r}), got {type(dataset).__name__}")
         self.structure = SpatialTree(dataset.parents, dataset.height, dataset.width, loss=loss)
