@@ -106,9 +106,9 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
     """The chain kernels' arguments (a ValueError / TypeError naming one), before any backend runs: the Triton
     kernels read what the shapes say (a ``z`` without its unary block, labels narrower than ``T`` or a length past
     ``T`` read out of bounds). Shapes always; the values of ``lengths`` (in ``[1, T]``) and ``labels`` (in
-    ``[0, K)`` within each length, and -1 past it with ``padded``) on CPU tensors only, and not twice (``values=False``: the numba twins check them
-    in their loop): on a device that check would make the host wait in every BCFW step, and the callers (`Chain`,
-    `ChainProblem`) check them at the boundary."""
+    ``[0, K)`` within each length, and -1 past it with ``padded``) on CPU tensors only, and not twice
+    (``values=False``: the numba twins check them in their loop): on a device that check would make the host wait
+    in every BCFW step, and the callers (`Chain`, `ChainProblem`) check them at the boundary."""
     if unary is not None:
         if not isinstance(unary, torch.Tensor) or unary.dim() != 3:
             raise ValueError(f"unary must be a (B, T, K) tensor, got "
