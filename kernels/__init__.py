@@ -102,11 +102,12 @@ def _backend_with_numba(backend: str, device: torch.device, *tensors) -> str:
 
 
 def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None, minus=None, *,
-                      values: bool = True, padded: bool = False) -> None:
+                      values: bool = True, everywhere: bool = False) -> None:
     """The chain kernels' arguments (a ValueError / TypeError naming one), before any backend runs: the Triton
     kernels read what the shapes say (a ``z`` without its unary block, labels narrower than ``T`` or a length past
     ``T`` read out of bounds). Shapes always; the values of ``lengths`` (in ``[1, T]``) and ``labels`` (in
-    ``[0, K)`` within each length, and -1 past it with ``padded``) on CPU tensors only, and not twice
+    ``< K``, in every entry with ``everywhere``, else within each length; a negative label is a placeholder the twins agree
+    on: no count in the marginals, 0 in the scores) on CPU tensors only, and not twice
     (``values=False``: the numba twins check them in their loop): on a device that check would make the host wait
     in every BCFW step, and the callers (`Chain`, `ChainProblem`) check them at the boundary."""
     if unary is not None:
@@ -141,13 +142,10 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
             if labels is not None and labels.device.type == "cpu" and labels.numel():
                 width = labels.shape[-1]
                 inside = torch.arange(width).unsqueeze(0) < lengths.view(B, *([1] * (labels.dim() - 1)))
-                used = labels[inside.expand_as(labels)]
                 for name, t in (("labels", labels),) + (() if minus is None else (("minus", minus),)):
-                    used = t[inside.expand_as(t)]
-                    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= K):
-                        raise ValueError(f"{name} must be in [0, {K}) within each length")
-                    if padded and bool((t[~inside.expand_as(t)] != -1).any()):
-                        raise ValueError(f"{name} must be -1 past each length (the padding)")
+                    used = t if everywhere else t[inside.expand_as(t)]
+                    if used.numel() and int(used.max()) >= K:
+                        raise ValueError(f"{name} must be < {K}" + ("" if everywhere else " within each length"))
 
 
 @torch.no_grad()
@@ -269,7 +267,7 @@ def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.fl
     if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES:
         be = "torch"
     _check_chain_args(None, lengths=lengths, labels=labels, num_labels=num_labels, minus=minus, values=be != "numba",
-                      padded=True)
+                      everywhere=True)
     if be == "numba":
         from .chain_marginals_numba import chain_marginals_numba
 

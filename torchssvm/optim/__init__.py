@@ -2,8 +2,8 @@
 
 - `BCFW`: block-coordinate Frank-Wolfe with gap sampling, pairwise / away steps, caching, box
   constraints and exact mini-batches (``bcfw.py``).
-- `NSlackCuttingPlane`: SVM-struct's n-slack cutting plane, the working-set QP by accelerated projected
-  gradient on the block-simplex projection kernel (``cutting_plane.py``).
+- `NSlackCuttingPlane`: SVM-struct's n-slack cutting plane, the working-set QP by pairwise block moves (default)
+  or per-block FISTA on the block-simplex projection kernel (``qp_step="projected"``; ``cutting_plane.py``).
 - `OneSlackCuttingPlane` (SVM-struct's 1-slack, ``one_slack.py``) and `BMRM` (qp-bmrm / ls-bmrm, ``bmrm.py``):
   cutting-plane models of a risk oracle (``risks.py``: any SSVM, the binary hinge), the model QP by
   ``simplex_qp.py``.

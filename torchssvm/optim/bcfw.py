@@ -48,8 +48,9 @@ class BCFW(DualSolver):
             passes; it refreshes the gap estimates and certifies the gap. 0 disables it (the paper's
             "Gap Inf", which does not converge with gap sampling).
         batch_size: blocks per update (one batched oracle call, coordinated step).
-        qp_method: solver of the mini-batch box QP (`box_qp`): ``"newton"`` (projected Newton on the
-            device, the QP's optimum) or ``"sweeps"`` (coordinate sweeps on the host).
+        qp_method: solver of the mini-batch box QP (`box_qp`): ``"newton"`` (projected Newton to the QP's optimum:
+            on the host with numba, for a device's tensors up to B = 256; without numba in numpy up to B = 64;
+            else on the tensors' device) or ``"sweeps"`` (coordinate sweeps on the host).
         qp_max_iter: Newton iterations or coordinate sweeps of the mini-batch QP.
         seed: seed of the solver's own random generator (sampling).
 
