@@ -105,9 +105,9 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
                       values: bool = True, everywhere: bool = False) -> None:
     """The chain kernels' arguments (a ValueError / TypeError naming one), before any backend runs: the Triton
     kernels read what the shapes say (a ``z`` without its unary block, labels narrower than ``T`` or a length past
-    ``T`` read out of bounds). Shapes always; the values of ``lengths`` (in ``[1, T]``) and ``labels`` (in
-    ``< K``, in every entry with ``everywhere``, else within each length; a negative label is a placeholder the twins agree
-    on: no count in the marginals, 0 in the scores) on CPU tensors only, and not twice
+    ``T`` read out of bounds). Shapes always; the values of ``lengths`` (in ``[1, T]``) and ``labels`` (``< K``,
+    in every entry with ``everywhere``, else within each length; a negative label is a placeholder the twins
+    agree on: no count in the marginals, 0 in the scores) on CPU tensors only, and not twice
     (``values=False``: the numba twins check them in their loop): on a device that check would make the host wait
     in every BCFW step, and the callers (`Chain`, `ChainProblem`) check them at the boundary."""
     if unary is not None:
