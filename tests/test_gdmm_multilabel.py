@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import torchssvm as ts
 from torchssvm.optim import BCFW, GDMM, MultiLabelProblem
 from torchssvm.optim.gdmm_multilabel import MultiLabelGDMM
 from torchssvm.structures import MultiLabel
@@ -189,3 +190,19 @@ def test_errors_dataset_and_large_k():
     weights = torch.ones(K, dtype=torch.float64)
     with pytest.raises(ValueError, match="class weights"):
         GDMM(MultiLabelProblem(*_data(), MultiLabel(K, class_weights=weights)))
+
+
+def test_multilabel_gdmm_checks_nu_and_seed():
+    """nu > K left empty label blocks that a sampled pass visited for nothing (the chain solver refused it)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(8, 3, generator=g) > 0.5).long()
+    problem = ts.optim.MultiLabelProblem(x, y, ts.MultiLabel(3))
+    with pytest.raises(ValueError, match="nu must be <= K = 3"):
+        ts.optim.GDMM(problem, C=1.0, fmo="sampled", nu=5)
+    with pytest.raises(TypeError, match="seed"):
+        ts.optim.GDMM(problem, C=1.0, seed="a")
+    with pytest.raises(TypeError, match="drop_tol"):
+        ts.optim.GDMM(problem, C=1.0, drop_tol="a")
+    gd = ts.optim.GDMM(problem, C=1.0)
+    assert gd.fit(max_iter=0) == [] and gd.iterations == 0

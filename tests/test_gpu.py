@@ -156,6 +156,22 @@ def test_bcfw_pairwise_cache_on_cuda_certifies_the_cpu_optimum():
     assert abs(res[0]["primal"] - res[1]["primal"]) <= max(res[0]["gap"], res[1]["gap"]) + 1e-12
 
 
+def test_frank_wolfe_and_the_path_on_cuda_match_cpu():
+    """Batch Frank-Wolfe and the regularization path built their step weights on the CPU: a CUDA model raised
+    'Expected all tensors to be on the same device'."""
+    ds = ts.data.synthetic_chain("train", 10, num_labels=3, num_features=4, max_length=5, dtype=torch.float64)
+    reports, ends = [], []
+    for device in ("cpu", DEVICE.type):
+        model = ts.LinearChainModel(4, 3, dtype=torch.float64, device=device)
+        fw = ts.optim.FrankWolfe(model, ds.to(device), lam=0.1, backend="torch")
+        reports.append([fw.step() for _ in range(3)][-1])
+        model = ts.LinearChainModel(4, 3, dtype=torch.float64, device=device)
+        path = ts.optim.regularization_path(model, ds.to(device), epsilon=0.1, lam_min=1.0, backend="torch")
+        ends.append(path.lams)
+    assert abs(reports[0]["gap"] - reports[1]["gap"]) <= 1e-9 * (1 + reports[0]["gap"])
+    assert len(ends[0]) == len(ends[1]) and all(abs(a - b) <= 1e-9 * a for a, b in zip(*ends))
+
+
 def test_box_qp_newton_on_cuda_equals_cpu():
     from torchssvm.optim.box_qp import box_qp, qp_objective
 

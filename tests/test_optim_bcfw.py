@@ -767,3 +767,65 @@ def test_frank_wolfe_fit_leaves_the_certified_iterate():
         assert history[-1]["step_size"] == 0.0
         assert s.duality_gap()["gap"] == pytest.approx(history[-1]["gap"], rel=1e-9, abs=1e-12)
     assert certified >= 15
+
+
+def _ml_problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(8, 3, generator=g) > 0.5).long()
+    return ts.optim.MultiLabelProblem(x, y, ts.MultiLabel(3))
+
+
+def test_box_refuses_infinite_bounds_on_the_wrong_side():
+    """w >= +inf was taken as no box at all; mixed with a finite bound it gave NaN steps."""
+    with pytest.raises(ValueError, match=r"box lower bound holds \+inf"):
+        ts.optim.FrankWolfe(_ml_problem(), lam=0.1, box=(float("inf"), None))
+    with pytest.raises(ValueError, match=r"box\['bias'\] upper bound holds -inf"):
+        ts.optim.BCFW(_ml_problem(), lam=0.1, box={"bias": (None, float("-inf")), "weight": (0.0, None)})
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: ts.optim.FrankWolfe(p, lam=0.1),
+    lambda p: ts.optim.BCFW(p, lam=0.1),
+    lambda p: ts.optim.NSlackCuttingPlane(p, lam=0.1),
+    lambda p: ts.optim.BMRM(ts.optim.StructuredRisk(p), lam=0.1),
+], ids=["fw", "bcfw", "nslack", "bmrm"])
+def test_fit_limits_already_met_take_no_step(make):
+    """fit(max_passes=0) ran a pass, and a second fit(max_passes=3) after one to 3 passes ran a fourth."""
+    s = make(_ml_problem())
+    assert s.fit(max_passes=0) == [] and s.oracle_calls == 0
+    s.fit(max_passes=3)
+    calls = s.oracle_calls
+    assert s.fit(max_passes=3) == [] and s.oracle_calls == calls
+
+
+def test_the_certifying_pass_of_fit_is_logged():
+    """fit confirms a low gap estimate with an exact pass; that certificate (and its oracle calls) never reached
+    the writer."""
+    rec = ScalarRecorder()
+    s = ts.optim.BCFW(_ml_problem(), lam=1.0, gap_check_every=0, writer=rec)
+    history = s.fit(max_passes=200, gap_tol=1e-3)
+    last = history[-1]
+    assert last["gap_exact"] and last["gap"] <= 1e-3
+    assert rec.scalars["bcfw/exact_gap"][-1] == (s.steps_done, last["gap"])
+    assert rec.scalars["bcfw/oracle_calls"][-1] == (s.steps_done, last["oracle_calls"])
+
+
+def test_nslack_seed_is_checked():
+    """seed=1.5 was truncated to 1, seed='a' raised int()'s error."""
+    for seed in (1.5, "a"):
+        with pytest.raises(TypeError, match="seed"):
+            ts.optim.NSlackCuttingPlane(_ml_problem(), lam=0.1, seed=seed)
+
+
+def test_a_state_with_a_fractional_count_is_refused():
+    s = ts.optim.FrankWolfe(_ml_problem(), lam=0.1)
+    s.fit(max_passes=2)
+    state = s.state_dict()
+    state["oracle_calls"] = 2.7  # int() loaded it as 2
+    fresh = ts.optim.FrankWolfe(_ml_problem(), lam=0.1)
+    with pytest.raises(ValueError, match="oracle_calls"):
+        fresh.load_state_dict(state)
+    state["oracle_calls"] = 16.0  # an integral float is the count
+    fresh.load_state_dict(state)
+    assert fresh.oracle_calls == 16

@@ -136,3 +136,33 @@ def test_solvers_write_the_chain_model():
         w = torch.nn.utils.parameters_to_vector(model.parameters())
         torch.testing.assert_close(w, s.output if cls is SSG else s.w)
         assert w.abs().sum() > 0
+
+
+def _multilabel_problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(8, 3, generator=g) > 0.5).long()
+    return ts.optim.MultiLabelProblem(x, y, ts.MultiLabel(3))
+
+
+@pytest.mark.parametrize("max_passes", [1, 2, 3])
+def test_a_path_that_runs_out_of_passes_covers_only_what_it_certifies(max_passes):
+    """An inner solve that stops above epsilon was kept as the last breakpoint and covers_to its lambda: there the
+    path's weights had gaps of 0.080, 0.054, 0.093 at epsilon 0.05."""
+    eps = 0.05
+    path = regularization_path(_multilabel_problem(), epsilon=eps, lam_min=1e-2, max_passes=max_passes)
+    assert path.unfinished is not None and path.unfinished["gap"] > eps
+    assert path.covers_to == path.unfinished["lam"] < path.lams[-1]
+    assert all(b["gap"] <= eps for b in path.breakpoints)
+    assert path.certify(path.covers_to) <= eps * (1 + 1e-9)
+
+
+def test_path_arguments_are_checked():
+    p = _multilabel_problem()
+    for kwargs, err in (({"epsilon": "a"}, TypeError), ({"epsilon": -1.0}, ValueError), ({"kappa": "a"}, TypeError),
+                        ({"time_budget": -1.0}, ValueError), ({"time_budget": "a"}, TypeError)):
+        with pytest.raises(err, match=next(iter(kwargs))):
+            regularization_path(p, **kwargs)
+    path = regularization_path(p, epsilon=0.1, lam_min=0.5)
+    with pytest.raises(TypeError, match="lam"):
+        path.weights_at("a")

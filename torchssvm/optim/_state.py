@@ -84,4 +84,6 @@ def checked_scalars(state: dict, types: dict, name: str = "state_dict") -> dict:
             out[key] = kind(state[key])
         except (TypeError, ValueError):
             raise ValueError(f"{name}[{key!r}] must be a {kind.__name__}, got {state[key]!r}") from None
+        if kind is int and out[key] != state[key]:  # int(2.7) would load a count of 2
+            raise ValueError(f"{name}[{key!r}] must be an int, got {state[key]!r}")
     return out

@@ -38,6 +38,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .._validation import check_seed
 from ..kernels import project_simplex
 from ._state import checked_generator_state, checked_tensor, require_keys
 from .box_qp import box_qp
@@ -94,7 +95,7 @@ class NSlackCuttingPlane(DualSolver):
         self.backend = backend if backend in ("torch", "triton") else "auto"  # the projection: no numba twin
         self.inactive_after, self.qp_max_iter, self.qp_tol = inactive_after, qp_max_iter, qp_tol
         self.qp_step, self.qp_batch, self.qp_inner, self.chunk = qp_step, qp_batch, qp_inner, chunk
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch.Generator().manual_seed(check_seed(seed))
         p = self.problem
         kw = {"device": p.device}
         # working sets, padded: slot 0 is the truth

@@ -56,6 +56,8 @@ def parse_box(box, problem: DualProblem):
                     raise ValueError(f"box{name} {what} bound has {t.numel()} entries, expected {b - a}")
             if torch.isnan(t).any():
                 raise ValueError(f"box{name} {what} bound holds NaN")
+            if bool((torch.isposinf(t) if what == "lower" else torch.isneginf(t)).any()):  # an empty box
+                raise ValueError(f"box{name} {what} bound holds {'+inf' if what == 'lower' else '-inf'}")
             target[a:b] = t
 
     if isinstance(box, dict):
@@ -188,10 +190,14 @@ class DualSolver:
 
     def _fit(self, max_passes, gap_tol, time_budget, exact, callback) -> list:
         history = []
+        if (max_passes is not None and self.oracle_calls / self.n >= max_passes) or \
+                (time_budget is not None and self.seconds >= time_budget):
+            return history  # the limits count from the start of training: already met, no step
         while True:
             r = self.step()
             if gap_tol is not None and exact and not r["gap_exact"] and r["gap"] <= 0.8 * gap_tol:
                 r = {**r, **self._certify()}  # a cheap estimate says done: confirm with an exact pass
+                self._log(r)  # the certificate (and its oracle calls) at the step the estimate was logged
             history.append(r)
             if callback is not None:
                 callback(r)

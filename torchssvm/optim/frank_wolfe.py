@@ -48,7 +48,8 @@ class FrankWolfe(DualSolver):
             s_ell[idx] = loss / n
             hinge[idx] = H
             gaps[idx] = (p.inner(theta, self.z[idx]) + H) / n - self.ell[idx]
-            p.accumulate(v_s, idx, corners[idx], torch.full((idx.shape[0],), 1.0 / (lam * n), dtype=torch.float64))
+            p.accumulate(v_s, idx, corners[idx], torch.full((idx.shape[0],), 1.0 / (lam * n), dtype=torch.float64,
+                                                              device=p.device))
         self.oracle_calls += n
         self.block_gaps = gaps
         gap = float(gaps.sum())

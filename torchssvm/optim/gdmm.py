@@ -51,7 +51,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .._validation import check_positive_float
+from .._validation import check_positive_float, check_real, check_seed
 from ..kernels import project_shifted_simplex
 from ._state import checked_generator_state, checked_scalars
 from .box_qp import box_qp
@@ -142,6 +142,7 @@ class GDMM:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if fmo == "exact" and nu != 1:
             raise ValueError(f"nu={nu} needs fmo='sampled' (the exact oracle searches every label)")
+        drop_tol = check_real("drop_tol", drop_tol)
         if not (0 <= drop_tol <= _MAX_DROP_TOL):
             # a dropped entry's value leaves alpha but not the primal tables (W, v): beyond rounding they disagree
             raise ValueError(f"drop_tol must be in [0, {_MAX_DROP_TOL}] (a rounding threshold), got {drop_tol}")
@@ -201,7 +202,7 @@ class GDMM:
         self.v = torch.zeros(K, K, dtype=f64, device=dev)
         self.lam_L = torch.zeros(E, K, dtype=f64, device=dev)
         self.lam_R = torch.zeros(E, K, dtype=f64, device=dev)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(check_seed(seed))
         self.label_blocks = torch.randperm(K, generator=self.generator).to(dev).tensor_split(nu)
         self.index = BigramIndex(self.v) if self.bigram_search == "index" else None
         self.iterations, self.seconds = 0, 0.0
@@ -611,6 +612,9 @@ class GDMM:
         check_limits(max_iter=max_iter, time_budget=time_budget, infeasibility_tol=infeasibility_tol,
                      integer=("max_iter",))
         history = []
+        if (max_iter is not None and self.iterations >= max_iter) or \
+                (time_budget is not None and self.seconds >= time_budget):
+            return history  # the limits count from the start of training: already met, no step
         while True:
             r = self.step()
             history.append(r)

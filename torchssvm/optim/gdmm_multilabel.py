@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import check_seed
 from ..kernels import project_shifted_simplex
 from ..structures.multilabel import MAX_ENUMERATION_LABELS
 from .box_qp import box_qp
@@ -105,6 +106,9 @@ class MultiLabelGDMM(GDMM):
         if primal_every and p.K > MAX_ENUMERATION_LABELS:
             raise ValueError(f"primal_every must be 0 for K = {p.K} > {MAX_ENUMERATION_LABELS}: the exact primal "
                              "needs exact decoding (MultiLabel enumerates 2^K labellings)")
+        if nu > p.K or (p.E and nu > p.E):  # the blocks split the labels and the pairs: none may be empty
+            raise ValueError(f"nu must be <= K = {p.K}" + (f" and <= E = {p.E}" if p.E else "") +
+                             f" (nu blocks split the labels and the pairs), got {nu}")
         self.fmo, self.nu, self.batch_size = fmo, nu, batch_size
         self.primal_every, self.drop_tol, self.writer = primal_every, float(drop_tol), writer
         self.K, self.n, self.device, self.E = p.K, p.n, p.device, p.E
@@ -130,7 +134,7 @@ class MultiLabelGDMM(GDMM):
         self.W = torch.zeros(p.D, self.K, dtype=f64, device=dev)
         self.b = torch.zeros(self.K, dtype=f64, device=dev)
         self.v = torch.zeros(self.E, dtype=f64, device=dev)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(check_seed(seed))
         self.label_blocks = torch.randperm(self.K, generator=self.generator).to(dev).tensor_split(nu)
         self.pair_blocks = torch.randperm(self.E, generator=self.generator).to(dev).tensor_split(nu)
         self.pair_steps = pair_steps

@@ -19,9 +19,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._validation import check_positive_float
+from .._validation import check_positive_float, check_real
 from .bcfw import BCFW
 from .dual_solver import exact_block_gaps
+from .loop import check_limits
 
 
 class RegularizationPath:
@@ -30,18 +31,22 @@ class RegularizationPath:
     ``breakpoints``: list of dicts ``lam``, ``w`` (float64 ``(d,)``), ``gap`` (at ``lam``), ``gap_exact``,
     ``passes`` / ``oracle_calls`` / ``time`` (cumulative), and ``z`` / ``ell`` (the duals, when kept).
     ``covers_to``: the smallest lambda the path is valid for (0 when the induction ended with
-    ``Delta <= tau``: the last ``w`` is epsilon-approximate for every smaller lambda)."""
+    ``Delta <= tau``: the last ``w`` is epsilon-approximate for every smaller lambda). ``unfinished``: the
+    breakpoint whose solve ran out of ``max_passes`` above epsilon (None if none did); it is not in
+    ``breakpoints``, and the path covers down to its lambda with the breakpoint before it."""
 
     def __init__(self, problem, epsilon: float, kappa: float, heuristic: bool):
         self.problem, self.epsilon, self.kappa, self.heuristic = problem, epsilon, kappa, heuristic
         self.breakpoints: list = []
         self.covers_to: float = math.nan
+        self.unfinished: Optional[dict] = None
 
     @property
     def lams(self) -> list:
         return [b["lam"] for b in self.breakpoints]
 
     def _piece(self, lam: float) -> int:
+        lam = check_positive_float("lam", lam)
         if not lam > 0:
             raise ValueError(f"lam must be > 0, got {lam}")
         if lam < self.covers_to:
@@ -88,7 +93,8 @@ def _initialize(solver: BCFW, kappa: float, epsilon: float) -> None:
         labels_max[idx] = labels
         solver.z[idx] = p.corner(idx, labels)
         solver.ell[idx] = loss / n
-        p.accumulate(psi, idx, solver.z[idx], torch.full((idx.shape[0],), 1.0 / n, dtype=torch.float64))
+        p.accumulate(psi, idx, solver.z[idx], torch.full((idx.shape[0],), 1.0 / n, dtype=torch.float64,
+                                                          device=p.device))
     theta = torch.empty(n, dtype=torch.float64, device=p.device)
     inner_psi = torch.empty_like(theta)
     for idx in p.chunks():
@@ -149,10 +155,11 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Opt
     """
     if kappa is None:
         kappa = 0.7 if heuristic else 0.9
+    kappa = check_real("kappa", kappa)
     if not (0 < kappa < 1):
         raise ValueError(f"kappa must be in (0, 1), got {kappa}")
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a positive number, got {epsilon}")
+    epsilon = check_positive_float("epsilon", epsilon)
+    check_limits(time_budget=time_budget)
     lam_min = check_positive_float("lam_min", lam_min)
     if not (isinstance(max_passes, (int, float)) and not isinstance(max_passes, bool) and max_passes > 0):
         raise ValueError(f"max_passes must be a number > 0 (inf: no limit), got {max_passes!r}")
@@ -174,8 +181,11 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Opt
         if Delta <= tau:
             path.covers_to = 0.0
             break
-        if tau <= 0:  # the last solve ran out of budget above epsilon: the path stops here
-            path.covers_to = solver.lam
+        if tau <= 0:  # the last solve ran out of budget above epsilon: the path stops at its lam, covered by the
+            # breakpoint before (the step to it brought that one's gap to exactly epsilon), not by its own weights
+            failed = path.breakpoints.pop()
+            path.unfinished = failed
+            path.covers_to = failed["lam"]
             break
         lam_new = (1 - tau / Delta) * solver.lam
         if lam_new < lam_min:
