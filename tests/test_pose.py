@@ -391,3 +391,31 @@ def test_hamming_loss_variant_and_the_unit_argument(tiny):
     for bad in (0.0, -1.0, math.inf, "2"):
         with pytest.raises(ValueError, match="unit"):
             SpatialTreeProblem(train, unit=bad)
+
+
+def test_tree_problems_on_a_hamming_dataset_without_scale_and_on_a_single_node():
+    """loss='hamming' required a scale it never reads; a one-node tree (no edges) crashed the mixture problem in
+    min() of an empty tensor."""
+    from types import SimpleNamespace
+
+    from torchssvm.data.pose import EdgeTypes
+    from torchssvm.optim import MixtureSpatialTreeProblem, SpatialTreeProblem
+
+    f64 = torch.float64
+    g = torch.Generator().manual_seed(0)
+    ds = SimpleNamespace(parents=(-1, 0), height=2, width=2, features=torch.randn(2, 2, 1, 4, generator=g, dtype=f64),
+                         positions=torch.tensor([[0, 1], [2, 3]]), rest=torch.zeros(1, 2, dtype=f64))
+    p = SpatialTreeProblem(ds, loss="hamming")
+    assert p.primal(torch.zeros(p.d, dtype=f64), 0.1) > 0
+    with pytest.raises(TypeError, match="scale"):
+        SpatialTreeProblem(ds)  # the truncated LSP loss needs it
+    one = SimpleNamespace(parents=(-1,), height=2, width=2, features=torch.randn(2, 1, 1, 4, generator=g, dtype=f64),
+                          positions=torch.zeros(2, 1, dtype=torch.long), rest=torch.zeros(0, 2, dtype=f64),
+                          scale=torch.ones(2, dtype=f64))
+    mix = MixtureSpatialTreeProblem(one, 2, types=EdgeTypes(torch.zeros(0, 2, 2, dtype=f64),
+                                                            torch.zeros(2, 0, dtype=torch.long)))
+    # at w = 0 every position scores 0: the primal is the mean largest loss, the same with or without types
+    single = SpatialTreeProblem(one)
+    assert mix.primal(torch.zeros(mix.d, dtype=f64), 0.1) == pytest.approx(
+        single.primal(torch.zeros(single.d, dtype=f64), 0.1)) and single.primal(torch.zeros(single.d, dtype=f64),
+                                                                                  0.1) > 0
