@@ -168,9 +168,8 @@ class BMRM:
         evaluated iterate of lowest primal, whose gap both stops certify (``self.w`` stays the next iterate,
         so that `step` can go on)."""
         check_limits(max_passes=max_passes, gap_tol=gap_tol, time_budget=time_budget)
-        if (max_passes is not None and self.oracle_calls / self.n >= max_passes) or \
-                (time_budget is not None and self.seconds >= time_budget):
-            return []  # the limits count from the start of training: already met, no step
+        if max_passes is not None and self.oracle_calls / self.n >= max_passes:
+            return []  # max_passes counts from the start of training: already met, no step
 
         def stop(r):
             return (r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol)

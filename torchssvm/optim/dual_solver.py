@@ -190,9 +190,8 @@ class DualSolver:
 
     def _fit(self, max_passes, gap_tol, time_budget, exact, callback) -> list:
         history = []
-        if (max_passes is not None and self.oracle_calls / self.n >= max_passes) or \
-                (time_budget is not None and self.seconds >= time_budget):
-            return history  # the limits count from the start of training: already met, no step
+        if max_passes is not None and self.oracle_calls / self.n >= max_passes:
+            return history  # max_passes counts from the start of training: already met, no step
         while True:
             r = self.step()
             if gap_tol is not None and exact and not r["gap_exact"] and r["gap"] <= 0.8 * gap_tol:

@@ -612,9 +612,8 @@ class GDMM:
         check_limits(max_iter=max_iter, time_budget=time_budget, infeasibility_tol=infeasibility_tol,
                      integer=("max_iter",))
         history = []
-        if (max_iter is not None and self.iterations >= max_iter) or \
-                (time_budget is not None and self.seconds >= time_budget):
-            return history  # the limits count from the start of training: already met, no step
+        if max_iter is not None and self.iterations >= max_iter:
+            return history  # max_iter counts from the start of training: already met, no step
         while True:
             r = self.step()
             history.append(r)
