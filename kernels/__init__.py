@@ -136,15 +136,17 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
         if not isinstance(lengths, torch.Tensor) or lengths.shape != (B,) or lengths.is_floating_point():
             raise ValueError(f"lengths must be a ({B},) integer tensor")
         if values and lengths.device.type == "cpu" and B:
-            lo, hi = int(lengths.min()), int(lengths.max())
+            lo, hi = (int(v) for v in torch.aminmax(lengths))
             if lo < 1 or hi > T:
                 raise ValueError(f"lengths must be in [1, {T}], got a length of {lo if lo < 1 else hi}")
             if labels is not None and labels.device.type == "cpu" and labels.numel():
-                width = labels.shape[-1]
-                inside = torch.arange(width).unsqueeze(0) < lengths.view(B, *([1] * (labels.dim() - 1)))
                 for name, t in (("labels", labels),) + (() if minus is None else (("minus", minus),)):
-                    used = t if everywhere else t[inside.expand_as(t)]
-                    if used.numel() and int(used.max()) >= K:
+                    if int(t.max()) < K:  # the common case, one reduction (the sequential solver calls this often)
+                        continue
+                    if not everywhere:
+                        inside = torch.arange(t.shape[-1]).unsqueeze(0) < lengths.view(B, *([1] * (t.dim() - 1)))
+                        t = t[inside.expand_as(t)]
+                    if t.numel() and int(t.max()) >= K:
                         raise ValueError(f"{name} must be < {K}" + ("" if everywhere else " within each length"))
 
 
