@@ -5,8 +5,8 @@
 Viterbi, the chain scores and marginals, the distance transforms (and so the spatial trees) and the BCFW block step
 also have a compiled CPU twin, ``"numba"`` (`viterbi_numba`, `chain_score_numba`, `chain_marginals_numba`,
 `distance_transform_numba`, `block_step_numba`), which ``"auto"`` picks for CPU tensors when numba imports (the
-chain kernels' only for float32 or float64 inputs of one dtype, the block step's for contiguous float64 duals; the
-twins take no half types).
+chain kernels' only for float32 or float64 inputs of one dtype, after the chain scores promote mixed inputs; the
+block step's for contiguous float64 duals; the twins take no half types).
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -150,6 +150,16 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
                         raise ValueError(f"{name} must be < {K}" + ("" if everywhere else " within each length"))
 
 
+def _promoted(*tensors):
+    """The float ``tensors`` (None kept) in their promoted dtype when they mix dtypes: the twins then compute and
+    return one dtype (Triton promoted only some inputs, the torch twin others, numba refused)."""
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if len(dtypes) <= 1:
+        return tensors
+    dt = functools.reduce(torch.promote_types, dtypes)
+    return tuple(None if t is None else t.to(dt) for t in tensors)
+
+
 @torch.no_grad()
 def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
@@ -170,9 +180,11 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto"):
     """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
     `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
-    `chain_labels_score_numba` (one compiled loop; equal to rounding; ``"auto"`` keeps torch for the per-position
+    `chain_labels_score_numba` (one compiled loop; equal to rounding; mixed dtypes are promoted first, so every twin
+    returns the promoted dtype; ``"auto"`` keeps torch for the per-position
     transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example). The arguments'
     shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`)."""
+    unary, transition, start, end = _promoted(unary, transition, start, end)
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end)
     if be == "numba" and backend == "auto" and transition.dim() != 2:
         be = "torch"
@@ -192,8 +204,10 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
 def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
     `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
-    rounding). The shapes are checked (`_check_chain_args`)."""
+    rounding; mixed dtypes are promoted first, so every twin returns the promoted dtype). The shapes are checked
+    (`_check_chain_args`)."""
     _check_chain_args(unary, z=z)
+    unary, transition, start, end, z = _promoted(unary, transition, start, end, z)
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end, z)
     if be == "numba":
         from .chain_score_numba import chain_inner_numba

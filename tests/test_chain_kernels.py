@@ -320,11 +320,15 @@ def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
     chain_inner(*theta, z)
     chain_marginals(y[:, 0], lengths, K)
     assert calls == ["chain_labels_score_numba", "chain_inner_numba", "chain_marginals_numba"]
-    chain_labels_score(theta[0].float(), *theta[1:], y, lengths)  # mixed dtypes: torch promotes
-    chain_inner(theta[0].bfloat16(), *theta[1:], z)  # a half type among them
+    # mixed dtypes (a half type among them too) are promoted to float64 first: the compiled twins then compute what
+    # torch does
+    chain_labels_score(theta[0].float(), *theta[1:], y, lengths)
+    chain_inner(theta[0].bfloat16(), *theta[1:], z)
+    assert calls[3:] == ["chain_labels_score_numba", "chain_inner_numba"]
+    chain_labels_score(*(t.bfloat16() for t in theta), y, lengths)  # one half type: torch
     per_position = torch.randn(B, T - 1, K, K, generator=g, dtype=torch.float64)
-    chain_labels_score(theta[0], per_position, *theta[2:], y[:, :1], lengths)
-    assert len(calls) == 3
+    chain_labels_score(theta[0], per_position, *theta[2:], y[:, :1], lengths)  # per-position transitions: torch
+    assert len(calls) == 5
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=needs_triton()), "torch",
@@ -371,3 +375,24 @@ def test_torch_viterbi_decodes_bfloat16_batches():
     ref, ref_score = viterbi(u.bfloat16().float(), tr.bfloat16().float(), None, None, lengths, backend="torch")
     assert torch.equal(labels, ref)
     torch.testing.assert_close(score.float(), ref_score, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=needs_triton()), "torch",
+                                     pytest.param("numba", marks=needs_numba()), "auto"])
+def test_chain_scores_of_mixed_dtypes_are_promoted_on_every_backend(backend):
+    """float32 potentials with a float64 transition / start / z: torch returned float64 for the scores and float32
+    for the inner products, Triton float32 for both (rounded differently), numba refused."""
+    g = torch.Generator().manual_seed(0)
+    B, T, K = 3, 4, 3
+    u, tr = torch.randn(B, T, K, generator=g), torch.randn(K, K, generator=g, dtype=torch.float64)
+    start, end = torch.randn(K, generator=g, dtype=torch.float64), torch.randn(K, generator=g)
+    lengths = torch.tensor([4, 2, 1])
+    y = torch.randint(0, K, (B, 2, T), generator=g)
+    z = torch.rand(B, T * K + K * K + 2 * K, generator=g)
+    ref_s = chain_labels_score(u.double(), tr, start, end.double(), y, lengths, backend="torch")
+    ref_i = chain_inner(u.double(), tr, start, end.double(), z.double(), backend="torch")
+    s = chain_labels_score(u, tr, start, end, y, lengths, backend=backend)
+    i = chain_inner(u, tr, start, end, z, backend=backend)
+    assert s.dtype == i.dtype == torch.float64
+    torch.testing.assert_close(s, ref_s, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(i, ref_i, rtol=1e-12, atol=1e-12)
