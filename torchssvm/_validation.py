@@ -84,14 +84,25 @@ def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None
     return y if valid is None else torch.where(valid, y, torch.full((), -1, dtype=torch.long, device=y.device))
 
 
-def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
-    """A scalar or a `(B,)` tensor of non-negative finite weights; returned as `(B,)` of `dtype`."""
-    if isinstance(loss_weight, numbers.Real) and not isinstance(loss_weight, bool):
+def check_loss_weight_value(loss_weight) -> None:
+    """What `check_loss_weight` can check without a batch, with no tensor built and no device read: a number
+    finite and ``>= 0``, or a float tensor of at most one dimension."""
+    if isinstance(loss_weight, torch.Tensor):
+        if not loss_weight.is_floating_point() or loss_weight.dim() > 1:
+            raise ValueError(f"loss_weight must be a scalar or a (B,) float tensor, got shape "
+                             f"{tuple(loss_weight.shape)} and dtype {loss_weight.dtype}")
+    elif isinstance(loss_weight, numbers.Real) and not isinstance(loss_weight, bool):
         if not (loss_weight >= 0 and loss_weight < float("inf")):
             raise ValueError(f"loss_weight must be finite and >= 0, got {loss_weight}")
-        return torch.full((batch,), float(loss_weight), dtype=dtype, device=device)
-    if not isinstance(loss_weight, torch.Tensor):
+    else:
         raise TypeError(f"loss_weight must be a number or a tensor, got {type(loss_weight).__name__}")
+
+
+def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
+    """A scalar or a `(B,)` tensor of non-negative finite weights; returned as `(B,)` of `dtype`."""
+    if not isinstance(loss_weight, torch.Tensor):
+        check_loss_weight_value(loss_weight)  # a number, finite and >= 0
+        return torch.full((batch,), float(loss_weight), dtype=dtype, device=device)
     if loss_weight.dim() == 0:
         loss_weight = loss_weight.expand(batch)
     if loss_weight.dim() != 1 or loss_weight.shape[0] != batch:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ._validation import check_loss_weight
+from ._validation import check_loss_weight, check_loss_weight_value
 from .kernels import BACKENDS, resolve_backend
 from .structures.base import Structure, compute_dtype, no_autocast
 
@@ -144,13 +144,7 @@ class StructuredHingeLoss(nn.Module):
         _check_structure(structure)
         self.structure = structure
         self.reduction = _check_reduction(reduction)
-        # checked here as far as it can be without a batch (its shape is checked per call)
-        if isinstance(loss_weight, torch.Tensor):
-            if not loss_weight.is_floating_point() or loss_weight.dim() > 1:
-                raise ValueError(f"loss_weight must be a scalar or a (B,) float tensor, got shape "
-                                 f"{tuple(loss_weight.shape)} and dtype {loss_weight.dtype}")
-        else:
-            check_loss_weight(loss_weight, 1, torch.device("cpu"), torch.float64)
+        check_loss_weight_value(loss_weight)  # as far as it can be without a batch (its shape: per call)
         if isinstance(loss_weight, torch.Tensor) and not loss_weight.requires_grad:
             # a buffer, so that .to(device) moves it with the module (not saved: it is a setting, not a parameter)
             self.register_buffer("loss_weight", loss_weight, persistent=False)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validation import check_positive_int, check_tensor
+from ._validation import check_finite, check_positive_int, check_tensor
 from .structures.chain import ChainPotentials
 
 CHAIN_BIASES = ("ocr", "global", None)
@@ -43,6 +43,24 @@ class TokenFeatures(NamedTuple):
     @property
     def shape(self):
         return self.ids.shape
+
+
+def check_token_features(name: str, x: TokenFeatures, num_features: int, *, device=None, finite: bool = False) -> None:
+    """``x.ids (B, T, A)`` integer in ``[-1, num_features)`` (-1: no attribute) and ``x.values`` None or a float
+    tensor of that shape (finite with ``finite``); a ValueError / TypeError naming ``name.ids`` / ``name.values``."""
+    ids = check_tensor(f"{name}.ids", x.ids, ndim=3, integer=True, device=device)
+    if ids.numel():
+        lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+        if hi >= num_features or lo < -1:
+            raise ValueError(f"{name}.ids holds attribute {hi if hi >= num_features else lo}, outside "
+                             f"[0, {num_features}) (-1 marks no attribute)")
+    if x.values is not None:
+        check_tensor(f"{name}.values", x.values, ndim=3, floating=True, device=ids.device)
+        if x.values.shape != ids.shape:
+            raise ValueError(f"{name}.values must have the shape of {name}.ids {tuple(ids.shape)}, got "
+                             f"{tuple(x.values.shape)}")
+        if finite:
+            check_finite({f"{name}.values": x.values})
 
 
 class LinearChainModel(nn.Module):
@@ -82,23 +100,14 @@ class LinearChainModel(nn.Module):
         if self.sparse:
             if not isinstance(x, TokenFeatures):
                 raise TypeError(f"x must be TokenFeatures for a sparse model, got {type(x).__name__}")
-            check_tensor("x.ids", x.ids, ndim=3, integer=True, device=self.emission.device)
+            check_token_features("x", x, D, device=self.emission.device)
             B, T, A = x.ids.shape
             ids = x.ids.reshape(B * T, A).long()  # embedding_bag takes int32 / int64 ids only
-            if ids.numel():
-                lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
-                if hi >= D or lo < -1:
-                    raise ValueError(f"x.ids holds attribute {hi if hi >= D else lo}, outside [0, {D}) "
-                                     "(-1 marks no attribute)")
             if A == 0:
                 u = self.emission.new_zeros(B, T, self.num_labels)
                 return u + self.bias if self.bias is not None else u
             weights = (ids >= 0).to(self.emission.dtype)
             if x.values is not None:
-                check_tensor("x.values", x.values, ndim=3, floating=True, device=self.emission.device)
-                if x.values.shape != x.ids.shape:
-                    raise ValueError(f"x.values must have the shape of x.ids {tuple(x.ids.shape)}, "
-                                     f"got {tuple(x.values.shape)}")
                 weights = torch.where(ids >= 0, x.values.reshape(B * T, A).to(self.emission.dtype), 0.0)
             u = F.embedding_bag(ids.clamp_min(0), self.emission, per_sample_weights=weights, mode="sum")
             u = u.view(B, T, self.num_labels)

@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .._validation import check_loss_weight, check_positive_int, check_tensor
+from .._validation import check_loss_weight, check_loss_weight_value, check_positive_int, check_tensor
 from ..kernels import resolve_backend
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
@@ -104,10 +104,11 @@ class Structure:
         pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
         resolve_backend(backend, first.device, has_numba=self.has_numba_oracle)
-        # checked without a target too (where it weighs nothing), so that a bad value is not silently taken
-        lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
-        if target is None:
-            lw = None
+        lw = None
+        if target is not None:
+            lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
+        else:  # it weighs nothing here, but a bad value is not silently taken (checked without building a tensor)
+            check_loss_weight_value(loss_weight)
         with no_autocast():
             return self._max_oracle(pot, lengths, target, lw, backend)
 

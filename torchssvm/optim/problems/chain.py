@@ -17,7 +17,7 @@ import torch
 from ..._validation import check_finite, check_labels, check_tensor
 from ...data.sequence_dataset import SequenceDataset
 from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve_backend, viterbi
-from ...models import LinearChainModel, TokenFeatures
+from ...models import LinearChainModel, TokenFeatures, check_token_features
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
 from .sparse_gram import add_attribute_rows, attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
@@ -32,19 +32,8 @@ def _check_sequences(dataset: SequenceDataset) -> None:
     NaN feature gave a certificate of another problem or of inf."""
     x, D = dataset.x, dataset.num_features
     if isinstance(x, TokenFeatures):
-        ids = check_tensor("dataset.x.ids", x.ids, ndim=3, integer=True)
-        width = ids.shape[1]
-        if ids.numel():
-            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
-            if hi >= D or lo < -1:
-                raise ValueError(f"dataset.x.ids holds attribute {hi if hi >= D else lo}, outside [0, {D}) "
-                                 "(-1 marks no attribute)")
-        if x.values is not None:
-            check_tensor("dataset.x.values", x.values, ndim=3, floating=True, device=ids.device)
-            if x.values.shape != ids.shape:
-                raise ValueError(f"dataset.x.values must have the shape of dataset.x.ids {tuple(ids.shape)}, got "
-                                 f"{tuple(x.values.shape)}")
-            check_finite({"dataset.x.values": x.values})
+        check_token_features("dataset.x", x, D, finite=True)
+        width = x.ids.shape[1]
     else:
         check_tensor("dataset.x", x, ndim=3)
         if not x.is_floating_point():
