@@ -177,18 +177,20 @@ def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
 
 
 @torch.no_grad()
-def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto"):
+def chain_labels_score(unary, transition, start, end, labels, lengths, backend: str = "auto", *, check: bool = True):
     """Scores ``(B, C)`` of ``labels (B, C, W)`` under chain potentials with shared transitions: dispatch to
     `chain_labels_score_torch`, `chain_labels_score_triton` (one launch instead of about fifteen) or
     `chain_labels_score_numba` (one compiled loop; equal to rounding; mixed dtypes are promoted first, so every twin
     returns the promoted dtype; ``"auto"`` keeps torch for the per-position
     transitions ``(B, T-1, K, K)`` that the torch twin also takes with one labelling per example). The arguments'
-    shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`)."""
+    shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`); ``check=False``
+    skips that for callers that validated their data at the boundary (`ChainProblem`, in every solver step)."""
     unary, transition, start, end = _promoted(unary, transition, start, end)
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end)
     if be == "numba" and backend == "auto" and transition.dim() != 2:
         be = "torch"
-    _check_chain_args(unary, lengths=lengths, labels=labels, values=be != "numba")
+    if check:
+        _check_chain_args(unary, lengths=lengths, labels=labels, values=be != "numba")
     if be == "triton":
         from .chain_score_triton import chain_labels_score_triton
 
@@ -201,12 +203,13 @@ def chain_labels_score(unary, transition, start, end, labels, lengths, backend: 
 
 
 @torch.no_grad()
-def chain_inner(unary, transition, start, end, z, backend: str = "auto"):
+def chain_inner(unary, transition, start, end, z, backend: str = "auto", *, check: bool = True):
     """``<theta_b, z_b>`` ``(B,)`` of chain potentials and flat marginals ``z (B, m)``: dispatch to
     `chain_inner_torch`, `chain_inner_triton` (one launch instead of about nine) or `chain_inner_numba` (equal to
     rounding; mixed dtypes are promoted first, so every twin returns the promoted dtype). The shapes are checked
-    (`_check_chain_args`)."""
-    _check_chain_args(unary, z=z)
+    (`_check_chain_args`; ``check=False``: not, as in `chain_labels_score`)."""
+    if check:
+        _check_chain_args(unary, z=z)
     unary, transition, start, end, z = _promoted(unary, transition, start, end, z)
     be = _backend_with_numba(backend, unary.device, unary, transition, start, end, z)
     if be == "numba":
@@ -271,19 +274,21 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
 
 @torch.no_grad()
 def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.float64, backend: str = "auto",
-                    subtract=None):
+                    subtract=None, *, check: bool = True):
     """Flat one-hot marginals ``m(y)`` (or ``m(y) - m(y')``) of chain labellings: dispatch to
     `chain_marginals_torch`, `chain_marginals_triton` or `chain_marginals_numba` (bitwise equal; ``labels`` padded
     with -1 past ``lengths``). ``subtract``
     ``(B, m)`` of ``dtype``: the result minus it (the numba twin does it in the same pass; the FW direction of
-    BCFW). The shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`)."""
+    BCFW). The shapes are checked, and on CPU the values of ``lengths`` and ``labels`` (`_check_chain_args`;
+    ``check=False``: not, as in `chain_labels_score`)."""
     if subtract is not None and subtract.dtype != dtype:
         raise ValueError(f"subtract must be of dtype {dtype}, got {subtract.dtype}")
     be = resolve_backend(backend, labels.device, has_numba=True)
     if be == "numba" and backend == "auto" and dtype not in _NUMBA_DTYPES:
         be = "torch"
-    _check_chain_args(None, lengths=lengths, labels=labels, num_labels=num_labels, minus=minus, values=be != "numba",
-                      everywhere=True)
+    if check:
+        _check_chain_args(None, lengths=lengths, labels=labels, num_labels=num_labels, minus=minus,
+                          values=be != "numba", everywhere=True)
     if be == "numba":
         from .chain_marginals_numba import chain_marginals_numba
 

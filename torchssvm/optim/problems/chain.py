@@ -29,7 +29,8 @@ from .sparse_unary_numba import sparse_unary_numba
 def _check_sequences(dataset: SequenceDataset) -> None:
     """The training sequences, checked as the model and `Chain` check a batch (a ValueError / TypeError naming the
     field): the problem reads them directly, and a label out of range inside a length (clamped to 0 in the loss) or a
-    NaN feature gave a certificate of another problem or of inf."""
+    NaN feature gave a certificate of another problem or of inf. Checked once here, the problem's kernel calls in
+    every solver step skip the kernels' own argument checks (``check=False``)."""
     x, D = dataset.x, dataset.num_features
     if isinstance(x, TokenFeatures):
         check_token_features("dataset.x", x, D, finite=True)
@@ -218,7 +219,8 @@ class ChainProblem(DualProblem):
         labels, value = viterbi(theta.unary + aug, theta.transition, theta.start, theta.end, lengths,
                                 backend=self.backend)
         loss = aug.gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)  # padding costs 0
-        truth_score = chain_labels_score(*theta, self.truth[idx].unsqueeze(1), lengths, backend=self.backend)
+        truth_score = chain_labels_score(*theta, self.truth[idx].unsqueeze(1), lengths, backend=self.backend,
+                                         check=False)
         return self._pad(labels), loss, value - truth_score.squeeze(1)
 
     def slack_oracle(self, theta: ChainPotentials, idx: torch.Tensor):
@@ -234,7 +236,7 @@ class ChainProblem(DualProblem):
         return self._pad(labels)
 
     def labels_score(self, theta: ChainPotentials, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return chain_labels_score(*theta, labels, self.lengths[idx], backend=self.backend)
+        return chain_labels_score(*theta, labels, self.lengths[idx], backend=self.backend, check=False)
 
     def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, _ = labels.shape
@@ -244,19 +246,20 @@ class ChainProblem(DualProblem):
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # m(y_i) - m(y), flat (the module's layout)
-        return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
+        return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype, backend=self.backend,
+                               check=False)
 
     def fw_direction(self, idx: torch.Tensor, labels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         # the counts minus z, row by row in one pass with the numba twin (the B x m rows are the step's largest)
         return chain_marginals(self.truth[idx], self.lengths[idx], self.K, labels, self.dtype, backend=self.backend,
-                               subtract=z)
+                               subtract=z, check=False)
 
     def corner_difference(self, idx: torch.Tensor, labels: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         # m(other) - m(labels): counts, so the same floats as the difference of the two corners, in one scatter
-        return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self.backend)
+        return chain_marginals(other, self.lengths[idx], self.K, labels, self.dtype, backend=self.backend, check=False)
 
     def inner(self, theta: ChainPotentials, z: torch.Tensor) -> torch.Tensor:
-        return chain_inner(*theta, z, backend=self.backend)
+        return chain_inner(*theta, z, backend=self.backend, check=False)
 
     def _emission(self, idx: torch.Tensor, zu: torch.Tensor, T: int) -> torch.Tensor:
         """Emission part of ``Phi_b z_b`` for dense inputs, ``(B, D K)``."""
