@@ -203,6 +203,10 @@ def test_state_dict_resumes_the_same_trajectory():
     assert torch.equal(a.uidx, b.uidx) and torch.allclose(a.W, b.W, atol=0) and torch.allclose(a.v, b.v, atol=0)
     with pytest.raises(ValueError, match="missing"):
         b.load_state_dict({"W": a.W})
+    W = b.W.clone()
+    with pytest.raises(ValueError, match="state_dict\\['v'\\] holds NaN"):
+        b.load_state_dict(dict(state, v=torch.full_like(state["v"], math.nan)))
+    assert torch.equal(b.W, W)  # refused before anything was set
 
 
 def test_reports_fit_and_writer():

@@ -370,6 +370,9 @@ def test_numba_backend_is_refused_for_the_exact_slack_oracle_only():
     y = torch.randint(0, 3, (2, 4))
     with pytest.raises(ValueError, match="no numba twin"):
         ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, backend="numba")
+    for structure, p, target in ((ts.Chain(3), pot, y), (ts.Multiclass(3), torch.randn(2, 3), y[:, 0])):
+        with pytest.raises(ValueError, match="no numba twin"):  # it named Viterbi's twins, which the chain has
+            structure.slack_max_oracle(p, target, backend="numba")
     if numba_available():
         searched = ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, search="bisecting", backend="numba")
         assert torch.equal(searched, ts.slack_rescaled_hinge_loss(ts.Chain(3), pot, y, search="bisecting",

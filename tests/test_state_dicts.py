@@ -69,6 +69,27 @@ def test_dual_solvers_refuse_another_objective_and_change_nothing(make):
     assert target.step()["dual"] == source.step()["dual"]
 
 
+@pytest.mark.parametrize("make", [*DUAL_SOLVERS, lambda p, lam: SSG(p, lam=lam), lambda p, lam: BMRM(p, lam=lam)],
+                         ids=["fw", "nslack", "bcfw", "ssg", "bmrm"])
+def test_a_state_holding_nan_is_refused_and_changes_nothing(make):
+    """A NaN in any float tensor of a state is corruption (block gaps may hold +inf, never NaN): loading it would
+    carry NaN into every later step and certificate."""
+    source = make(_table(), lam=0.05)
+    source.step()
+    state = source.state_dict()
+    floats = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    assert floats
+    for key in floats:
+        target = make(_table(), lam=0.05)
+        target.step()
+        before = _snapshot(target)
+        broken = state[key].clone()
+        broken.view(-1)[0] = float("nan")
+        with pytest.raises(ValueError, match=f"state_dict\\['{key}'\\] holds NaN"):
+            target.load_state_dict(dict(state, **{key: broken}))
+        assert _unchanged(before, target), key
+
+
 def test_bcfw_resumes_after_its_atom_storage_grew_and_refuses_broken_counts():
     source = BCFW(_table(), lam=0.05, step="pairwise", cache_size=2, seed=3)
     for _ in range(4):

@@ -62,7 +62,14 @@ def checked_tensor(state: dict, key: str, shape: Sequence[int], like: torch.Tens
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"{name}[{key!r}] must be a tensor of shape {tuple(shape)}, got {got}")
+    check_not_nan(t, key, name)
     return t.to(like.device, like.dtype).clone()
+
+
+def check_not_nan(t: torch.Tensor, key: str, name: str = "state_dict") -> None:
+    """No state tensor may hold NaN (block gaps may hold +inf: a block not yet visited)."""
+    if (t.is_floating_point() or t.is_complex()) and bool(torch.isnan(t).any()):
+        raise ValueError(f"{name}[{key!r}] holds NaN: the state is corrupt")
 
 
 def checked_generator_state(state: dict, key: str = "generator") -> torch.Tensor:

@@ -53,7 +53,7 @@ import torch
 
 from .._validation import check_positive_float, check_real, check_seed
 from ..kernels import project_shifted_simplex
-from ._state import checked_generator_state, checked_scalars
+from ._state import check_not_nan, checked_generator_state, checked_scalars
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
 from .loop import check_limits
@@ -669,6 +669,7 @@ class GDMM:
                     k not in self._sparse_state and new.shape != cur.shape) or (
                     new.shape[0] != cur.shape[0]):
                 raise ValueError(f"state_dict[{k!r}] does not match this problem (shape {tuple(cur.shape)})")
+            check_not_nan(new, k)
             tensors[k] = new.to(cur.device, cur.dtype).clone()
         blocks = {k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state}
         C = check_positive_float("state_dict['C']", state.get("C", self.C))

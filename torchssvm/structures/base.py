@@ -119,8 +119,11 @@ class Structure:
         """The exact slack-rescaled oracle (seed 000, eq. 6): ``(y_hat, value)`` with
         ``value = max(0, max_y Delta(target, y) (1 + s(y) - s(target)))`` per example and ``y_hat`` a
         maximizer (``target`` itself when nothing violates)."""
+        if backend == "numba":
+            raise ValueError("backend='numba': the exact slack-rescaled oracles have no numba twin; use "
+                             "backend='auto' (torch on CPU, Triton on a GPU) or 'torch'")
         pot, lengths, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, self.tensors(pot)[0].device, has_numba=self.has_numba_oracle)
+        resolve_backend(backend, self.tensors(pot)[0].device)
         with no_autocast():
             return self._slack_max_oracle(pot, lengths, target, backend)
 
