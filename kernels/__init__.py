@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from torchssvm._validation import shape_or_type
+
 from .atoms_select_torch import select_atoms_torch
 from .block_step_torch import STEP_TYPES, apply_block_step_torch
 from .box_equality_median import box_equality_median
@@ -112,8 +114,7 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
     in every BCFW step, and the callers (`Chain`, `ChainProblem`) check them at the boundary."""
     if unary is not None:
         if not isinstance(unary, torch.Tensor) or unary.dim() != 3:
-            raise ValueError(f"unary must be a (B, T, K) tensor, got "
-                             f"{tuple(unary.shape) if isinstance(unary, torch.Tensor) else type(unary).__name__}")
+            raise ValueError(f"unary must be a (B, T, K) tensor, got {shape_or_type(unary)}")
         B, T, K = unary.shape
     else:
         B, T, K = labels.shape[0], labels.shape[-1], num_labels
@@ -130,8 +131,7 @@ def _check_chain_args(unary, lengths=None, labels=None, z=None, num_labels=None,
         tail = K * K + 2 * K
         if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[0] != B or z.shape[1] < T * K + tail \
                 or (z.shape[1] - tail) % max(K, 1):
-            raise ValueError(f"z must have shape ({B}, T' {K} + {tail}) with T' >= {T}, got "
-                             f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
+            raise ValueError(f"z must have shape ({B}, T' {K} + {tail}) with T' >= {T}, got {shape_or_type(z)}")
     if lengths is not None:
         if not isinstance(lengths, torch.Tensor) or lengths.shape != (B,) or lengths.is_floating_point():
             raise ValueError(f"lengths must be a ({B},) integer tensor")
@@ -315,8 +315,7 @@ def slack_viterbi(unary, transition, start, end, lengths, target, cost, target_s
 
 def _check_simplex_args(v, mask, radius):
     if not isinstance(v, torch.Tensor) or v.dim() != 2 or not v.is_floating_point() or v.shape[1] == 0:
-        raise ValueError(f"v must be a (B, M) float tensor with M >= 1, got "
-                         f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+        raise ValueError(f"v must be a (B, M) float tensor with M >= 1, got {shape_or_type(v)}")
     if not torch.isfinite(v).all():
         raise ValueError("v holds NaN or Inf")
     if mask is not None:
@@ -355,8 +354,7 @@ def project_shifted_simplex(u, top, mask=None, radius=None, backend: str = "auto
     of ``cap - u`` (sort-based, batched; Triton on CUDA). ``top (B,)`` long must index a valid entry;
     invalid entries get 0; ``radius (B,)`` > 0 or None (1)."""
     if not isinstance(u, torch.Tensor) or u.dim() != 2 or not u.is_floating_point():
-        raise ValueError(f"u must be a (B, M) float tensor, got "
-                         f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+        raise ValueError(f"u must be a (B, M) float tensor, got {shape_or_type(u)}")
     B, M = u.shape
     if not isinstance(top, torch.Tensor) or top.shape != (B,) or top.is_floating_point():
         raise ValueError(f"top must be a ({B},) integer tensor")
@@ -392,8 +390,7 @@ def _box_equality_rows(name, t, B, n, like):
 
 def _check_box_equality_args(m, lower, upper, sigma, z, d2):
     if not isinstance(m, torch.Tensor) or m.dim() != 2 or not m.is_floating_point() or m.shape[1] == 0:
-        raise ValueError(f"m must be a (B, n) float tensor with n >= 1, got "
-                         f"{tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__}")
+        raise ValueError(f"m must be a (B, n) float tensor with n >= 1, got {shape_or_type(m)}")
     B, n = m.shape
     if not bool(torch.isfinite(m).all()):
         raise ValueError("m holds NaN or Inf")
@@ -470,13 +467,11 @@ def _check_tree_args(unary, parents: tuple, name: str, table, table_name: str, l
     left labels uninitialised)."""
     V, E = len(parents), len(parents) - 1
     if not isinstance(unary, torch.Tensor) or unary.dim() != 3 or unary.shape[1] != V:
-        raise ValueError(f"unary must have shape (B, {V}, K) for the {V} nodes of {name}, got "
-                         f"{tuple(unary.shape) if isinstance(unary, torch.Tensor) else type(unary).__name__}")
+        raise ValueError(f"unary must have shape (B, {V}, K) for the {V} nodes of {name}, got {shape_or_type(unary)}")
     B = unary.shape[0]
     allowed = [(E, *last), (B, E, *last)]
     if not isinstance(table, torch.Tensor) or tuple(table.shape) not in allowed:
-        raise ValueError(f"{table_name} must have shape {' or '.join(map(str, allowed))}, got "
-                         f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+        raise ValueError(f"{table_name} must have shape {' or '.join(map(str, allowed))}, got {shape_or_type(table)}")
 
 
 @torch.no_grad()
@@ -502,8 +497,7 @@ def spatial_tree_max_sum(unary, weights, rest, parents, height: int, width: int,
     sched = tree_schedule(parents)
     _check_tree_args(unary, sched.parents, "parents", weights, "weights", (4,))
     if not isinstance(rest, torch.Tensor) or tuple(rest.shape) != (len(sched.parents) - 1, 2):
-        raise ValueError(f"rest must have shape ({len(sched.parents) - 1}, 2), got "
-                         f"{tuple(rest.shape) if isinstance(rest, torch.Tensor) else type(rest).__name__}")
+        raise ValueError(f"rest must have shape ({len(sched.parents) - 1}, 2), got {shape_or_type(rest)}")
     if unary.shape[2] != height * width:
         raise ValueError(f"unary must have height * width = {height * width} positions, got {unary.shape[2]}")
     check_quadratic_weights("weights[..., 1] and weights[..., 3]", weights[..., 1::2])
@@ -576,15 +570,13 @@ def _check_transform_args(f, ndim: int, params: dict) -> None:
     ``(R,)`` tensor of f's dtype on its device (the kernels index them per row, unchecked)."""
     shape = "(R, n)" if ndim == 2 else "(R, H, W)"
     if not isinstance(f, torch.Tensor) or f.dim() != ndim or not f.is_floating_point():
-        raise ValueError(f"f must be a floating {shape} tensor, got "
-                         f"{tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__}")
+        raise ValueError(f"f must be a floating {shape} tensor, got {shape_or_type(f)}")
     if bool((torch.isnan(f) | (f == torch.inf)).any()):
         raise ValueError("f must hold finite values or -inf (a position no output may take), not NaN or +inf")
     R = f.shape[0]
     for name, t in params.items():
         if not isinstance(t, torch.Tensor) or t.shape != (R,):
-            raise ValueError(f"{name} must be a ({R},) tensor (one value per row of f), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            raise ValueError(f"{name} must be a ({R},) tensor (one value per row of f), got {shape_or_type(t)}")
         if t.device != f.device or t.dtype != f.dtype:
             raise ValueError(f"{name} must be on f's device {f.device} with f's dtype {f.dtype}, got {t.device}, "
                              f"{t.dtype}")

@@ -52,6 +52,11 @@ def check_finite(named: dict) -> None:
             raise ValueError(f"{k} contains NaN or Inf")
 
 
+def shape_or_type(x) -> object:
+    """What an error message says a bad argument was: a tensor's shape tuple, else its type's name."""
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def check_lengths(lengths, batch: int, max_len: int, device: torch.device) -> torch.Tensor:
     """Validate `lengths (B,)`, integer, 1 <= lengths <= max_len; None means all max_len."""
     if lengths is None:

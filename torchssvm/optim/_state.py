@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._validation import shape_or_type
+
 
 def require_keys(state, keys: Sequence[str], name: str = "state_dict") -> None:
     if not isinstance(state, dict):
@@ -60,7 +62,7 @@ def checked_tensor(state: dict, key: str, shape: Sequence[int], like: torch.Tens
     """``state[key]`` as a copy with ``like``'s dtype and device, after checking it is a tensor of ``shape``."""
     t = state[key]
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        got = shape_or_type(t)
         raise ValueError(f"{name}[{key!r}] must be a tensor of shape {tuple(shape)}, got {got}")
     check_not_nan(t, key, name)
     return t.to(like.device, like.dtype).clone()

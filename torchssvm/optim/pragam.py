@@ -43,6 +43,7 @@ from typing import Optional
 
 import torch
 
+from .._validation import shape_or_type
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .dual_solver import _check_lam
 from .loop import check_limits, log_scalars, run_steps
@@ -358,8 +359,7 @@ class Pragam:
     def _check_new_X(self, X) -> torch.Tensor:
         """``X (m, d)`` on the solver's device, as float64."""
         if not isinstance(X, torch.Tensor) or X.dim() != 2 or X.shape[1] != self.d:
-            raise ValueError(f"X must be a tensor of shape (m, {self.d}), got "
-                             f"{tuple(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
+            raise ValueError(f"X must be a tensor of shape (m, {self.d}), got {shape_or_type(X)}")
         if X.device != self.device:
             raise ValueError(f"X is on {X.device} but the solver is on {self.device}")
         return X.to(torch.float64)

@@ -47,8 +47,6 @@ class RegularizationPath:
 
     def _piece(self, lam: float) -> int:
         lam = check_positive_float("lam", lam)
-        if not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
         if lam < self.covers_to:
             raise ValueError(f"lam={lam} is below the path's end {self.covers_to}")
         j = 0

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .._validation import check_finite, check_labels, check_tensor
+from .._validation import check_finite, check_labels, check_tensor, shape_or_type
 
 
 class OracleAnswer(NamedTuple):
@@ -50,7 +50,7 @@ class TableOracle:
             raise ValueError("g (the task loss) must be >= 0")
         B, N = h.shape
         if labels is not None and (not isinstance(labels, torch.Tensor) or labels.dim() == 0 or labels.shape[0] != N):
-            got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+            got = shape_or_type(labels)
             raise ValueError(f"labels must be a tensor with one row per column of h ({N}), got {got}")
         self.table_labels = labels  # (N, ...) the labelling of each column, or None (indices)
         # the true labelling's column (Phi = 0): given, else the first column with g = 0

@@ -216,23 +216,6 @@ class MixtureSpatialTree(SpatialTree):
             c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
             s = s + c.gather(2, self._type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(dt)
         return s
-        delta = self._typed_deltas(y, self._rest(pot, pot.weights.dtype, y.device), pot.weights.dtype)
-        B, E = types.shape
-        if pot.weights.dim() == 3:
-            w = pot.weights[torch.arange(E, device=y.device), types]  # (B, E, 4)
-        else:
-            w = pot.weights.gather(2, types.view(B, E, 1, 1).expand(B, E, 1, 4)).squeeze(2)
-        s = s - (w * delta).sum((1, 2)).to(s.dtype)
-        par, ch = self._edges(y.device)
-        for scores, at in ((pot.child_scores, pos[:, ch]), (pot.parent_scores, pos[:, par])):
-            if scores is not None:
-                idx = self._typed_positions(types, at, scores.shape[3])
-                flat = scores.reshape(B, E, -1).gather(2, idx.unsqueeze(2))
-                s = s + flat.squeeze(2).sum(1).to(s.dtype)
-        if pot.cooccurrence is not None:
-            c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
-            s = s + c.gather(2, self._type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(s.dtype)
-        return s
 
     def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
         V = self.num_nodes

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..._validation import check_positive_int
+from ..._validation import check_positive_int, shape_or_type
 from ...data.pose import EdgeTypes, edge_types
 from ...structures.mixture_tree import MixtureSpatialTree, MixtureTreePotentials
 from .tree import SpatialTreeProblem
@@ -110,7 +110,7 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
     def _check_maps(self, maps, n: int) -> torch.Tensor:
         shape = (n, self.E, self.T, self.structure.num_labels)
         if not isinstance(maps, torch.Tensor) or tuple(maps.shape) != shape or not maps.is_floating_point():
-            got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+            got = shape_or_type(maps)
             raise ValueError(f"dataset.type_maps must be a float {shape} tensor (or None), got {got}")
         if not torch.isfinite(maps).all():
             raise ValueError("dataset.type_maps holds NaN or Inf")

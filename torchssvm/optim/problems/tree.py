@@ -29,6 +29,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..._validation import shape_or_type
 from ...structures.tree import SpatialTree, SpatialTreePotentials
 from .base import DualProblem
 
@@ -46,7 +47,7 @@ def _checked_features(dataset, V: int, HW: int) -> torch.Tensor:
     if not isinstance(feats, torch.Tensor) or feats.dim() != 4 or not feats.is_floating_point() \
             or feats.shape[1] != V or feats.shape[3] != HW or feats.shape[0] == 0 or feats.shape[2] == 0:
         raise ValueError(f"dataset.features must be a float (n, {V}, F, {HW}) tensor with n, F >= 1, got "
-                         f"{tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__}")
+                         f"{shape_or_type(feats)}")
     if not torch.isfinite(feats).all():
         raise ValueError("dataset.features holds NaN or Inf")
     return feats
