@@ -109,9 +109,10 @@ def report(results: dict, out: Path, reference: dict | None) -> None:
         shown = ([("CPU", base)] if base is not None and meta["device"] != "cpu" else []) + \
                 [(meta["device"].upper(), r) for r in runs]
         for i, (dev, r) in enumerate(shown):
+            label = f"{dev} B = {r['batch_size']}" + ("" if r["curve"] else " (no exact gap)")
             for j, ax in enumerate(axes):
                 ax.plot([c[j] for c in r["curve"]], [c[2] for c in r["curve"]], marker=".", color=f"C{i}",
-                        label=f"{dev} B = {r['batch_size']}")
+                        label=label)
             t, speed = r["time_to_tol"], _speedup(r, base)
             when = f"{t:.1f}" if t else f"not reached in {r['budget']:g}"
             lines.append(f"| {dev} | {r['batch_size']} | {when} | {r['passes']:.1f} | {r['visit_passes']} | "
@@ -120,7 +121,8 @@ def report(results: dict, out: Path, reference: dict | None) -> None:
         for ax in axes:
             ax.axhline(tol, color="grey", lw=0.8, ls=":")
         style_gap_axes(axes)
-        axes[1].set_xscale("log")
+        if any(r["curve"] for _, r in shown):  # a log axis without a point fails to draw
+            axes[1].set_xscale("log")
         fig.suptitle(f"{name}, lambda = {lam:g}: BCFW to a gap of {tol:g} ({meta['machine'].split(';')[1].strip()})")
         fig.tight_layout()
         fig.savefig(out / f"bcfw_time_to_gap_{name}{meta['suffix']}.png", dpi=110)

@@ -115,7 +115,7 @@ def write_report(results: dict, out: Path, cuda: bool = False) -> None:
     write_markdown(out, "host_syncs_cuda" if cuda else "host_syncs", lines)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["simulated", "cuda"], default="simulated")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64, 256])
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     path = args.out / ("host_syncs_cuda.json" if cuda else "host_syncs.json")
     if args.report_only:
@@ -136,6 +136,7 @@ def main() -> None:
             print(name, [(r["B"], round(r["per_minibatch"], 1)) for r in runs])
         if cuda:
             results["device"] = torch.cuda.get_device_name()
+        args.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))
     write_report(results, args.out, cuda)
 
