@@ -20,12 +20,17 @@
 #          B = 1 runs on the CPU: docs/benchmarks/bcfw_speed.md)
 #   backends  issue 4: seconds per BCFW pass with the torch kernels against the Triton ones, OCR-large and CoNLL
 #          (bench_bcfw_backends.py --device cuda; a few minutes)
+#   step   issue 40 in one call (about 8 min): tests/test_gpu.py (the CUDA-graph step against the eager one, the
+#          host-free step's waits), the host / host-free eager / CUDA-graph step at B = 256, 1024, 4096 (seconds per
+#          pass, GPU busy fraction, waits and launches per pass; bench_bcfw_gpu_step.py), time to a certified 1e-3
+#          with the CUDA-graph step, cold and warm start-up (bench_startup.py), the hinge loss's cost per call
+#          (bench_loss_cost.py) and the Viterbi roofline (bench_oracles.py --roofline)
 # Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
 set -uo pipefail
-stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends}"
+stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends|step}"
 case "$stage" in  # before anything is installed
-    tests|tree|tree-mixture|bcfw|speed|backends) ;;
-    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends)" >&2; exit 2 ;;
+    tests|tree|tree-mixture|bcfw|speed|backends|step) ;;
+    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends|step)" >&2; exit 2 ;;
 esac
 OUT="${OUT:-/tmp/gpu_out}"
 mkdir -p "$OUT"
@@ -65,5 +70,16 @@ case "$stage" in
         ;;
     backends)
         run python3 scripts/bench_bcfw_backends.py --device cuda --out "$OUT"
+        ;;
+    step)
+        LIMIT=150 run python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu.py
+        LIMIT=200 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
+            --passes 3 --out "$OUT"
+        LIMIT=150 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
+            --modes graph --passes 1 --time-to-gap --budget 30 --out "$OUT/time_to_gap"
+        LIMIT=90 run python3 scripts/bench_startup.py --device cuda --out "$OUT"
+        if [ -f scripts/bench_loss_cost.py ]; then LIMIT=60 run python3 scripts/bench_loss_cost.py --device cuda \
+            --out "$OUT"; fi
+        LIMIT=90 run python3 scripts/bench_oracles.py --device cuda --roofline --out "$OUT"
         ;;
 esac

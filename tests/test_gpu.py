@@ -127,7 +127,7 @@ def _bcfw_on(device, ds, steps=0, max_passes=None, **kw):
     """A BCFW run on ``device`` (float64, torch oracle): ``steps`` calls of `step`, or `fit` up to
     ``max_passes``; checked against the gap identity. Returns the solver and its exact gap report."""
     model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device=device)
-    s = ts.optim.BCFW(model, ds.to(device), seed=0, backend="torch", **kw)
+    s = ts.optim.BCFW(model, ds.to(device), seed=0, backend="torch", **{"host_free": True, **kw})
     for _ in range(steps):
         s.step()
     if max_passes is not None:
@@ -138,8 +138,8 @@ def _bcfw_on(device, ds, steps=0, max_passes=None, **kw):
 
 
 def test_bcfw_on_cuda_matches_cpu():
-    """Uniform BCFW on CUDA tensors follows the CPU trajectory (same samples, no near-ties; float64 sums in
-    another order) and keeps the gap identity."""
+    """Uniform BCFW on CUDA tensors follows the CPU trajectory (the host-free step on both: the same counter-based
+    samples, no near-ties; float64 sums in another order) and keeps the gap identity."""
     ds = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0)
     runs = [_bcfw_on(device, ds, 3, lam=0.5, gap_check_every=2)[0].w.cpu() for device in ("cpu", DEVICE.type)]
     torch.testing.assert_close(runs[0], runs[1], rtol=1e-9, atol=1e-9)
@@ -260,7 +260,9 @@ def test_step_kernels_equal_their_twins_on_cuda(step):
 @pytest.mark.skipif(DRY_RUN, reason="counts the CUDA runtime's waiting calls: a real GPU")
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 @pytest.mark.parametrize("config,per_step", [
-    ({}, 1), ({"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 3)])
+    ({"host_free": False}, 1),
+    ({"host_free": False, "sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 3),
+    ({"cuda_graph": False}, 0), ({"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}, 0)])
 def test_minibatch_bcfw_step_waits_on_a_gpu_as_counted_on_the_simulated_device(config, per_step, backend):
     """The host waits of a mini-batch step that `simulated_cuda` counts (tests/test_simulated_cuda.py) are all
     there are: the CUDA runtime's blocking calls in a profile of two passes, after a warm-up pass."""
@@ -275,6 +277,30 @@ def test_minibatch_bcfw_step_waits_on_a_gpu_as_counted_on_the_simulated_device(c
             for _ in range(2):
                 s.step()
         assert sum(waits.values()) / 2 == per_step * (128 // B) + 1, (B, dict(waits))
+
+
+@pytest.mark.skipif(DRY_RUN, reason="CUDA graphs: a real GPU")
+@pytest.mark.parametrize("config", [{}, {"sampling": "gap", "step": "pairwise", "cache_size": 3, "gap_check_every": 2},
+                                    {"sampling": "gap", "step": "away", "cache_size": 4, "box": (-0.5, 0.5)}])
+def test_host_free_step_replayed_as_a_cuda_graph_equals_the_eager_step(config):
+    """The host-free step captured once per batch size (and again when the store grows or an exact pass moves the
+    cache's floor) and replayed: the same iterates as the eager host-free step, which launches every kernel (the
+    same kernels in the same order: bitwise up to atomics' order in the products), with the gap identity."""
+    ds = ts.data.synthetic_chain("train", 100, num_labels=6, num_features=10, seed=1)
+    runs = []
+    for graph in (False, True):
+        model = ts.LinearChainModel(10, 6, dtype=torch.float64, device=DEVICE)
+        s = ts.optim.BCFW(model, ds.to(DEVICE), lam=0.01, batch_size=16, seed=0, cuda_graph=graph, **config)
+        reports = [s.step() for _ in range(5)]
+        g = s.duality_gap()
+        assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-9
+        runs.append((s.w.cpu(), reports, s.graph_captures, s.cuda_graph))
+    (w0, r0, c0, _), (w1, r1, c1, on) = runs
+    assert on and c1 >= 2 and c0 == 0  # two sizes: 16 and the pass's last step of 4
+    torch.testing.assert_close(w0, w1, rtol=1e-9, atol=1e-12)
+    for a, b in zip(r0, r1):
+        assert (a["oracle_calls"], a["cache_hits"]) == (b["oracle_calls"], b["cache_hits"])
+        assert a["gap"] == pytest.approx(b["gap"], rel=1e-8, abs=1e-12)
 
 
 def test_train_dual_solver_on_cuda(tmp_path, capsys):
@@ -436,7 +462,7 @@ def test_pose_bcfw_with_positivity_box_on_cuda_matches_cpu():
     for device in ("cpu", DEVICE.type):
         ds = dataclasses.replace(train, features=train.features.to(device), positions=train.positions.to(device))
         p = SpatialTreeProblem(ds)
-        s = BCFW(p, lam=0.1, box=p.positivity_box(), seed=0, gap_check_every=1, batch_size=3)
+        s = BCFW(p, lam=0.1, box=p.positivity_box(), seed=0, gap_check_every=1, batch_size=3, host_free=True)
         for _ in range(3):
             s.step()
             assert (p.weights(s.w)[1][:, 1::2] >= 0).all()

@@ -88,7 +88,8 @@ def _syncs_per_pass(B, **config):
     assert len(set(ds.lengths.tolist())) > 1  # ragged: the oracle's masked paths run
     with simulated_cuda() as mode:
         model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device="cuda")
-        s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=B, seed=0, backend="torch", **config)
+        s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=B, seed=0, backend="torch", host_free=False,
+                          **config)
         s.step()  # the first pass visits every block once
         before = mode.syncs
         for _ in range(2):
@@ -117,7 +118,7 @@ def test_device_cache_test_takes_the_misses_answers_of_a_whole_batch_oracle():
     decides a near-tie between two active atoms for the away step, and the runs part.)"""
     ds = ts.data.synthetic_chain("train", 96, num_labels=5, num_features=8, seed=1)
     config = dict(lam=0.01, batch_size=16, step="pairwise", sampling="gap", cache_size=5, gap_check_every=3, seed=0,
-                  backend="torch")
+                  backend="torch", host_free=False)
     cpu = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, **config)
     ref = [cpu.step() for _ in range(2)]
     with simulated_cuda():
@@ -153,7 +154,7 @@ def test_minibatch_bcfw_step_kernel_launch_budget(config, budget):
     ds = ts.data.synthetic_chain("train", 64, num_labels=5, num_features=8, seed=0)
     with simulated_cuda() as mode:
         s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"), lam=0.01,
-                          batch_size=16, seed=0, **config)
+                          batch_size=16, seed=0, host_free=False, **config)
         s.step()
         before = mode.launches
         s.step()

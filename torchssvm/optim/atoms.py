@@ -36,17 +36,21 @@ class AtomStore:
         # False once a FW + cache eviction dropped an active atom: alpha no longer sums to the block.
         self.alpha_valid = torch.ones(n, dtype=torch.bool, device=dev)
 
-    def grow(self) -> None:
+    def grow(self, slots: int | None = None) -> None:
+        """Double the slots per block, or make them at least ``slots`` (whichever is more)."""
         n, C, W = self.labels.shape
-        extra = C
+        extra = C if slots is None else max(C, slots - C)
         self.labels = torch.cat([self.labels, self.labels.new_full((n, extra, W), -1)], 1)
         self.loss = torch.cat([self.loss, self.loss.new_zeros(n, extra)], 1)
         self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(n, extra)], 1)
 
-    def slots(self, idx: torch.Tensor, host_idx: torch.Tensor | None = None):
+    def slots(self, idx: torch.Tensor, host_idx: torch.Tensor | None = None, all_slots: bool = False):
         """``(labels (B, C, W), loss (B, C), alpha (B, C))`` of blocks ``idx``, with ``C`` the largest count among
-        them (read from the host's copy when ``host_idx``, ``idx`` on the host, is given); slots past a block's
-        count are unused (`torchssvm.kernels.atoms_select_torch.used_slots`)."""
+        them (read from the host's copy when ``host_idx``, ``idx`` on the host, is given), or every slot of the
+        storage with ``all_slots`` (no read: the shapes are the store's); slots past a block's count are unused
+        (`torchssvm.kernels.atoms_select_torch.used_slots`)."""
+        if all_slots:
+            return self.labels[idx].long(), self.loss[idx], self.alpha[idx]
         C = int(self.count_host[idx.cpu() if host_idx is None else host_idx].max())
         return self.labels[idx, :C].long(), self.loss[idx, :C], self.alpha[idx, :C]
 
@@ -90,17 +94,35 @@ class AtomStore:
         return slot
 
     def insert_batch(self, idx: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, scores: torch.Tensor, *,
-                     cap: int, keep_active: bool, host_idx: torch.Tensor | None = None) -> torch.Tensor:
+                     cap: int, keep_active: bool, host_idx: torch.Tensor | None = None,
+                     sync_free: bool = False) -> torch.Tensor:
         """`insert` for distinct blocks ``idx (B,)`` at once, on the store's device: ``labels (B, width)``,
-        ``loss (B,)``, ``scores (B, C)`` over the first ``C = max count`` slots; ``host_idx``: ``idx`` on the host,
-        if at hand. Returns the slots ``(B,)``; the same slots and store as calling `insert` block by block.
+        ``loss (B,)``, ``scores (B, C)`` over the first ``C`` slots (at least the largest count among the blocks);
+        ``host_idx``: ``idx`` on the host, if at hand. Returns the slots ``(B,)``; the same slots and store as
+        calling `insert` block by block.
 
         The host reads one thing from the device: which blocks gain a slot (its copy of the counts, and whether
         the store must grow). The writes are whole-batch, blocks that hold their labelling already writing back
-        what is there, so that no boolean mask makes the host wait."""
+        what is there, so that no boolean mask makes the host wait. With ``sync_free`` it reads nothing: the
+        caller has made room for every append (`grow`), and the host's copy of the counts is stale until
+        `refresh_host_counts`."""
+        if sync_free:
+            if resolve_backend(self.backend, self.labels.device) == "triton":
+                from ..kernels.atoms_insert_triton import insert_atoms_triton
+
+                return insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,
+                                           labels, loss.to(self.loss.dtype), scores, cap, keep_active)[0]
+            return self._insert_batch_torch(idx, labels, loss, scores, cap, keep_active, None)
         host_idx = idx.cpu() if host_idx is None else host_idx
         if resolve_backend(self.backend, self.labels.device) == "triton":
             return self._insert_batch_triton(idx, labels, loss, scores, cap, keep_active, host_idx)
+        return self._insert_batch_torch(idx, labels, loss, scores, cap, keep_active, host_idx)
+
+    def refresh_host_counts(self) -> None:
+        """The host's copy of the counts from the device's (one read), after `insert_batch` with ``sync_free``."""
+        self.count_host = self.count.to("cpu", copy=True)
+
+    def _insert_batch_torch(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
         dev = self.labels.device
         c = self.count[idx]
         C = scores.shape[1]
@@ -123,9 +145,10 @@ class AtomStore:
             slot = torch.where(evict, scores.masked_fill(~replaceable, torch.inf).argmin(1), slot)
             append = ~(full & has_cand) & ~evict & ~found
         slot = torch.where(found, match.to(torch.int8).argmax(1), slot)
-        self.count_host[host_idx] += append.cpu()
-        if int(self.count_host[host_idx].max()) > self.labels.shape[1]:  # an append past the last slot
-            self.grow()
+        if host_idx is not None:
+            self.count_host[host_idx] += append.cpu()
+            if int(self.count_host[host_idx].max()) > self.labels.shape[1]:  # an append past the last slot
+                self.grow()
         # A block that holds its labelling already writes back what is there: the same labels, its loss and alpha.
         self.labels[idx, slot] = labels
         self.loss[idx, slot] = torch.where(found, self.loss[idx, slot], loss.to(self.loss.dtype))

@@ -28,6 +28,7 @@ from ._state import checked_generator_state, checked_scalars, checked_tensor, re
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
+from .device_sampling import sample_gap, sample_uniform
 from .dual_solver import DualSolver
 
 SAMPLINGS = ("uniform", "gap")
@@ -51,8 +52,22 @@ class BCFW(DualSolver):
         qp_method: solver of the mini-batch box QP (`box_qp`): ``"newton"`` (projected Newton to the QP's optimum:
             on the host with numba, for a device's tensors up to B = 256; without numba in numpy up to B = 64;
             else on the tensors' device) or ``"sweeps"`` (coordinate sweeps on the host).
-        qp_max_iter: Newton iterations or coordinate sweeps of the mini-batch QP.
+        qp_max_iter: Newton iterations or coordinate sweeps of the mini-batch QP (at most; the host-free step runs
+            exactly this many, an iterate frozen once converged). Default 50, and 10 for the host-free step, where
+            Newton needs 2 to 4 on the QPs we recorded; a QP still short of the tolerance after them is counted in
+            the reports' ``qp_unconverged`` (its step is still a descent step: the certificate is unaffected).
         seed: seed of the solver's own random generator (sampling).
+        host_free: run each step without the host reading anything from the device (default: on any device but
+            the CPU). Blocks are drawn on the device (`device_sampling`: a counter-based generator, Gumbel-top-k for
+            gap sampling, the law of the host's draw without replacement), the chain problems pad every batch to
+            the data set's longest sequence (static shapes), the cache's counts stay on the device (the store
+            keeps room for the steps until the next read, which comes with the pass's report), and the box QP is
+            solved on the device (`box_qp(..., sync_free=True)`: ``qp_max_iter`` projected Newton iterations, an
+            iterate frozen once it meets the tolerance). On the CPU it is a way to run the device's algorithm;
+            ``False`` keeps the host's sampler and QP (the CPU's default, bitwise as before).
+        cuda_graph: replay each host-free step of a given size as one CUDA graph (captured after an eager step
+            of that size, again after the store grows, a state is loaded or an exact pass moves the cache's
+            floor; eager if the capture fails). Default: on CUDA with ``host_free``.
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` and ``gap_exact`` (True after an exact pass, else
     ``gap`` is the sum of the stale block-gap estimates and ``primal = dual + gap``), ``passes``
@@ -70,8 +85,9 @@ class BCFW(DualSolver):
 
     def __init__(self, model, dataset=None, lam: float = 1e-2, *, sampling: str = "uniform", step: str = "fw",
                  cache_size: int = 0, cache_factor: float = 0.25, cache_nu: float = 0.01,
-                 gap_check_every: int = 10, batch_size: int = 1, qp_method: str = "newton", qp_max_iter: int = 50,
-                 box=None, seed: int = 0,
+                 gap_check_every: int = 10, batch_size: int = 1, qp_method: str = "newton",
+                 qp_max_iter: int | None = None,
+                 box=None, seed: int = 0, host_free: bool | None = None, cuda_graph: bool | None = None,
                  writer=None, structure=None, backend: str = "auto", rescaling: str = "margin"):
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -84,7 +100,7 @@ class BCFW(DualSolver):
             raise ValueError("cache_size must be 0 (no cache) or >= 2 (the truth takes one slot)")
         if qp_method not in QP_METHODS:
             raise ValueError(f"qp_method must be one of {QP_METHODS}, got {qp_method!r}")
-        for name, value in (("batch_size", batch_size), ("qp_max_iter", qp_max_iter)):
+        for name, value in (("batch_size", batch_size), ("qp_max_iter", 1 if qp_max_iter is None else qp_max_iter)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for name, value in (("cache_factor", cache_factor), ("cache_nu", cache_nu)):
@@ -100,21 +116,44 @@ class BCFW(DualSolver):
         self.sampling, self.step_type = sampling, step
         self.cache_size, self.cache_factor, self.cache_nu = cache_size, float(cache_factor), float(cache_nu)
         self.gap_check_every, self.batch_size = gap_check_every, batch_size
-        self.qp_method, self.qp_max_iter = qp_method, qp_max_iter
         self.seed = seed
         self.generator = torch.Generator().manual_seed(int(seed))
+        dev = self.problem.device
+        self.host_free = dev.type != "cpu" if host_free is None else bool(host_free)
+        if cuda_graph and not (self.host_free and dev.type == "cuda"):
+            raise ValueError("cuda_graph needs host_free=True and a problem on a CUDA device")
+        if cuda_graph is None:  # a simulated CUDA device (`torchssvm.testing`) has no graphs
+            cuda_graph = self.host_free and dev.type == "cuda" and torch.backends.cuda.is_built()
+        self.cuda_graph = bool(cuda_graph)
+        self.qp_method = qp_method
+        self.qp_max_iter = qp_max_iter if qp_max_iter is not None else 10 if self.host_free else 50
+        # host-free QPs that ended on qp_max_iter short of the tolerance, counted on the device
+        self._qp_unconverged = torch.zeros((), dtype=torch.long, device=dev) if self.host_free else None
+        self.qp_unconverged = 0
         p = self.problem
         self.atoms = AtomStore(p.truth, cache_size, self.backend) if (cache_size > 0 or step != "fw") else None
         self._away_min_mass = math.sqrt(torch.finfo(self.z.dtype).eps)  # away steps: see _update
         self.global_gap = float(p.max_loss(torch.arange(self.n, device=p.device)).sum()) / self.n
         self.first_visit = torch.randperm(self.n, generator=self.generator)  # Alg. 2's g_i = inf blocks
         self.first_visit_pos = 0
+        self.draws = 0  # host-free sampling: draws taken from the counter-based generator
+        if self.host_free:
+            rank = torch.empty(self.n, dtype=torch.float64)
+            rank[self.first_visit] = torch.arange(self.n, dtype=torch.float64)
+            self._first_rank = rank.to(p.device)
+            # the store's slots are known to suffice for this many more steps (pairwise / away steps add at most
+            # one atom per block and step); refreshed by a read of the counts
+            self._room = 0
+        self._graphs = None  # {B: (signature, CUDA graph)} of the captured steps
+        self._graph_warm = set()  # sizes that ran one eager step
+        self.graph_captures = 0
         self.cache_hits = 0
         self.visits = 0
         # On a device the cache test runs without the host: the oracle decodes the whole mini-batch and the misses'
         # answers are taken (a GPU decodes 64 sequences in the time of 7), the misses are counted on the device
         # and read with the pass's report. On the CPU the oracle decodes the misses only.
-        self._misses = torch.zeros((), dtype=torch.long, device=p.device) if p.device.type != "cpu" else None
+        on_device = p.device.type != "cpu" or self.host_free
+        self._misses = torch.zeros((), dtype=torch.long, device=p.device) if on_device else None
         self._visits_unread = 0
 
     # -- sampling -------------------------------------------------------------------------------
@@ -149,15 +188,112 @@ class BCFW(DualSolver):
         return torch.tensor(picked, dtype=torch.long)
 
     # -- one block update -----------------------------------------------------------------------
+    def _host_free_step(self, B: int) -> None:
+        """One host-free step of ``B`` blocks: the device work (`_device_step`, eager or replayed as a CUDA graph),
+        then the host's counters, which depend on ``B`` and the configuration only."""
+        if self.atoms is not None and self.step_type != "fw":
+            self._make_room()
+        if self.cuda_graph:
+            self._graph_step(B)
+        else:
+            self._device_step(B, self.draws)
+        self.draws += 1
+        self._room -= 1
+        self.visits += B
+        if self._misses is not None and self.cache_size > 0:
+            self._visits_unread += B
+        else:
+            self.oracle_calls += B
+
+    def _device_step(self, B: int, draw) -> None:
+        idx = self.problem.static_block_index(self._sample_device_at(B, draw))
+        self._update(None, idx)
+
+    def _sample_device_at(self, B: int, draw) -> torch.Tensor:
+        """``B`` distinct blocks drawn on the device (`device_sampling`), ``(B,)`` long; no host read: draw number
+        ``draw`` (an int, or a 0-dim int64 tensor on the device) of the generator ``seed``."""
+        p = self.problem
+        if self.sampling == "uniform":
+            return sample_uniform(self.seed, draw, self.n, B, p.device)
+        return sample_gap(self.block_gaps, self._first_rank, self.seed, draw, B)
+
+    def _graph_signature(self, B: int) -> tuple:
+        """What a captured step bakes in: the tensors it reads and writes (by identity), the storage's size and the
+        scalars it takes as constants. A step is captured again when any of them changed."""
+        store = self.atoms
+        tensors = (self.z, self.ell, self.v, self.w, self.block_gaps, self._misses)
+        if store is not None:
+            tensors += (store.labels, store.loss, store.alpha, store.count, store.alpha_valid)
+        return (B, self.lam, self.global_gap) + tuple(id(t) for t in tensors)
+
+    def _graph_step(self, B: int) -> None:
+        """`_device_step` replayed from a CUDA graph (torch.cuda.CUDAGraph): one launch for the whole step. The first
+        step of each size runs eagerly (it compiles the Triton kernels and warms the allocator), the next captures
+        it. If the capture fails the solver warns once and stays eager."""
+        if self._graphs is None:
+            self._graphs = {}
+            self._draw_on_device = torch.zeros((), dtype=torch.long, device=self.problem.device)
+        sig = self._graph_signature(B)
+        entry = self._graphs.get(B)
+        if entry is None or entry[0] != sig:
+            if entry is None and B not in self._graph_warm:
+                self._graph_warm.add(B)
+                self._device_step(B, self.draws)
+                return
+            graph = self._capture(B)
+            if graph is None:
+                self._device_step(B, self.draws)
+                return
+            entry = self._graphs[B] = (sig, graph)
+        self._draw_on_device.fill_(self.draws)
+        entry[1].replay()
+
+    def _capture(self, B: int):
+        import warnings
+
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._device_step(B, self._draw_on_device)
+        except Exception as e:  # noqa: BLE001 - any failure of the capture leaves the eager step
+            warnings.warn(f"BCFW: capturing the step as a CUDA graph failed ({type(e).__name__}: {e}); the steps run "
+                          "eagerly", RuntimeWarning, stacklevel=3)
+            self.cuda_graph = False
+            self._graphs = None
+            return None
+        self.graph_captures += 1
+        return graph
+
+    def _room_steps(self) -> int:
+        """Steps the store keeps room for between reads of its counts: a pass's steps, at most 64 (the store's
+        extra slots)."""
+        return max(1, min(-(-self.n // self.batch_size), 64))
+
+    def _make_room(self, max_count: int | None = None) -> None:
+        """Pairwise / away steps never evict an active atom, so a block may outgrow the store. Before a step that
+        the store's room does not cover, read the largest count (one host read, or ``max_count`` read with the
+        report) and grow the store to hold it plus `_room_steps` more atoms."""
+        if max_count is None:
+            if self._room > 0:
+                return
+            max_count = int(self.atoms.count.max())
+        store, steps = self.atoms, self._room_steps()
+        if store.labels.shape[1] < max_count + steps:
+            store.grow(max_count + steps)
+            self._graphs = None  # the captured steps hold the old storage
+        self._room = steps
+
     @torch.no_grad()
-    def _update(self, host_idx: torch.Tensor) -> None:
+    def _update(self, host_idx: torch.Tensor | None, idx: torch.Tensor | None = None) -> None:
         """One (mini-batch) block update of the distinct blocks ``host_idx (B,)`` (on the host).
 
         On a device the host waits for it at most twice (docs/benchmarks/host_syncs.md): for which blocks gained a
         cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for B <= 256 with numba).
         Everything else is whole-batch tensor work, each quantity computed once (kernel launches: the same page)."""
         p, n, lam = self.problem, self.n, self.lam
-        idx = p.block_index(host_idx)
+        host_free = idx is not None  # the counters are the caller's (`_host_free_step`)
+        if idx is None:
+            idx = p.block_index(host_idx)
         B = idx.shape[0]
         theta = p.potentials(self.w, idx)
         zi = self.z[idx]
@@ -166,7 +302,7 @@ class BCFW(DualSolver):
         store = self.atoms
         find_away = self.step_type != "fw"  # pairwise / away steps (which also keep their active atoms)
         if store is not None:
-            a_labels, a_loss, a_alpha = store.slots(idx, host_idx)
+            a_labels, a_loss, a_alpha = store.slots(idx, host_idx, all_slots=host_free)
             # H_i(y; w) = L_i(y) - <theta_i, m(y_i) - m(y)> of every stored atom; slot 0 holds the truth y_i
             a_score = p.labels_score(theta, idx, a_labels)
             a_H = a_loss - a_score[:, :1] + a_score
@@ -179,7 +315,9 @@ class BCFW(DualSolver):
                 a_H, store.count, a_labels, a_loss, a_alpha, idx, base, ell_i, self.block_gaps, labels, loss, H,
                 n, self.cache_factor if cached else None, self.cache_nu / n * self.global_gap,
                 self._misses if cached else None, find_away, backend=store.backend)
-            if cached:
+            if host_free:
+                pass
+            elif cached:
                 self._visits_unread += B
             else:
                 self.oracle_calls += B
@@ -212,19 +350,21 @@ class BCFW(DualSolver):
                 else:
                     s_labels[at], s_loss[at], s_H[at] = labels, loss, H
                     self.block_gaps[mi] = (base[at] + H) / n - ell_i[at]
-                self.oracle_calls += misses
+                if not host_free:
+                    self.oracle_calls += misses
             away_atom = away_atoms_torch(a_H, used, a_alpha, a_labels, a_loss) if find_away else None
-        self.visits += B
+        if not host_free:
+            self.visits += B
 
         # Insert the FW atoms. The away atoms are active atoms, which insertion leaves where they are (it fills an
         # inactive or a new slot, and evicts only under FW steps): they are read from the atoms before it.
         if store is not None:
-            if B == 1:  # the sequential solver: host-side insertion, fewer operations
+            if B == 1 and not host_free:  # the sequential solver: host-side insertion, fewer operations
                 s_slot = torch.tensor([store.insert(int(host_idx[0]), s_labels[0], float(s_loss[0]), a_H[0],
                                                     cap=self.cache_size, keep_active=find_away)], device=p.device)
             else:
                 s_slot = store.insert_batch(idx, s_labels, s_loss, a_H, cap=self.cache_size, keep_active=find_away,
-                                            host_idx=host_idx)
+                                            host_idx=host_idx, sync_free=host_free)
         kind = None  # of an away step's blocks: 0 FW, 2 away
         if self.step_type == "fw":
             direction = p.fw_direction(idx, s_labels, zi)
@@ -254,21 +394,28 @@ class BCFW(DualSolver):
 
         curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
             (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
-        gamma = box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter)
+        gamma = box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter, sync_free=host_free,
+                       unconverged=self._qp_unconverged)
         # A zero step changes nothing: skip its work where asking costs nothing (on a device the host would wait).
-        if gamma.device.type == "cpu" and not bool((gamma > 0).any()):
+        if gamma.device.type == "cpu" and not host_free and not bool((gamma > 0).any()):
             return
         # z, l and (for a mini-batch) the atoms' weights in one go (`apply_block_step`: on CUDA one kernel)
         duals = {}
-        if store is not None and B > 1:
+        if store is not None and (B > 1 or host_free):
             duals = dict(alpha=store.alpha, alpha_valid=store.alpha_valid, s_slot=s_slot, upper=upper, kind=kind,
                          away=None if self.step_type == "fw" else away)
         apply_block_step(self.z, self.ell, idx, zi, ell_i, gamma, direction, d_ell, step=self.step_type,
                          backend=self.backend, **duals)
         p.accumulate(self.v, idx, direction, gamma / (lam * n))
         self._sync_w()
-        if store is not None and B == 1:
+        if store is not None and B == 1 and not host_free:
             self._update_alpha(idx, gamma, upper, s_slot, None if self.step_type == "fw" else away, kind)
+
+    def _sync_w(self) -> None:
+        if self.host_free and self.box is not None:  # in place: a captured step reads this tensor
+            torch.maximum(torch.minimum(self.v, self.box[1]), self.box[0], out=self.w)
+        else:
+            super()._sync_w()
 
     def _update_alpha(self, idx, gamma, upper, s_slot, away, kind) -> None:
         """The explicit duals of the sequential solver's block (``kind``, of an away step: 0 FW, 2 away) on the
@@ -303,7 +450,7 @@ class BCFW(DualSolver):
         """The exact gap pass: n oracle calls (counted), fresh block gaps for sampling and the cache."""
         gaps, hinge = self._full_pass()
         self.oracle_calls += self.n
-        self.block_gaps = gaps
+        self.block_gaps.copy_(gaps)  # in place: a captured step reads this tensor
         gap, ww, hinge_sum = torch.stack([gaps.sum(), self.w @ self.w, hinge.sum()]).tolist()  # one read
         self.global_gap = gap
         primal = 0.5 * self.lam * ww + hinge_sum / self.n
@@ -323,7 +470,10 @@ class BCFW(DualSolver):
         done = 0
         while done < self.n:
             B = min(self.batch_size, self.n - done)
-            self._update(self._sample(B))
+            if self.host_free:
+                self._host_free_step(B)
+            else:
+                self._update(self._sample(B))
             done += B
         self.steps_done += 1
         exact = self.gap_check_every > 0 and self.steps_done % self.gap_check_every == 0
@@ -341,7 +491,16 @@ class BCFW(DualSolver):
             reads.append(self.block_gaps.clamp_min(0).sum())
         if self._misses is not None:
             reads.append(self._misses.to(torch.float64))
+        if self.host_free:
+            reads.append(self._qp_unconverged.to(torch.float64))
+        grows = self.host_free and self.atoms is not None and self.step_type != "fw"
+        if grows:  # the store's room for the next pass, read here rather than by its first step
+            reads.append(self.atoms.count.max().to(torch.float64))
         values = torch.stack(reads).tolist()  # one read from the device
+        if grows:
+            self._make_room(int(values.pop()))
+        if self.host_free:
+            self.qp_unconverged = int(values.pop())
         if self._misses is not None:
             self._count_misses(int(values.pop()))
         dual = values[0]
@@ -352,7 +511,8 @@ class BCFW(DualSolver):
             primal = dual + gap
         return {"primal": primal, "dual": dual, "gap": gap, "gap_exact": exact, "passes": self.oracle_calls / self.n,
                 "oracle_calls": self.oracle_calls, "cache_hits": self.cache_hits,
-                "cache_hit_rate": self.cache_hits / max(1, self.visits), "time": self.seconds}
+                "cache_hit_rate": self.cache_hits / max(1, self.visits), "time": self.seconds,
+                **({"qp_unconverged": self.qp_unconverged} if self.host_free else {})}
 
     def _count_misses(self, misses: int) -> None:
         """Add the cache misses counted on the device since the last read (``misses`` of them) to the counters."""
@@ -378,7 +538,7 @@ class BCFW(DualSolver):
         delta = self.ell - self._block_inner() / self.n
         self.z.mul_(rho)
         self.ell.mul_(rho)
-        self.block_gaps = self.block_gaps + (1 - rho) * delta
+        self.block_gaps.add_((1 - rho) * delta)
         self.global_gap = self.global_gap + (1 - rho) * float(delta.sum())
         if self.atoms is not None:
             a = self.atoms.alpha
@@ -403,7 +563,8 @@ class BCFW(DualSolver):
         s = super().state_dict()
         s.update({"global_gap": self.global_gap, "first_visit": self.first_visit.clone(),
                   "first_visit_pos": self.first_visit_pos, "cache_hits": self.cache_hits, "visits": self.visits,
-                  "generator": self.generator.get_state(), "atoms": None if self.atoms is None else
+                  "generator": self.generator.get_state(), "draws": self.draws,
+                  "atoms": None if self.atoms is None else
                   self.atoms.state_dict()})
         return s
 
@@ -419,6 +580,10 @@ class BCFW(DualSolver):
         out["first_visit"] = first_visit
         out.update(checked_scalars(state, {"global_gap": float, "first_visit_pos": int, "cache_hits": int,
                                            "visits": int}))
+        # host-free sampling's draws (a state saved before it existed has none: 0)
+        out.update(checked_scalars({"draws": state.get("draws", 0)}, {"draws": int}))
+        if out["draws"] < 0:
+            raise ValueError(f"state_dict['draws'] must be >= 0, got {out['draws']}")
         out["_generator"] = checked_generator_state(state)
         out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
         return out
@@ -431,4 +596,9 @@ class BCFW(DualSolver):
         if self._misses is not None:  # the saved counters include every miss counted on the device
             self._misses.zero_()
             self._visits_unread = 0
+        block_gaps = checked.pop("block_gaps")
         super()._set_state(checked)
+        self.block_gaps.copy_(block_gaps)  # in place, as `_refresh` writes it
+        self._graphs = None  # the captured steps hold the old tensors
+        if self.host_free:
+            self._room = 0

@@ -56,7 +56,7 @@ def _host_solver(B: int, device: torch.device):
 
 
 def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
-           tol: float = 1e-12) -> torch.Tensor:
+           tol: float = 1e-12, sync_free: bool = False, unconverged: torch.Tensor | None = None) -> torch.Tensor:
     """Args:
         c ``(B,)``, H ``(B, B)`` PSD, upper ``(B,)`` >= 0 (float64 on any device).
         method: ``"newton"`` or ``"sweeps"``.
@@ -64,12 +64,28 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         tol: ``"newton"`` stops when the gradient of every coordinate not held at a bound (the KKT residual) is
             at most ``tol max|c|`` (plus the resolution of its ridged Newton systems, `_RIDGE_FLOOR`), which is free
             of the problem's scale; ``"sweeps"`` stops when every coordinate move is at most ``tol (1 + max|c|)``.
+        sync_free: ``"newton"`` on the inputs' device without the host reading anything (for ``B = 1`` the closed
+            form): all ``max_iter`` iterations are launched, an iterate that meets the tolerance (or finds no
+            descent) staying frozen, so the answer is the one of the same iteration that stops, from a fixed
+            sequence of kernels (which a CUDA graph can replay). ``"sweeps"`` always runs on the host.
+        unconverged: with ``sync_free``, a 0-dim integer tensor on the device to which 1 is added when the
+            iteration ends short of the tolerance (``max_iter`` reached while still descending): a counter the
+            caller reads when it reads anyway.
 
     Returns ``gamma (B,)`` on the device of ``c``. A zero-curvature coordinate with a positive gain
     goes to its upper bound."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     B = c.shape[0]
+    if sync_free and method == "newton":
+        c, H, upper = (t.to(torch.float64) for t in (c, H, upper))
+        if B == 1:  # `_coordinate` as tensor work
+            h = H.reshape(1)
+            return torch.where(h > 0, torch.minimum((c / h).clamp_min(0.0), upper), torch.where(c > 0, upper, 0.0))
+        gamma, running = _projected_newton(c, H, upper, max_iter, tol, check_every=0, with_flag=True)
+        if unconverged is not None:
+            unconverged.add_(running.to(unconverged.dtype))
+        return gamma
     if B == 1:
         g = _coordinate(float(c[0]), float(H.reshape(-1)[0]), float(upper[0]))
         return torch.tensor([g], dtype=torch.float64, device=c.device)
@@ -121,7 +137,18 @@ def _first_breakpoints(gamma, moves, upper):
     return torch.where(torch.isfinite(t), t, 1.0)
 
 
-def _projected_newton(c, H, upper, max_iter, tol):
+_ARC_ON = {}  # _ARC on each device it was used on (a copy per call would be a launch, and none inside a graph)
+
+
+def _arc_on(device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return _ARC
+    if device not in _ARC_ON:
+        _ARC_ON[device] = host_to_device(_ARC, device)
+    return _ARC_ON[device]
+
+
+def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=False):
     """Projected Newton (Bertsekas 1982) with two arcs per iteration.
 
     The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
@@ -130,44 +157,62 @@ def _projected_newton(c, H, upper, max_iter, tol):
     depends on the set's size. Along the Newton arc and along the projected-gradient arc
     ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
     once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
-    gradient arc makes every iteration at least a projected-gradient step with a line search."""
+    gradient arc makes every iteration at least a projected-gradient step with a line search.
+
+    ``check_every``: iterations between reads of the stop flag (default: 1 on the CPU, `_DEVICE_CHECK_EVERY` on a
+    device; 0: never, all ``max_iter`` iterations run). ``with_flag``: return ``(gamma, running)``, ``running`` a
+    0-dim bool tensor, True when the iteration ended on ``max_iter`` still short of the tolerance."""
     B, dev = c.shape[0], c.device
     # On a device the iteration runs without host reads: an iterate that has converged (or found no descent)
     # stays frozen, so reading the stop flag only every few iterations gives the same answer.
-    check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
-    arc = host_to_device(_ARC, dev)
+    if check_every is None:
+        check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
+    arc = _arc_on(dev)
     ridge = 1e-13 * torch.diagonal(H).abs().max() + 1e-300
-    ridge_eye = ridge * torch.eye(B, dtype=torch.float64, device=dev)
+    floor = _RIDGE_FLOOR * ridge
+    bound_diag = 1.0 + ridge  # the diagonal of a coordinate held at its bound (plus the ridge)
     scale = tol * c.abs().max()
+    neg_c = -c
     gamma = torch.zeros(B, dtype=torch.float64, device=dev)
-    grad = -c
+    grad = neg_c
     f = torch.zeros((), dtype=torch.float64, device=dev)
     lo = torch.zeros_like(upper)
-    newton_unit = torch.zeros(2, 1, dtype=torch.float64, device=dev)  # t = 1: the face's optimum
-    newton_unit[0] = 1.0
+    steps = torch.zeros(2, arc.shape[0] + 1, dtype=torch.float64, device=dev)  # (2, A+1) trial step lengths
+    steps[0, -1] = 1.0  # t = 1 on the Newton arc: the face's optimum
     running = torch.ones((), dtype=torch.bool, device=dev)
+    # Each line is one or two kernels: the iteration is a fixed sequence of about 45 launches plus the solve's,
+    # which a device runs without the host (and a CUDA graph replays as one).
     for it in range(max_iter):
         bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
-        running = running & (torch.where(bind, 0.0, grad).abs().max() > scale + _RIDGE_FLOOR * ridge * gamma.max())
-        if it % check_every == 0 and not bool(running):
+        projected = torch.where(bind, 0.0, grad)
+        running = running & (projected.abs().amax() > scale + floor * gamma.amax())
+        if check_every and it % check_every == 0 and not bool(running):
             break
-        free = (~bind).to(torch.float64)
-        M = H * free.unsqueeze(0) * free.unsqueeze(1) + torch.diag(1.0 - free) + ridge_eye
-        descent = -grad * free
+        free = torch.where(bind, 0.0, 1.0)
+        M = H * (free.unsqueeze(1) * free.unsqueeze(0))
+        M.diagonal().add_(torch.where(bind, bound_diag, ridge))
+        descent = -projected
         # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
         # non-finite trials would fail the descent test and freeze the iterate.
         newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
         moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
-        t = torch.cat([_first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc, newton_unit], 1)  # (2, A+1)
-        trials = (gamma + t.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, upper).reshape(-1, B)
-        # a trial past float64's range (a Newton step along a direction of zero curvature) is no candidate
-        values = torch.nan_to_num(qp_objective(c, H, trials), nan=torch.inf)
+        steps[:, :-1] = _first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc
+        trials = torch.addcmul(gamma, steps.unsqueeze(2), moves.unsqueeze(1)).clamp_(lo, upper).reshape(-1, B)
+        # f(x) = sum_j x_j ((H x)_j / 2 - c_j); a trial past float64's range (a Newton step along a direction of
+        # zero curvature) is no candidate
+        values = torch.nan_to_num((torch.add(neg_c, trials @ H, alpha=0.5) * trials).sum(1), nan=torch.inf)
         best = torch.argmin(values).view(1)  # a tensor index: an int would be read on the host
         value = values.index_select(0, best).squeeze(0)
         running = running & (value < f)
         gamma = torch.where(running, trials.index_select(0, best).squeeze(0), gamma)
         f = torch.where(running, value, f)
-        grad = H @ gamma - c
+        grad = torch.addmv(neg_c, H, gamma)
+    if with_flag:
+        # the stop test at the last iterate: still above the tolerance (a frozen iterate found no descent, and
+        # `running` fell with it)
+        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+        running = running & (torch.where(bind, 0.0, grad).abs().amax() > scale + floor * gamma.amax())
+        return gamma, running
     return gamma
 
 

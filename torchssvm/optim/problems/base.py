@@ -70,6 +70,12 @@ class DualProblem:
         the blocks (a chain's longest sentence) read them here from the host copy rather than from the device."""
         return host_to_device(idx, self.device)
 
+    def static_block_index(self, idx: torch.Tensor) -> torch.Tensor:
+        """``idx (B,)`` long, already on the problem's device (drawn there), as the index the operations below
+        take, without the host reading it: problems whose shapes depend on the blocks take the data set's largest
+        (a chain pads every batch to its longest sentence), so that the shapes are static."""
+        return idx
+
     # -- oracles and products (implemented by subclasses) ---------------------------------------
     def potentials(self, w: torch.Tensor, idx: torch.Tensor):
         raise NotImplementedError

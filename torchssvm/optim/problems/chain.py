@@ -186,6 +186,10 @@ class ChainProblem(DualProblem):
             self._remember_T(on_device, int(self._lengths_host[idx.cpu()].max()))
         return on_device
 
+    def static_block_index(self, idx: torch.Tensor) -> torch.Tensor:
+        self._remember_T(idx, self.T)
+        return idx
+
     def _x(self, idx: torch.Tensor, T: int):
         if self.sparse:
             return self.x[idx][:, :T]

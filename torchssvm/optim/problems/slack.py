@@ -68,6 +68,9 @@ class SlackRescaledProblem(DualProblem):
     def block_index(self, idx):
         return self.base.block_index(idx)
 
+    def static_block_index(self, idx):
+        return self.base.static_block_index(idx)
+
     def potentials(self, w, idx):
         return self.base.potentials(w, idx)
 
