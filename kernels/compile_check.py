@@ -77,6 +77,8 @@ OUTPUTS = {
     "_slack_viterbi_kernel": ("bp_ptr", "alpha_ptr", "out_ptr", "value_ptr"),
     "_tree_level_kernel": ("msg_ptr", "arg_ptr"),
     "_viterbi_kernel": ("bp_ptr", "alpha_ptr", "out_ptr", "score_ptr"),
+    "_viterbi_seq_kernel": ("hist_ptr", "out_ptr", "score_ptr"),
+    "_viterbi_grid_kernel": ("hist_ptr", "out_ptr", "score_ptr", "sync_ptr"),
 }
 
 
@@ -189,11 +191,11 @@ def _chain(B, T, K, dtype, per_position=False, start_end=True):
     return unary, transition, se, se, torch.full((B,), T, dtype=torch.long)
 
 
-def _viterbi(B, T, K, dtype, **kw):
+def _viterbi(B, T, K, dtype, kernel="auto", **kw):
     def run():
         from .viterbi_triton import viterbi_triton
 
-        viterbi_triton(*_chain(B, T, K, dtype, **kw))
+        viterbi_triton(*_chain(B, T, K, dtype, **kw), kernel=kernel)
     return run
 
 
@@ -319,8 +321,17 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "viterbi OCR (32,14,26)": _viterbi(32, 14, 26, f32),
     "viterbi CoNLL (512,100,45) float64": _viterbi(512, 100, 45, f64),
     "viterbi per-position, no start/end (8,20,26)": _viterbi(8, 20, 26, f32, per_position=True, start_end=False),
-    "viterbi tiled K=300 (8,50,300)": _viterbi(8, 50, 300, f32),
-    "viterbi tiled K=300 float64": _viterbi(8, 50, 300, f64),
+    "viterbi K=1 (4,10,1)": _viterbi(4, 10, 1, f32),
+    "viterbi grid K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="grid"),
+    "viterbi grid K=300 float64": _viterbi(8, 50, 300, f64, kernel="grid"),
+    "viterbi grid K=1024 (8,50,1024)": _viterbi(8, 50, 1024, f32, kernel="grid"),
+    "viterbi grid per-position, no start/end (4,10,130)": _viterbi(4, 10, 130, f32, kernel="grid", per_position=True,
+                                                                   start_end=False),
+    "viterbi grid by steps K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="grid-steps"),
+    "viterbi legacy OCR (32,14,26)": _viterbi(32, 14, 26, f32, kernel="legacy"),
+    "viterbi legacy (512,100,45) float64": _viterbi(512, 100, 45, f64, kernel="legacy"),
+    "viterbi legacy tiled K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="legacy"),
+    "viterbi legacy tiled K=300 float64": _viterbi(8, 50, 300, f64, kernel="legacy"),
     "slack chain OCR (32,14,26)": _slack(32, 14, 26, f32),
     "slack chain (8,100,45) float64": _slack(8, 100, 45, f64),
     "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),

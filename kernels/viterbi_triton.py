@@ -1,14 +1,33 @@
-"""Batched Viterbi as a Triton kernel: one program per sequence, labels tiled for large K.
+"""Batched Viterbi as Triton kernels: one program per sequence for small K, the GPU-wide max-plus product for large K.
 
-Twin of `viterbi_torch` (same arithmetic, same tie-breaking: smallest label index wins, so the two
-agree bitwise). For ``K <= 64`` the whole ``K x K`` transition tile and the forward scores live in
-registers; above that the forward scores go through a small global scratch buffer and the max-plus
-product is tiled ``BLOCK x BLOCK`` with a running (max, argmax) per output label, which supports any K
-(tested up to 1024).
+Twin of `viterbi_torch`: the same recursion ``alpha_t[j] = max_i (alpha_{t-1}[i] + tr[i, j]) + u_t[j]`` and the same
+tie rule (every argmax takes the smallest label index), so the kernels and the twin agree bitwise. Three kernels,
+chosen by shape in `viterbi_triton` (``kernel="auto"``; each can be forced):
+
+- ``"sequence"`` (`_viterbi_seq_kernel`, ``K <= 64``): one program decodes one whole sequence in one launch. The
+  ``K x K`` transition tile stays in registers; a time step is one max-plus of the forward scores with the tile,
+  its reduction over the previous label, and the next step's unary row already in flight (prefetched one step
+  ahead). The forward pass computes maxima only (an add and a max per entry; tracking the argmax costs about three
+  times that) and keeps the forward scores ``alpha_t`` ``(B, T, K)`` in a scratch history; the backtrack recomputes
+  the one argmax it needs per step, ``argmax_i alpha_{t-1}[i] + tr[i, y_t]``, exactly the argmax the forward pass
+  would have stored (the torch twin does the same).
+- ``"grid"`` (`_viterbi_grid_kernel`, ``K > 64`` on CUDA): the step ``(B, K) x (K, K)`` max-plus product is tiled
+  over the whole GPU. A work item is a block of ``BB`` sequences times a block of ``BJ`` output labels; it reads the
+  ``BB x K`` forward scores of step t-1 and the ``K x BJ`` transition slice in ``BI``-long chunks and keeps a
+  ``BB x BI x BJ`` running maximum in registers (only adds and maxes in the inner loop), reduced over the chunk axis
+  once per step. The kernel is persistent: a cooperative launch of at most one program per SM walks the work items
+  of every step and meets the other programs at a grid barrier (a global counter) between steps; the backtrack
+  then runs one sequence per program, in ``BK``-long chunks. Where the grid barrier is not wanted (the Triton
+  interpreter runs programs one after the other, so there it uses one program) the same kernel runs one launch per
+  step (``kernel="grid-steps"``).
+- ``"legacy"`` (`_viterbi_kernel`): the earlier kernel, one program per sequence with argmax-tracking backpointers
+  (a ``BLOCK x BLOCK``-tiled loop through a global scratch buffer above ``K = 64``). ``"auto"`` runs it for
+  ``K > 64`` where a cooperative launch is not available.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -19,7 +38,11 @@ from .viterbi_torch import promote_chain_potentials
 
 _SINGLE_TILE_MAX_K = 64
 _TILE = 64
+SEQUENCE_MAX_K = 64  # "auto" runs the one-program-per-sequence kernel up to this K
+KERNELS = ("auto", "sequence", "grid", "grid-steps", "legacy")
 
+
+# ------------------------------------------------------------------------------------------------- legacy kernel
 
 @triton.jit
 def _viterbi_kernel(
@@ -120,37 +143,343 @@ def _viterbi_kernel(
         y = tl.where(t > 0, prev, y)
 
 
+# ----------------------------------------------------------------------------------- one program per sequence
+
+@triton.jit
+def _viterbi_seq_kernel(
+    unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
+    hist_ptr, out_ptr, score_ptr,
+    T, K, trans_sb, trans_st,
+    HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    L = tl.load(len_ptr + b).to(tl.int32)
+    u_base = unary_ptr + b * T * K
+    h_base = hist_ptr + b * T * K
+    tr_base = trans_ptr + b * trans_sb
+    NEG = float("-inf")
+    offs_i = tl.arange(0, BLOCK)  # previous label: rows of the tile
+    offs_j = tl.arange(0, BLOCK)  # next label: columns
+    mi = offs_i < K
+    mj = offs_j < K
+    tmask = mi[:, None] & mj[None, :]
+    tile = offs_i[:, None] * K + offs_j[None, :]
+
+    alpha = tl.load(u_base + offs_j, mask=mj, other=NEG)
+    if HAS_START:
+        alpha = alpha + tl.load(start_ptr + offs_j, mask=mj, other=0.0)
+    # masks of the prefetches: a label bound of K while the step exists, else 0 (no lane loads)
+    lim = tl.where(L > 1, K, 0)
+    if PER_POSITION:
+        tr_next = tl.load(tr_base + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
+    else:
+        tr = tl.load(tr_base + tile, mask=tmask, other=NEG)
+    u_next = tl.load(u_base + K + offs_j, mask=offs_j < lim, other=0.0)
+    for t in range(1, L):
+        # the loads of step t + 1 go out before step t's arithmetic (they do not depend on it)
+        lim = tl.where(t + 1 < L, K, 0)
+        u = u_next
+        u_next = tl.load(u_base + (t + 1) * K + offs_j, mask=offs_j < lim, other=0.0)
+        if PER_POSITION:
+            tr = tr_next
+            tr_next = tl.load(tr_base + t * trans_st + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
+        tl.store(h_base + (t - 1) * K + offs_j, alpha, mask=mj)
+        alpha = tl.max(alpha[:, None] + tr, axis=0) + u
+    fin = alpha
+    if HAS_END:
+        fin = fin + tl.load(end_ptr + offs_j, mask=mj, other=0.0)
+    score = tl.max(fin, axis=0)
+    y = tl.argmax(fin, axis=0).to(tl.int32)
+    tl.store(score_ptr + b, score)
+
+    o_base = out_ptr + b * T
+    for t0 in range(0, T, BLOCK_T):  # -1 past the length (the positions below it are written by the backtrack)
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        tl.store(o_base + offs_t, tl.full([BLOCK_T], -1, tl.int64), mask=(offs_t >= L) & (offs_t < T))
+    tl.debug_barrier()  # the history rows written by other threads of this program
+    tl.store(o_base + (L - 1), y.to(tl.int64))
+    h_next = tl.load(h_base + (L - 2) * K + offs_i, mask=offs_i < tl.where(L >= 2, K, 0), other=NEG)
+    for s in range(1, L):
+        t = L - s  # y = y_t; find y_{t-1}
+        h = h_next
+        h_next = tl.load(h_base + (t - 2) * K + offs_i, mask=offs_i < tl.where(t >= 2, K, 0), other=NEG)
+        # column y_t of the transition tile (shared: read at the start, so likely still in the L1 cache)
+        col = tl.load(tr_base + (t - 1) * trans_st + offs_i * K + y, mask=mi, other=NEG)
+        y = tl.argmax(h + col, axis=0).to(tl.int32)
+        tl.store(o_base + (t - 1), y.to(tl.int64))
+
+
+# ----------------------------------------------------------------------------- the max-plus product, GPU-wide
+
+@triton.jit
+def _grid_barrier(sync_ptr, target):
+    """Every program arrives (after its stores) and waits until ``target`` arrivals are counted."""
+    tl.debug_barrier()  # this program's stores are issued before its arrival is released
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _viterbi_grid_kernel(
+    unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
+    hist_ptr, out_ptr, score_ptr, sync_ptr,
+    B, T, K, KP, trans_sb, trans_st, t_begin, t_end,
+    HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
+    BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
+    STAGES: tl.constexpr, STEPS: tl.constexpr, BACKTRACK: tl.constexpr, SYNC: tl.constexpr,
+):
+    """``STEPS``: run the forward steps ``t_begin <= t < min(t_end, max length)``; ``SYNC``: meet at the grid
+    barrier after each (all programs resident: a cooperative launch); ``BACKTRACK``: then decode one sequence per
+    program. The forward scores of step t go to ``hist[:, t]`` (rows of ``KP >= K`` entries, a whole number of
+    128-byte lines, so that no row shares a cache line with another: a row is read only after it is written, and
+    written past the L1 cache, so no L1 line can hold a stale copy); step 1 reads step 0's from the unary and start
+    scores and writes them to ``hist[:, 0]``. ``BK >= K``: the backtrack reads a whole row at once."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    NEG = float("-inf")
+    n_jb = tl.cdiv(K, BJ)
+    n_items = tl.cdiv(B, BB) * n_jb
+
+    if STEPS:
+        l_max = pid * 0  # an int32 scalar
+        for b0 in range(0, B, BLOCK_T):
+            offs = b0 + tl.arange(0, BLOCK_T)
+            l_max = tl.maximum(l_max, tl.max(tl.load(len_ptr + offs, mask=offs < B, other=0).to(tl.int32), axis=0))
+        t_stop = tl.minimum(t_end, l_max)
+        for t in range(t_begin, t_stop):
+            for item in range(pid, n_items, G):
+                offs_b = (item // n_jb) * BB + tl.arange(0, BB)
+                mb = offs_b < B
+                act = mb & (tl.load(len_ptr + offs_b, mask=mb, other=0) > t)  # sequences that reach step t
+                if tl.max(act.to(tl.int32), axis=0) > 0:
+                    offs_j = (item % n_jb) * BJ + tl.arange(0, BJ)
+                    mj = offs_j < K
+                    ob = offs_b.to(tl.int64)[:, None]
+                    # the forward scores of step t - 1: step 0's are the unary row 0 (+ start), the others in hist.
+                    # One load either way (a load under a branch would not be pipelined).
+                    first = t == 1
+                    src = tl.where(first, unary_ptr, hist_ptr + (t - 1) * KP)
+                    src_sb = tl.where(first, T * K, T * KP).to(tl.int64)
+                    acc = tl.full([BB, BI, BJ], NEG, dtype=hist_ptr.dtype.element_ty)
+                    # only an add and a max per entry in this loop; its loads are pipelined STAGES deep
+                    for i0 in tl.range(0, K, BI, num_stages=STAGES):
+                        offs_i = i0 + tl.arange(0, BI)
+                        mi = offs_i < K
+                        am = act[:, None] & mi[None, :]
+                        a = tl.load(src + ob * src_sb + offs_i[None, :], mask=am, other=NEG)
+                        if HAS_START:
+                            a = tl.where(first, a + tl.load(start_ptr + offs_i, mask=mi, other=0.0)[None, :], a)
+                        if PER_POSITION:
+                            tr = tl.load(trans_ptr + ob[:, :, None] * trans_sb + (t - 1) * trans_st
+                                         + offs_i[None, :, None] * K + offs_j[None, None, :],
+                                         mask=am[:, :, None] & mj[None, None, :], other=NEG)
+                        else:
+                            tr = tl.load(trans_ptr + offs_i[:, None] * K + offs_j[None, :],
+                                         mask=mi[:, None] & mj[None, :], other=NEG)[None, :, :]
+                        acc = tl.maximum(acc, a[:, :, None] + tr)
+                    best = tl.max(acc, axis=1)
+                    om = act[:, None] & mj[None, :]
+                    u = tl.load(unary_ptr + (ob * T + t) * K + offs_j[None, :], mask=om, other=0.0)
+                    tl.store(hist_ptr + (ob * T + t) * KP + offs_j[None, :], best + u, mask=om, cache_modifier=".cg")
+                    if t == 1:
+                        a0 = tl.load(unary_ptr + ob * T * K + offs_j[None, :], mask=om, other=0.0)
+                        if HAS_START:
+                            a0 = a0 + tl.load(start_ptr + offs_j, mask=mj, other=0.0)[None, :]
+                        tl.store(hist_ptr + ob * T * KP + offs_j[None, :], a0, mask=om, cache_modifier=".cg")
+            if SYNC:
+                _grid_barrier(sync_ptr, (t - t_begin + 1) * G)
+
+    if BACKTRACK:
+        offs = tl.arange(0, BK)
+        m = offs < K
+        for bb in range(pid, B, G):
+            b = tl.cast(bb, tl.int64)
+            L = tl.load(len_ptr + b).to(tl.int32)
+            h_base = hist_ptr + b * T * KP
+            tr_base = trans_ptr + b * trans_sb
+            o_base = out_ptr + b * T
+            if L == 1:  # no step ran for this sequence: its forward scores are the first unary row (+ start)
+                v = tl.load(unary_ptr + b * T * K + offs, mask=m, other=NEG)
+                if HAS_START:
+                    v = v + tl.load(start_ptr + offs, mask=m, other=0.0)
+            else:
+                v = tl.load(h_base + (L - 1) * KP + offs, mask=m, other=NEG, cache_modifier=".cg")
+            if HAS_END:
+                v = v + tl.load(end_ptr + offs, mask=m, other=0.0)
+            score, y = tl.max(v, axis=0, return_indices=True)
+            tl.store(score_ptr + b, score)
+            for t0 in range(0, T, BLOCK_T):
+                offs_t = t0 + tl.arange(0, BLOCK_T)
+                tl.store(o_base + offs_t, tl.full([BLOCK_T], -1, tl.int64), mask=(offs_t >= L) & (offs_t < T))
+            tl.store(o_base + (L - 1), y.to(tl.int64))
+            # the forward-score row of step t - 1 does not depend on y_t: it is read one step ahead
+            h_next = tl.load(h_base + (L - 2) * KP + offs, mask=offs < tl.where(L >= 2, K, 0), other=NEG,
+                             cache_modifier=".cg")
+            for s in range(1, L):
+                t = L - s  # y = y_t; find y_{t-1}
+                h = h_next
+                h_next = tl.load(h_base + (t - 2) * KP + offs, mask=offs < tl.where(t >= 2, K, 0), other=NEG,
+                                 cache_modifier=".cg")
+                col = tl.load(tr_base + (t - 1) * trans_st + offs.to(tl.int64) * K + y, mask=m, other=NEG)
+                y = tl.argmax(h + col, axis=0).to(tl.int32)
+                tl.store(o_base + (t - 1), y.to(tl.int64))
+
+
+# ------------------------------------------------------------------------------------------------------ wrapper
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1 if _interpreting() else 132  # compile_check records CPU launches for an H100-sized grid
+
+
+def cooperative_launch_available(device: torch.device) -> bool:
+    """Whether `_viterbi_grid_kernel` can run persistent (all programs resident, meeting at a grid barrier):
+    on a CUDA device that supports cooperative launches; under the interpreter with one program."""
+    if device.type != "cuda":
+        return _interpreting()
+    return bool(getattr(torch.cuda.get_device_properties(device), "cooperative_launch", True))
+
+
+def choose_kernel(B: int, T: int, K: int, device: torch.device) -> str:
+    """``kernel="auto"``: the sequence kernel up to `SEQUENCE_MAX_K` labels, else the persistent GPU-wide
+    kernel where a cooperative launch is possible, else the legacy tiled kernel."""
+    if K <= SEQUENCE_MAX_K:
+        return "sequence"
+    return "grid" if K <= GRID_MAX_K and cooperative_launch_available(device) else "legacy"
+
+
+GRID_MAX_K = 4096  # the grid kernel's backtrack holds a whole row of K labels per program
+
+
+def grid_tiles(B: int, K: int, sms: int, itemsize: int = 4, num_warps: int = 8) -> dict:
+    """Tile sizes of `_viterbi_grid_kernel`: ``BB`` sequences x ``BJ`` output labels per work item, the
+    output block that leaves the least work to the busiest of ``sms`` programs per step, counting per previous
+    label ``BB x BJ`` max-plus operations and ``BB + BJ`` values read, at twice the cost of an operation (ties:
+    the fewest items); ``BI``: the reduction chunk, the largest that keeps the running ``BB x BI x BJ`` maximum
+    within 32 floats (16 doubles) per thread and pads K by at most an eighth (else the least padding);
+    ``BK``: the backtrack's row, ``>= K``."""
+    best = None
+    for BB in (8, 4, 2, 1):
+        if BB > triton.next_power_of_2(B):
+            continue
+        for BJ in (32, 16, 8, 4):
+            items = triton.cdiv(B, BB) * triton.cdiv(K, BJ)
+            key = (triton.cdiv(items, sms) * (BB * BJ + 2 * (BB + BJ)), items)
+            if best is None or key < best[0]:
+                best = (key, BB, BJ)
+    _, BB, BJ = best
+    per_thread = 32 if itemsize <= 4 else 16  # 64 spills a little at 8 warps (255 registers, Triton 3.9, sm_90)
+    top = max(16, min(512, per_thread * 32 * num_warps // (BB * BJ), triton.next_power_of_2(K)))
+    chunks = [top >> s for s in range(6) if top >> s >= 16]
+    padded = [(triton.cdiv(K, bi) * bi, bi) for bi in chunks]
+    fits = [bi for total, bi in padded if 8 * total <= 9 * K]
+    BI = fits[0] if fits else min(padded)[1]
+    return dict(BB=BB, BI=BI, BJ=BJ, BK=triton.next_power_of_2(K), STAGES=3)
+
+
 def viterbi_triton(
     unary: torch.Tensor,
     transition: torch.Tensor,
     start: Optional[torch.Tensor],
     end: Optional[torch.Tensor],
     lengths: torch.Tensor,
+    *,
+    kernel: str = "auto",
+    num_warps: Optional[int] = None,
+    programs: Optional[int] = None,
+    tiles: Optional[dict] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `viterbi_torch`; float32 or float64 potentials (promoted to one dtype)."""
+    """Same contract as `viterbi_torch`; float32 or float64 potentials (promoted to one dtype).
+
+    ``kernel``: one of `KERNELS` (``"auto"``: `choose_kernel`); ``num_warps``: override the kernel's warps per
+    program; ``programs``: the number of programs of the grid kernels (default: one per SM, at most one per work
+    item; under the interpreter the persistent ``"grid"`` takes one); ``tiles``: override `grid_tiles`' choice
+    (keys ``BB``, ``BI``, ``BJ``, ``BK``, ``STAGES``)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     unary, transition, start, end = promote_chain_potentials(unary, transition, start, end)
     B, T, K = unary.shape
     unary = unary.contiguous()
     transition = transition.contiguous()
+    lengths = lengths.long().contiguous()
     per_position = transition.dim() == 4
     trans_sb = (T - 1) * K * K if per_position else 0
     trans_st = K * K if per_position else 0
-    labels = torch.full((B, T), -1, dtype=torch.long, device=unary.device)
-    score = torch.empty(B, dtype=unary.dtype, device=unary.device)
+    dev = unary.device
+    score = torch.empty(B, dtype=unary.dtype, device=dev)
+    if kernel == "auto":
+        kernel = choose_kernel(B, T, K, dev)
     if B == 0:
+        return torch.empty((0, T), dtype=torch.long, device=dev), score
+    start_arg = start.contiguous() if start is not None else unary
+    end_arg = end.contiguous() if end is not None else unary
+    flags = dict(HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position)
+
+    if kernel == "legacy":
+        labels = torch.full((B, T), -1, dtype=torch.long, device=dev)
+        backpointers = torch.empty((B, T, K), dtype=torch.int32, device=dev)
+        single = K <= _SINGLE_TILE_MAX_K
+        block = triton.next_power_of_2(K) if single else _TILE
+        scratch = unary.new_empty(1 if single else B * 2 * K)
+        _viterbi_kernel[(B,)](
+            unary, transition, start_arg, end_arg, lengths, backpointers, scratch, labels, score,
+            T, K, trans_sb, trans_st, SINGLE=single, BLOCK=block,
+            num_warps=num_warps or (4 if single else 8), **flags,
+        )
         return labels, score
-    backpointers = torch.empty((B, T, K), dtype=torch.int32, device=unary.device)
-    single = K <= _SINGLE_TILE_MAX_K
-    block = triton.next_power_of_2(K) if single else _TILE
-    scratch = unary.new_empty(1 if single else B * 2 * K)
-    _viterbi_kernel[(B,)](
-        unary, transition,
-        start.contiguous() if start is not None else unary,
-        end.contiguous() if end is not None else unary,
-        lengths.long().contiguous(), backpointers, scratch, labels, score,
-        T, K, trans_sb, trans_st,
-        HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position,
-        SINGLE=single, BLOCK=block,
-        num_warps=4 if single else 8,
-    )
+
+    labels = torch.empty((B, T), dtype=torch.long, device=dev)
+    block_t = min(1024, triton.next_power_of_2(T))
+    if kernel == "sequence":
+        if K > 128:
+            raise ValueError(f"kernel='sequence' holds a K x K tile in registers: K <= 128, got {K}")
+        hist = torch.empty((B, T, K), dtype=unary.dtype, device=dev)
+        block = triton.next_power_of_2(K)
+        # one warp holds a float32 tile of up to 64 x 64 (128 entries a thread) without spilling and needs no
+        # barrier between warps in a step; float64 and per-position tiles (a second tile in flight) take more
+        single = unary.element_size() <= 4 and not per_position
+        nw = num_warps or (1 if block <= (64 if single else 16) else 2 if block <= 32 else 8 if block <= 64 else 16)
+        _viterbi_seq_kernel[(B,)](
+            unary, transition, start_arg, end_arg, lengths, hist, labels, score,
+            T, K, trans_sb, trans_st, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
+        )
+        return labels, score
+
+    if K > GRID_MAX_K:
+        raise ValueError(f"kernel={kernel!r} reads a whole row of labels per program: K <= {GRID_MAX_K}, got {K}")
+    sms = _sm_count(dev)
+    nw = num_warps or 8
+    tiles = dict(grid_tiles(B, K, sms, unary.element_size(), nw), **(tiles or {}))
+    n_items = triton.cdiv(B, tiles["BB"]) * triton.cdiv(K, tiles["BJ"])
+    KP = triton.cdiv(K, 128 // unary.element_size()) * (128 // unary.element_size())  # whole 128-byte lines
+    hist = torch.empty((B, T, KP), dtype=unary.dtype, device=dev)
+    sync = torch.zeros(1, dtype=torch.int32, device=dev)
+    args = (unary, transition, start_arg, end_arg, lengths, hist, labels, score, sync, B, T, K, KP, trans_sb, trans_st)
+    tiles["BLOCK_T"] = block_t
+    if kernel == "grid":
+        if programs is None:
+            programs = 1 if _interpreting() else min(sms, max(n_items, B))
+        if _interpreting() and programs != 1:
+            raise ValueError("the persistent kernel meets at a grid barrier: one program under the interpreter")
+        coop = {"launch_cooperative_grid": True} if dev.type == "cuda" else {}
+        _viterbi_grid_kernel[(programs,)](*args, 1, T, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
+                                          **tiles, **flags, **coop)
+        return labels, score
+    # "grid-steps": one launch per step, then the backtrack
+    if programs is None:
+        programs = n_items
+    for t in range(1, T):
+        _viterbi_grid_kernel[(programs,)](*args, t, t + 1, STEPS=True, BACKTRACK=False, SYNC=False, num_warps=nw,
+                                          **tiles, **flags)
+    _viterbi_grid_kernel[(min(programs, B),)](*args, 1, 1, STEPS=False, BACKTRACK=True, SYNC=False, num_warps=nw,
+                                              **tiles, **flags)
     return labels, score

@@ -10,9 +10,23 @@ machine, median of repeats after warm-up (CUDA synchronized before reading clock
 - training step time: our ``StructuredHingeLoss`` forward+backward against pytorch-crf's NLL
   forward+backward, both with respect to the same unary and transition tensors.
 
+On CUDA it also measures the physical limit of the Triton Viterbi decode (the roofline section, alone with
+``--roofline``, about a minute; written to ``oracles_cuda_roofline.{md,json}``, and into the full report):
+
+- K <= 64: the decode's time against a device copy of its unary tensor ``(B, T, K)`` (``unary.clone()``), at
+  (32, 50, 45), (512, 100, 45) and (32, 14, 26): the copy reads and writes what the decode must at least read;
+- K = 1,024 (and 300): ``B * T * K * K`` max-plus operations per decode, in G max-plus/s and in percent of the
+  device's fp32 FMA rate (`FP32_PEAK`: the non-tensor fp32 peak in FLOP/s halved; one max-plus, an add and a max,
+  counted like one FMA, two floating-point operations; since the add and the max are two instructions where an FMA
+  is one, the instruction-issue ceiling is half of that rate).
+
+Each figure is given two ways: per call as the rest of the benchmark times it (host clock, device synchronized
+around each call, so the host's launch overhead counts), and the device's time per call from a replayed CUDA
+graph of back-to-back calls (CUDA events; falls back to events around uncaptured calls).
+
 Writes ``docs/benchmarks/oracles.{md,json,png}`` (``--out`` to change). Usage:
 
-    python scripts/bench_oracles.py [--device cuda] [--quick]
+    python scripts/bench_oracles.py [--device cuda] [--quick] [--roofline]
 """
 
 from __future__ import annotations
@@ -30,6 +44,19 @@ import torch
 import torchssvm as ts
 
 SIZES = [(32, 14, 26), (32, 50, 45), (8, 50, 300), (512, 100, 45)]
+ROOFLINE_COPY_SIZES = [(32, 50, 45), (512, 100, 45), (32, 14, 26)]
+ROOFLINE_MAXPLUS_SIZES = [(8, 50, 1024), (8, 50, 300)]
+# Non-tensor fp32 peak (FLOP/s, boost clock, dense) by device name (first match wins); an FMA is 2 FLOP.
+FP32_PEAK = [
+    ("H100 PCIe", 51.2e12),
+    ("H100 NVL", 60.0e12),
+    ("H100", 67.0e12),  # SXM5 (the "H100 80GB HBM3")
+    ("H200", 67.0e12),
+    ("GH200", 67.0e12),
+    ("A100", 19.5e12),
+    ("L40S", 91.6e12),
+    ("L4", 30.3e12),
+]
 
 
 def timeit(fn, device, *, min_repeats=5, min_seconds=1.0, warmup=2):
@@ -48,6 +75,159 @@ def timeit(fn, device, *, min_repeats=5, min_seconds=1.0, warmup=2):
         if len(times) >= 200:
             break
     return statistics.median(times)
+
+
+def device_time(fn, device, reps=20, replays=5):
+    """Device seconds per call of ``fn``: ``reps`` back-to-back calls captured in a CUDA graph and replayed
+    (median over ``replays``, CUDA events), else events around ``reps`` uncaptured calls. Returns
+    ``(seconds, "graph" | "events")``."""
+    fn()
+    torch.cuda.synchronize(device)
+    how = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            fn()  # warm-up on the side stream, as capture requires
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(reps):
+                    fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        run = graph.replay
+        graph.replay()
+    except Exception:  # noqa: BLE001 - a launch that cannot be captured: time it uncaptured
+        torch.cuda.synchronize(device)
+        how = "events"
+
+        def run():
+            for _ in range(reps):
+                fn()
+    times = []
+    for _ in range(replays):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        run()
+        t1.record()
+        t1.synchronize()
+        times.append(t0.elapsed_time(t1) / 1e3 / reps)
+    return statistics.median(times), how
+
+
+def fp32_peak(name):
+    """``(name pattern, FLOP/s)`` of `FP32_PEAK` matching the device name, or None."""
+    for pattern, flops in FP32_PEAK:
+        if pattern.lower() in name.lower():
+            return pattern, flops
+    return None
+
+
+def bench_roofline(device, quick=False):
+    """The Triton Viterbi decode against its physical limits (see the module docstring): rows per size and
+    kernel, with host-timed and device-timed seconds."""
+    from torchssvm.kernels import viterbi_torch
+    from torchssvm.kernels.viterbi_triton import choose_kernel, viterbi_triton
+
+    kw = {"min_repeats": 3, "min_seconds": 0.1} if quick else {"min_repeats": 5, "min_seconds": 0.3}
+    name = torch.cuda.get_device_name(device)
+    peak = fp32_peak(name)
+    out = {"device": name, "fp32_peak_flops": peak[1] if peak else None, "peak_source": peak[0] if peak else None,
+           "copy": [], "maxplus": []}
+    for section, sizes in (("copy", ROOFLINE_COPY_SIZES), ("maxplus", ROOFLINE_MAXPLUS_SIZES)):
+        for B, T, K in sizes:
+            unary, trans, _, lengths = make_problem(B, T, K, device)
+            auto = choose_kernel(B, T, K, device)
+            row = {"B": B, "T": T, "K": K, "auto": auto, "maxplus_ops": B * T * K * K}
+            if section == "copy":
+                row["copy_call_s"] = timeit(unary.clone, device, **kw)
+                row["copy_device_s"], _ = device_time(unary.clone, device)
+            ref = viterbi_torch(unary, trans, None, None, lengths)  # exact: equal to the torch twin
+            for kernel in dict.fromkeys([auto, "legacy"]):
+                def decode(kernel=kernel, unary=unary, trans=trans, lengths=lengths):
+                    return viterbi_triton(unary, trans, None, None, lengths, kernel=kernel)
+
+                got = decode()
+                row[f"{kernel}_exact"] = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
+                row[f"{kernel}_call_s"] = timeit(decode, device, **kw)
+                row[f"{kernel}_device_s"], row[f"{kernel}_timing"] = device_time(decode, device)
+            out[section].append(row)
+            print(json.dumps(row), flush=True)
+    return out
+
+
+def roofline_lines(roof):
+    """The roofline section of the report (markdown lines)."""
+    peak = roof.get("fp32_peak_flops")
+    fma = peak / 2 if peak else None
+    lines = [
+        "## The physical limit of the Triton Viterbi decode (roofline)",
+        "",
+        f"Device {roof['device']}. Kernels: `auto` is what `viterbi_triton` runs for the shape (`sequence`: one "
+        "program per sequence, K <= 64; `grid`: the persistent GPU-wide max-plus product), `legacy` the earlier "
+        "kernel. *call*: host clock per call, device synchronized around it (launch overhead included); "
+        "*device*: device time per call from a replayed CUDA graph of 20 back-to-back calls.",
+        "",
+        "### K <= 64: decode time against a device copy of the unary tensor (B, T, K) (goal: at most 3x)",
+        "",
+        "| B, T, K | copy call / device (us) | kernel | decode call / device (us) | decode / copy, call | "
+        "decode / copy, device | equal to the torch twin |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in roof["copy"]:
+        for kernel in dict.fromkeys([r["auto"], "legacy"]):
+            c, d = r[f"{kernel}_call_s"], r[f"{kernel}_device_s"]
+            lines.append(
+                f"| {r['B']}, {r['T']}, {r['K']} | {1e6 * r['copy_call_s']:.1f} / {1e6 * r['copy_device_s']:.1f} | "
+                f"{kernel}{' (auto)' if kernel == r['auto'] else ''} | {1e6 * c:.1f} / {1e6 * d:.1f} | "
+                f"{c / r['copy_call_s']:.1f}x | {d / r['copy_device_s']:.1f}x | {r[f'{kernel}_exact']} |")
+    lines += [
+        "",
+        "### Large K: max-plus throughput (goal at K = 1,024: at least 30% of the fp32 peak)",
+        "",
+        "One max-plus (an add and a max) is counted like one FMA: "
+        + (f"the peak is the fp32 FMA rate, {fma / 1e12:.2f} T/s ({peak / 1e12:.1f} TFLOP/s non-tensor fp32 for "
+           f"'{roof['peak_source']}', halved). " if peak else "no fp32 peak is known for this device. ")
+        + "The add and the max are two instructions where an FMA is one, so issue alone caps a max-plus kernel at "
+        "50% of that rate. Operations per decode: B * T * K * K.",
+        "",
+        "| B, T, K | kernel | call (ms) | device (ms) | G max-plus/s (device) | % of fp32 FMA rate | "
+        "equal to the torch twin |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in roof["maxplus"]:
+        for kernel in dict.fromkeys([r["auto"], "legacy"]):
+            d = r[f"{kernel}_device_s"]
+            rate = r["maxplus_ops"] / d
+            lines.append(
+                f"| {r['B']}, {r['T']}, {r['K']} | {kernel}{' (auto)' if kernel == r['auto'] else ''} | "
+                f"{1e3 * r[f'{kernel}_call_s']:.3f} | {1e3 * d:.3f} | {rate / 1e9:.0f} | "
+                f"{f'{100 * rate / fma:.1f}%' if fma else '-'} | {r[f'{kernel}_exact']} |")
+    small = [r[f"{r['auto']}_device_s"] / r["copy_device_s"] for r in roof["copy"] if r["K"] == 45]
+    big = [r for r in roof["maxplus"] if r["K"] == 1024]
+    lines += ["", "Targets:", ""]
+    if small:
+        lines.append(f"- decode / copy (device) at K = 45, B = 32 / 512, T = 50 / 100, at most 3x: "
+                     f"{', '.join(f'{x:.1f}x' for x in small)} ({'met' if max(small) <= 3 else 'NOT met'}).")
+    if big and fma:
+        pct = 100 * big[0]["maxplus_ops"] / big[0][f"{big[0]['auto']}_device_s"] / fma
+        lines.append(f"- max-plus at K = 1,024 (B = 8, T = 50), at least 30% of the fp32 FMA rate: {pct:.1f}% "
+                     f"({'met' if pct >= 30 else 'NOT met'}).")
+    lines.append("")
+    if roof.get("notes"):  # findings written into the saved .json by hand, kept by --report-only
+        lines += ["### Findings", ""] + [f"- {note}" for note in roof["notes"]] + [""]
+    return lines
+
+
+def write_roofline(roof, meta, out, stem):
+    """``{stem}_roofline.{json,md}``: the roofline section alone."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}_roofline.json"), "w") as f:
+        json.dump({"meta": meta, "roofline": roof}, f, indent=2)
+    head = ["# Triton Viterbi decode against its physical limit", "",
+            f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}; peers {meta['peers']}. "
+            f"Command: `{meta['command']}`.", ""]
+    with open(os.path.join(out, f"{stem}_roofline.md"), "w") as f:
+        f.write("\n".join(head + roofline_lines(roof)[2:]))
 
 
 def make_problem(B, T, K, device, seed=0):
@@ -150,11 +330,12 @@ def fmt_rate(tokens, seconds):
     return f"{tokens / seconds / 1e6:.2f}M" if seconds else "-"
 
 
-def write_report(rows, meta, out, stem="oracles"):
-    """``stem.{json,md,png}`` in ``out``: ``oracles`` for the CPU, ``oracles_cuda`` for a GPU (`_stem`)."""
+def write_report(rows, meta, out, stem="oracles", roofline=None):
+    """``stem.{json,md,png}`` in ``out``: ``oracles`` for the CPU, ``oracles_cuda`` for a GPU (`_stem`); with
+    ``roofline`` (`bench_roofline`), its section too."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{stem}.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        json.dump({"meta": meta, "rows": rows, **({"roofline": roofline} if roofline else {})}, f, indent=2)
     has_numba = any("ours_numba_decode_s" in r for r in rows)  # a column only where it was measured (CPU)
     lines = [
         "# Oracle benchmark: loss-augmented Viterbi and hinge forward+backward",
@@ -229,6 +410,8 @@ def write_report(rows, meta, out, stem="oracles"):
             lines.append("- Triton on GPU: not measured in this run (no CUDA device); "
                          "run `python scripts/bench_oracles.py --device cuda` on a GPU machine.")
         lines.append("")
+    if roofline:
+        lines += roofline_lines(roofline)
     with open(os.path.join(out, f"{stem}.md"), "w") as f:
         f.write("\n".join(lines))
     try:
@@ -285,14 +468,24 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks"))
     p.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the saved .json")
+    p.add_argument("--roofline", action="store_true",
+                   help="only the Triton decode against its physical limit (CUDA; about a minute): "
+                        "oracles_cuda_roofline.{md,json}")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     stem = "oracles_cuda" if device.type == "cuda" else "oracles"  # a GPU run never overwrites the CPU figures
     if args.report_only:
+        if args.roofline:
+            with open(os.path.join(args.out, f"{stem}_roofline.json")) as f:
+                saved = json.load(f)
+            write_roofline(saved["roofline"], saved["meta"], args.out, stem)
+            return
         with open(os.path.join(args.out, f"{stem}.json")) as f:
             saved = json.load(f)
-        write_report(saved["rows"], saved["meta"], args.out, stem)
+        write_report(saved["rows"], saved["meta"], args.out, stem, saved.get("roofline"))
         return
+    if args.roofline and device.type != "cuda":
+        p.error("--roofline measures the Triton kernels: it needs --device cuda")
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
@@ -305,12 +498,19 @@ def main(argv=None):
         "peers": _peer_versions(),
         "command": "python scripts/bench_oracles.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    roofline = None
+    if device.type == "cuda" and ts.kernels.triton_available():
+        roofline = bench_roofline(device, args.quick)
+        write_roofline(roofline, meta, args.out, stem)
+        if args.roofline:
+            print(open(os.path.join(args.out, f"{stem}_roofline.md")).read())
+            return
     rows = []
     for B, T, K in SIZES:
         row = bench_size(B, T, K, device, args.quick)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    write_report(rows, meta, args.out, stem)
+    write_report(rows, meta, args.out, stem, roofline)
     print(open(os.path.join(args.out, f"{stem}.md")).read())
 
 

@@ -135,6 +135,93 @@ def test_triton_single_position(K, per_position):
     assert a[0][:, 0].tolist() == expect.tolist()
 
 
+# -- the Triton kernels by name: one program per sequence, the GPU-wide max-plus product (persistent and one launch
+# per step), the legacy kernel ------------------------------------------------------------------------------------
+
+TRITON_KERNELS = ["sequence", "grid", "grid-steps", "legacy"]
+
+
+@needs_triton()
+@pytest.mark.parametrize("kernel", TRITON_KERNELS)
+@pytest.mark.parametrize(
+    "B,T,K,per_position,integer,dtype,start_end",
+    [
+        (4, 5, 1, False, True, torch.float32, True),  # K = 1: one labelling
+        (5, 7, 3, True, True, torch.float64, True),
+        (6, 6, 45, False, True, torch.float32, True),  # not a power of two; many ties
+        (4, 6, 37, True, False, torch.float32, False),
+        (3, 5, 64, False, True, torch.float64, True),  # the sequence kernel's largest tile
+        (3, 6, 70, False, True, torch.float32, True),  # past it: more labels than a grid tile
+        (2, 5, 130, True, True, torch.float32, True),
+        (3, 4, 300, False, False, torch.float64, False),
+    ],
+)
+def test_triton_kernels_equal_torch_bitwise(kernel, B, T, K, per_position, integer, dtype, start_end):
+    """Every kernel, forced by name, equals the torch twin bitwise: ragged lengths (1 to T), integer potentials
+    (ties everywhere), per-position transitions, no start/end scores."""
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    if kernel == "sequence" and K > 64:
+        pytest.skip("the sequence kernel is for K <= 64 (auto runs the grid kernel above)")
+    args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K + B, dtype=dtype,
+                        start=start_end, end=start_end)
+    a = viterbi_torch(*args)
+    b = viterbi_triton(*args, kernel=kernel)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@needs_triton()
+@pytest.mark.parametrize("tiles", [dict(BB=2, BJ=4, BI=8), dict(BB=1, BJ=8, BI=16), dict(BB=4, BJ=16, BI=32)])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_grid_tiling_smaller_than_the_problem(tiles, per_position):
+    """The grid kernel's tiling where every block is smaller than the problem: several batch blocks (the last one
+    partial), several output blocks and reduction chunks (K = 37 is a multiple of none), run as many programs (one
+    launch per step) and as one persistent program walking every item."""
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    args = random_chain(7, 6, 37, per_position=per_position, integer=True, seed=11)
+    args[4][:] = torch.tensor([6, 1, 3, 6, 2, 5, 4])  # ragged, a length-1 sequence inside a block
+    ref = viterbi_torch(*args)
+    for kernel, programs in (("grid-steps", None), ("grid-steps", 3), ("grid", 1)):
+        got = viterbi_triton(*args, kernel=kernel, tiles=tiles, programs=programs)
+        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), (kernel, programs)
+
+
+@needs_triton()
+@pytest.mark.parametrize("kernel", TRITON_KERNELS)
+@pytest.mark.parametrize("K", [4, 100])
+def test_triton_kernels_break_ties_to_the_smallest_reversed_labelling(kernel, K):
+    from torchssvm.kernels.viterbi_triton import viterbi_triton
+
+    if kernel == "sequence" and K > 64:
+        pytest.skip("K <= 64")
+    z = torch.zeros(3, 5, K, dtype=torch.float32)
+    labels, score = viterbi_triton(z, torch.zeros(K, K), None, None, torch.tensor([5, 2, 1]), kernel=kernel)
+    assert labels.tolist() == [[0] * 5, [0, 0, -1, -1, -1], [0, -1, -1, -1, -1]]
+    assert score.tolist() == [0.0, 0.0, 0.0]
+
+
+@needs_triton()
+def test_triton_kernel_choice_and_arguments():
+    from torchssvm.kernels.viterbi_triton import SEQUENCE_MAX_K, choose_kernel, grid_tiles, viterbi_triton
+
+    cpu = torch.device("cpu")
+    assert choose_kernel(512, 100, 45, cpu) == "sequence" and choose_kernel(8, 50, SEQUENCE_MAX_K, cpu) == "sequence"
+    assert choose_kernel(8, 50, 1024, cpu) == "grid"  # the interpreter runs the persistent kernel with one program
+    assert choose_kernel(2, 3, 5000, cpu) == "legacy"  # past the grid kernel's whole-row backtrack
+    t = grid_tiles(8, 1024, 132)
+    assert (t["BB"], t["BJ"], t["BI"]) == (8, 8, 128) and t["BK"] >= 1024
+    args = random_chain(2, 3, 5, per_position=False, integer=True)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        viterbi_triton(*args, kernel="fast")
+    with pytest.raises(ValueError, match="K <= 128"):
+        viterbi_triton(*random_chain(1, 2, 130, per_position=False, integer=True), kernel="sequence")
+    with pytest.raises(ValueError, match="one program under the interpreter"):
+        viterbi_triton(*args, kernel="grid", programs=2)
+    labels, score = viterbi_triton(args[0][:0], *args[1:4], args[4][:0])  # an empty batch
+    assert labels.shape == (0, 3) and score.shape == (0,)
+
+
 def test_large_batch_is_chunked_consistently(monkeypatch):
     vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
 
