@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 TRITON_MODULES = ("atoms_insert_triton", "atoms_select_triton", "block_step_triton", "box_equality_triton",
-                  "chain_marginals_triton",
+                  "chain_hinge_triton", "chain_marginals_triton",
                   "chain_score_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
                   "tree_triton", "viterbi_triton")
 
@@ -70,6 +70,8 @@ OUTPUTS = {
                              "slot_ptr", "append_ptr"),
     "_block_step_kernel": ("z_ptr", "ell_ptr", "alpha_ptr"),
     "_chain_inner_kernel": ("out_ptr",),
+    "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr"),
+    "_hinge_grad_kernel": ("gu_ptr", "gt_ptr", "gs_ptr", "ge_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),
     "_gdt_1d_kernel": ("v_ptr", "out_ptr", "arg_ptr"),
@@ -227,6 +229,23 @@ def _chain_inner(B, T, K, dtype, start_end=True):
     return run
 
 
+def _chain_hinge(B, T, K, dtype, per_position=False, start_end=True, class_weights=False, lw_tensor=False,
+                 unary_dtype=None):
+    def run():
+        from .chain_hinge_triton import chain_hinge_grad_triton, chain_hinge_prepare_triton
+
+        unary, transition, se, _, lengths = _chain(B, T, K, dtype, per_position=per_position, start_end=start_end)
+        unary = unary.to(unary_dtype or dtype)
+        target = torch.zeros(B, T, dtype=torch.long)
+        lw = torch.ones(B, dtype=f64) if lw_tensor else 1.0
+        cw = torch.ones(K, dtype=f64) if class_weights else None
+        _, _, lengths, target = chain_hinge_prepare_triton(unary, transition, se, se, lengths, target, lw, cw, True,
+                                                           dtype)
+        chain_hinge_grad_triton(target, target, lengths, torch.ones(B, dtype=dtype), unary, transition, se, se,
+                                (True, True, True, True), dtype)
+    return run
+
+
 def _chain_marginals(B, T, K, minus):
     def run():
         from .chain_marginals_triton import chain_marginals_triton
@@ -339,6 +358,11 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "chain atom scores CoNLL (64,10,100,45), no start/end": _chain_score(64, 10, 100, 45, f32, start_end=False),
     "chain inner OCR (64,14,26) float64": _chain_inner(64, 14, 26, f64),
     "chain inner CoNLL (64,78,22), no start/end": _chain_inner(64, 78, 22, f32, start_end=False),
+    "chain hinge CoNLL (512,100,45), no start/end": _chain_hinge(512, 100, 45, f32, start_end=False),
+    "chain hinge OCR (32,14,26) bfloat16 unary, class and loss weights": _chain_hinge(
+        32, 14, 26, f32, class_weights=True, lw_tensor=True, unary_dtype=torch.bfloat16),
+    "chain hinge per-position (8,20,26) float64": _chain_hinge(8, 20, 26, f64, per_position=True),
+    "chain hinge K=1024 (8,50,1024)": _chain_hinge(8, 50, 1024, f32, start_end=False),
     "chain marginals OCR (64,14,26) pair": _chain_marginals(64, 14, 26, True),
     "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
     "atom insertion OCR (64 of 6251, cache 10, width 14), pairwise": _insert_atoms(64, 6251, 10, 14, True),

@@ -5,6 +5,7 @@
 """
 
 from . import data, kernels, metrics, optim, search
+from ._validation import debug_enabled, set_debug
 from .losses import (
     CRFLoss,
     SlackRescaledHingeLoss,
@@ -61,4 +62,6 @@ __all__ = [
     "metrics",
     "optim",
     "search",
+    "set_debug",
+    "debug_enabled",
 ]

@@ -4,10 +4,44 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Optional
 
 import numpy as np
 import torch
+
+# -- debug mode: the value checks of device tensors -------------------------------------------------------------
+# Checking a value (a label < K, a length <= T, a finite potential) makes the host read it back: on a GPU that is
+# a wait for every kernel queued before it, per call. Checks of device tensors therefore look at metadata only
+# (shapes, dtypes, devices) unless debug mode is on; CPU tensors are always checked in full.
+_debug = os.environ.get("TORCHSSVM_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def set_debug(enabled: bool = True) -> bool:
+    """Turn debug mode on or off; returns the previous setting (``prev = set_debug(True); ...; set_debug(prev)``).
+    ``TORCHSSVM_DEBUG=1`` in the environment turns it on at import.
+
+    In debug mode the value checks of a `Chain`'s arguments (finite potentials, lengths in ``[1, T]``, labels in
+    ``[0, K)`` within each length) and of a ``loss_weight`` tensor (finite, ``>= 0``) run on device (CUDA) tensors
+    too, as they always do on the CPU, and raise the same ValueError, at the cost of a few host waits per call.
+    Outside debug mode a device call does not read these values (each read makes the host wait for the device):
+    a chain's lengths are clamped to ``[1, T]`` before a kernel indexes with them, torch's indexing asserts on the
+    device on a label out of range, and the chain hinge's fused Triton kernels clamp what they index and make the
+    loss of an example with a bad label, length or loss weight NaN. (The other structures' checks still read.)"""
+    global _debug
+    previous, _debug = _debug, bool(enabled)
+    return previous
+
+
+def debug_enabled() -> bool:
+    """Whether debug mode is on (`set_debug`)."""
+    return _debug
+
+
+def reads_values(device) -> bool:
+    """Whether argument checks read the values of tensors on ``device``: always on the CPU, on another device
+    only in debug mode (`set_debug`)."""
+    return _debug or torch.device(device).type == "cpu"
 
 
 def check_tensor(
@@ -57,14 +91,15 @@ def shape_or_type(x) -> object:
     return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def check_lengths(lengths, batch: int, max_len: int, device: torch.device) -> torch.Tensor:
-    """Validate `lengths (B,)`, integer, 1 <= lengths <= max_len; None means all max_len."""
+def check_lengths(lengths, batch: int, max_len: int, device: torch.device, *, values: bool = True) -> torch.Tensor:
+    """Validate `lengths (B,)`, integer, 1 <= lengths <= max_len; None means all max_len. ``values=False``: the
+    metadata only (the range is not read)."""
     if lengths is None:
         return torch.full((batch,), max_len, dtype=torch.long, device=device)
     check_tensor("lengths", lengths, ndim=1, integer=True, device=device)
     if lengths.shape[0] != batch:
         raise ValueError(f"lengths has {lengths.shape[0]} entries but the batch size is {batch}")
-    if batch:
+    if batch and values:
         lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # one device sync
         if lo < 1:
             raise ValueError(f"lengths must be >= 1, got a length of {lo}")
@@ -104,7 +139,8 @@ def check_loss_weight_value(loss_weight) -> None:
 
 
 def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
-    """A scalar or a `(B,)` tensor of non-negative finite weights; returned as `(B,)` of `dtype`."""
+    """A scalar or a `(B,)` tensor of non-negative finite weights; returned as `(B,)` of `dtype`. The values of a
+    device tensor are read only in debug mode (`reads_values`)."""
     if not isinstance(loss_weight, torch.Tensor):
         check_loss_weight_value(loss_weight)  # a number, finite and >= 0
         return torch.full((batch,), float(loss_weight), dtype=dtype, device=device)
@@ -116,7 +152,8 @@ def check_loss_weight(loss_weight, batch: int, device, dtype) -> torch.Tensor:
         raise ValueError(f"loss_weight is on {loss_weight.device} but the other inputs are on {device}")
     if not loss_weight.is_floating_point():
         raise TypeError(f"loss_weight must be a floating-point tensor, got dtype {loss_weight.dtype}")
-    if batch and not (bool(torch.isfinite(loss_weight).all()) and bool((loss_weight >= 0).all())):
+    if batch and reads_values(loss_weight.device) and not (bool(torch.isfinite(loss_weight).all())
+                                                          and bool((loss_weight >= 0).all())):
         raise ValueError("loss_weight must be finite and >= 0")
     return loss_weight.to(dtype)
 

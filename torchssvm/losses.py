@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from ._validation import check_loss_weight, check_loss_weight_value
 from .kernels import BACKENDS, resolve_backend
@@ -25,31 +24,13 @@ from .structures.base import Structure, compute_dtype, no_autocast
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def _marginal_difference(structure, y_hat, target, lengths, weight, tensors, needs):
-    """``sum_b weight_b (marginals(y_hat_b) - marginals(y*_b))`` per potential tensor (None where not
-    needed): the hinges' gradient. Counts are summed over the batch: half precision accumulates in
-    float32 and is cast back at the end."""
-    pot = structure.from_tensors(tensors)
-    acc = compute_dtype(tensors)
-    with no_autocast():
-        g_hat = structure.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
-        g_gold = structure.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
-    return tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
-
-
 class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
         pot = structure.from_tensors(tensors)
         with no_autocast():  # the oracle and the gold score in compute_dtype, not autocast's half precision
-            y_hat, value = structure._max_oracle(pot, lengths, target, loss_weight.detach(), backend)
-            dt = value.dtype
-            gold = structure._score(structure.from_tensors([None if t is None else t.to(dt) for t in tensors]),
-                                    target, lengths)
-        # float32 for half-precision potentials, as autocast's own losses: a float16 loss overflows GradScaler's
-        # scale (65536 > float16's max) and sums of a large batch
-        loss = (value - gold).clamp_min(0).to(compute_dtype(tensors))
-        ctx.structure = structure
+            loss, y_hat, target, lengths = structure._hinge_forward(pot, lengths, target, loss_weight, backend)
+        ctx.structure, ctx.backend = structure, backend
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
         return loss, y_hat
@@ -58,7 +39,8 @@ class _StructuredHinge(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         structure = ctx.structure
-        grads = _marginal_difference(structure, y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:])
+        grads = structure._marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:],
+                                               ctx.backend)
         grad_lw = None
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
@@ -69,10 +51,22 @@ def _refuse_vmap(*inputs) -> None:
     """A clear error under ``torch.func.vmap``: the boundary checks and the oracles read values on the host, which a
     batched tensor cannot give (it failed with "Cannot access data pointer")."""
     is_batched = getattr(torch._C._functorch, "is_batchedtensor", None)
-    if is_batched is not None and any(isinstance(t, torch.Tensor) and is_batched(t)
-                                      for t in pytree.tree_leaves(inputs)):
+    if is_batched is not None and any(is_batched(t) for t in _tensor_leaves(inputs)):
         raise NotImplementedError("the structured losses do not support torch.func.vmap (their oracles read values "
                                   "on the host); they are batched over the first dimension already")
+
+
+def _tensor_leaves(x):
+    """The tensors in ``x`` (nested tuples, lists and dicts): `pytree.tree_leaves` without its per-call cost (a
+    noticeable part of the hinge's fixed cost on a GPU)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _tensor_leaves(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensor_leaves(v)
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -127,10 +121,13 @@ def structured_hinge_loss(
     _check_structure(structure)
     _check_reduction(reduction)
     _refuse_vmap(potentials, target, lengths, loss_weight)
-    pot, lengths, target = structure.validate(potentials, lengths, target)
+    pot, lengths, target = structure._hinge_inputs(potentials, lengths, target, backend)
     tensors = structure.tensors(pot)
-    resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
-    lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
+    if isinstance(loss_weight, torch.Tensor):
+        lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
+    else:  # a number stays one (no tensor filled per call)
+        check_loss_weight_value(loss_weight)
+        lw = float(loss_weight)
     loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if return_argmax else loss
@@ -176,7 +173,7 @@ class _SlackRescaledHinge(torch.autograd.Function):
                 y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
             else:
                 y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
-        ctx.structure = structure
+        ctx.structure, ctx.backend = structure, backend
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
         return value.to(compute_dtype(tensors)), y_hat  # float32 for half precision (see _StructuredHinge)
@@ -188,7 +185,8 @@ class _SlackRescaledHinge(torch.autograd.Function):
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
         with no_autocast():
             weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
-        grads = _marginal_difference(structure, y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:])
+        grads = structure._marginal_difference(y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:],
+                                               ctx.backend)
         return (None, None, None, None, None) + grads
 
 

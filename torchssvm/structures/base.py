@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from .._device import host_to_device
 from .._validation import check_loss_weight, check_loss_weight_value, check_positive_int, check_tensor
 from ..kernels import resolve_backend
 
@@ -149,6 +150,42 @@ class Structure:
     def _log_partition(self, potentials, lengths) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no log_partition (the CRF loss needs one)")
 
+    # -- the hinge losses' steps (`torchssvm.losses`; a structure may fuse them) ---------------------------------
+    def _hinge_inputs(self, potentials, lengths, target, backend):
+        """`validate` and the backend's check for `structured_hinge_loss`: ``(potentials, lengths, target)``, as
+        `_hinge_forward` takes them."""
+        pot, lengths, target = self.validate(potentials, lengths, target)
+        resolve_backend(backend, self.tensors(pot)[0].device, has_numba=self.has_numba_oracle)
+        return pot, lengths, target
+
+    def _hinge_forward(self, pot, lengths, target, loss_weight, backend):
+        """The margin-rescaled hinge ``max(0, max_y [loss_weight Delta(target, y) + s(y)] - s(target))`` per
+        example, in `compute_dtype`, without autograd: ``(loss (B,), y_hat, target, lengths)``, the last two as
+        the backward takes them. ``loss_weight``: a number or a ``(B,)`` float64 tensor."""
+        tensors = self.tensors(pot)
+        if isinstance(loss_weight, torch.Tensor):
+            loss_weight = loss_weight.detach()
+        else:
+            loss_weight = torch.full((tensors[0].shape[0],), float(loss_weight), dtype=torch.float64,
+                                     device=tensors[0].device)
+        y_hat, value = self._max_oracle(pot, lengths, target, loss_weight, backend)
+        dt = value.dtype
+        gold = self._score(self.from_tensors([None if t is None else t.to(dt) for t in tensors]), target, lengths)
+        # float32 for half-precision potentials, as autocast's own losses: a float16 loss overflows GradScaler's
+        # scale (65536 > float16's max) and sums of a large batch
+        return (value - gold).clamp_min(0).to(compute_dtype(tensors)), y_hat, target, lengths
+
+    def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
+        """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where not
+        needed): the hinges' gradient. Counts are summed over the batch: half precision accumulates in float32 and
+        is cast back at the end."""
+        pot = self.from_tensors(tensors)
+        acc = compute_dtype(tensors)
+        with no_autocast():
+            g_hat = self.marginal_vjp(y_hat, weight, pot, lengths, needs, dtype=acc)
+            g_gold = self.marginal_vjp(target, weight, pot, lengths, needs, dtype=acc)
+        return tuple(None if a is None else (a - b).to(t.dtype) for a, b, t in zip(g_hat, g_gold, tensors))
+
     # -- plumbing for autograd Functions --------------------------------------------------------
     def tensors(self, potentials) -> Tuple[Optional[torch.Tensor], ...]:
         """The potential tensors (None for absent optional ones), in `potential_names` order."""
@@ -185,7 +222,25 @@ class Structure:
         """Weight of each true label (1 without class weights); padding (-1) gets weight 0 later."""
         if self.class_weights is None:
             return torch.ones(y.shape, dtype=dtype, device=y.device)
-        return self.class_weights.to(device=y.device, dtype=dtype)[y.clamp_min(0)]
+        return self._device_class_weights(y.device).to(dtype)[y.clamp_min(0)]
+
+    def _device_class_weights(self, device) -> Optional[torch.Tensor]:
+        """``class_weights`` (float64) on ``device``, copied there once (a plain copy from the host waits for the
+        device: once per call, it was) and again only after an in-place change of them."""
+        cw = self.class_weights
+        if cw is None or cw.device == torch.device(device):
+            return cw
+        key = (str(device), cw._version)
+        cache = self.__dict__.setdefault("_class_weights_on", {})
+        if key not in cache:
+            cache.clear()
+            cache[key] = host_to_device(cw, device)
+        return cache[key]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_class_weights_on", None)  # device copies: not pickled
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.num_labels})"

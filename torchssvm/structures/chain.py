@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from .. import kernels as _kernels
 from .._validation import (
     check_bool,
     check_finite,
@@ -14,9 +15,14 @@ from .._validation import (
     check_lengths,
     check_shape,
     check_tensor,
+    reads_values,
 )
 from ..kernels import chain_score_torch, slack_viterbi, viterbi
 from .base import Structure, compute_dtype
+
+
+def _detach(t):
+    return None if t is None else t.detach()
 
 
 class ChainPotentials(NamedTuple):
@@ -57,6 +63,20 @@ class Chain(Structure):
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self, potentials, lengths=None, target=None, *, target_name: str = "target"):
+        """Shapes, dtypes and devices always; the values (finite potentials, lengths in ``[1, T]``, labels in
+        ``[0, K)`` within each length) of CPU tensors, and of device tensors in debug mode only
+        (`torchssvm.set_debug`: reading them makes the host wait for the device). Unread lengths are clamped to
+        ``[1, T]``, so that no kernel indexes past the padded size. Returns ``(potentials, lengths (B,) long,
+        target (B, T) long with -1 past each length, or None)``."""
+        pot, lengths, target, checked = self._validate(potentials, lengths, target, target_name)
+        if not checked:
+            lengths, target = self._unread(lengths, target, *pot.unary.shape[:2], pot.unary.device)
+        return pot, lengths, target
+
+    def _validate(self, potentials, lengths, target, target_name: str):
+        """`validate` without the normalisation of unread values: ``(potentials, lengths, target, checked)``, with
+        ``checked`` False where the values were not read (device tensors outside debug mode); then ``lengths`` is
+        as given (None included) and ``target`` unnormalised (the fused hinge kernel takes them so)."""
         pot = self._as_potentials(potentials)
         check_tensor("unary", pot.unary, ndim=3, floating=True)
         check_tensor("transition", pot.transition, floating=True)
@@ -80,11 +100,29 @@ class Chain(Structure):
             t = getattr(pot, name)
             if t is not None:
                 check_shape(name, t, (K,))
-        check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end})
-        lengths = check_lengths(lengths, B, T, ref.device)
+        if reads_values(ref.device):
+            check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end})
+            lengths = check_lengths(lengths, B, T, ref.device)
+            if target is not None:
+                target = check_labels(target_name, target, (B, T), K, ref.device, valid=self._valid(lengths, T))
+            return pot, lengths, target, True
+        if lengths is not None:
+            lengths = check_lengths(lengths, B, T, ref.device, values=False)
         if target is not None:
-            target = check_labels(target_name, target, (B, T), K, ref.device, valid=self._valid(lengths, T))
-        return pot, lengths, target
+            check_tensor(target_name, target, integer=True, device=ref.device)
+            check_shape(target_name, target, (B, T))
+        return pot, lengths, target, False
+
+    def _unread(self, lengths, target, B: int, T: int, device):
+        """Lengths and target that `_validate` did not read, made safe to index with, without reading them:
+        lengths clamped to ``[1, T]`` (all T when None), the target -1 past each length."""
+        if lengths is None:
+            lengths = torch.full((B,), T, dtype=torch.long, device=device)
+        else:
+            lengths = lengths.clamp(1, T)
+        if target is not None:
+            target = torch.where(self._valid(lengths, T), target.long(), -1)
+        return lengths, target
 
     def _as_potentials(self, potentials) -> ChainPotentials:
         if isinstance(potentials, ChainPotentials):
@@ -115,6 +153,48 @@ class Chain(Structure):
             unary = unary + torch.where(wrong, pos_w.unsqueeze(2), 0.0)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
         return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
+
+    # -- the margin-rescaled hinge, fused on a GPU ----------------------------------------------------------
+    # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (augmented unary, the truth's score,
+    # the lengths and target made safe, the value checks folded in), Viterbi, and `chain_hinge_grad_triton` in the
+    # backward: seven launches of its own and no host wait per forward and backward, where the torch ops took
+    # some eighty launches and three waits (issue 40; tests/test_loss_cost.py). Elsewhere the inherited path:
+    # `_max_oracle`, `_score`, `marginal_vjp`; with deterministic algorithms the backward too (the kernel adds
+    # the shared factors' counts atomically).
+    @staticmethod
+    def _fused(device, backend: str) -> bool:
+        return _kernels.resolve_backend(backend, device, has_numba=True) == "triton"
+
+    def _hinge_inputs(self, potentials, lengths, target, backend):
+        pot, lengths, target, checked = self._validate(potentials, lengths, target, "target")
+        device = pot.unary.device
+        fused = self._fused(device, backend) and target is not None
+        if not checked and not fused:  # the fused kernel clamps and normalises them itself
+            lengths, target = self._unread(lengths, target, *pot.unary.shape[:2], device)
+        return pot, lengths, target
+
+    def _hinge_forward(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
+        if target is None or not self._fused(pot.unary.device, backend):
+            return super()._hinge_forward(pot, lengths, target, loss_weight, backend)
+        from ..kernels.chain_hinge_triton import chain_hinge_prepare_triton
+
+        dt = compute_dtype(pot)
+        if isinstance(loss_weight, torch.Tensor):
+            loss_weight = loss_weight.detach()
+        unary, gold, lengths, target = chain_hinge_prepare_triton(
+            pot.unary.detach(), pot.transition.detach(), _detach(pot.start), _detach(pot.end), lengths, target,
+            loss_weight, self._device_class_weights(pot.unary.device), self.normalize, dt)
+        det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
+        y_hat, value = viterbi(unary, det[0], det[1], det[2], lengths, backend="triton")
+        # NaN where the kernel found a bad label, length or loss weight (clamp_min keeps NaN)
+        return torch.sub(value, gold).clamp_min_(0), y_hat, target, lengths
+
+    def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
+        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled():
+            return super()._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
+        from ..kernels.chain_hinge_triton import chain_hinge_grad_triton
+
+        return chain_hinge_grad_triton(y_hat, target, lengths, weight, *tensors, needs, compute_dtype(tensors))
 
     def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend):
         """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))``, exact by the error-count DP
