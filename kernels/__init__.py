@@ -225,14 +225,15 @@ def chain_inner(unary, transition, start, end, z, backend: str = "auto", *, chec
 
 @torch.no_grad()
 def select_atoms(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n: int, factor,
-                 floor: float, misses, away: bool, backend: str = "auto"):
+                 floor: float, misses, away: bool, backend: str = "auto", params=None):
     """The BCFW step's cache test and away atoms: dispatch to `select_atoms_torch` or `select_atoms_triton`
-    (bitwise equal; see the twin for the contract)."""
+    (bitwise equal; see the twin for the contract). ``params``: ``[factor or 0, floor]`` already on the device,
+    for the Triton form (no copy from the host: a CUDA graph can replay it)."""
     if resolve_backend(backend, a_H.device) == "triton":
         from .atoms_select_triton import select_atoms_triton
 
         return select_atoms_triton(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n,
-                                   factor, floor, misses, away)
+                                   factor, floor, misses, away, params)
     return select_atoms_torch(a_H, count, a_labels, a_loss, a_alpha, idx, base, ell, gaps, labels, loss, H, n,
                               factor, floor, misses, away)
 

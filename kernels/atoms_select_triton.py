@@ -76,8 +76,10 @@ def _select_atoms_kernel(aH_ptr, count_ptr, a_labels_ptr, a_loss_ptr, a_alpha_pt
 def select_atoms_triton(a_H: torch.Tensor, count: torch.Tensor, a_labels: torch.Tensor, a_loss: torch.Tensor,
                         a_alpha: torch.Tensor, idx: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
                         gaps: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, H: torch.Tensor, n: int,
-                        factor: Optional[float], floor: float, misses: Optional[torch.Tensor], away: bool):
-    """`select_atoms_torch`: same arguments and returns."""
+                        factor: Optional[float], floor: float, misses: Optional[torch.Tensor], away: bool,
+                        params: Optional[torch.Tensor] = None):
+    """`select_atoms_torch`: same arguments and returns. ``params``: ``[factor or 0, floor]`` as a float64 tensor on
+    the device, if the caller keeps one (a CUDA graph cannot replay the copy of them from the host)."""
     B, C, W = a_labels.shape
     if not gaps.is_contiguous():
         raise ValueError("gaps must be contiguous (the kernel writes it in place)")
@@ -89,7 +91,8 @@ def select_atoms_triton(a_H: torch.Tensor, count: torch.Tensor, a_labels: torch.
             torch.empty(B, dtype=f64, device=dev))
     if B:
         # a Python float reaches a kernel as float32: the test's constants travel as a float64 tensor (queued)
-        params = host_to_device(torch.tensor([0.0 if factor is None else factor, floor], dtype=f64), dev)
+        if params is None:
+            params = host_to_device(torch.tensor([0.0 if factor is None else factor, floor], dtype=f64), dev)
         block = triton.next_power_of_2(W)
         a_H, a_labels, a_loss, a_alpha = (t.contiguous() for t in (a_H, a_labels, a_loss, a_alpha))
         _select_atoms_kernel[(B,)](

@@ -5,7 +5,7 @@ steps, a cache of 10 labellings, an exact gap every 5 passes):
 
 - ``host``: ``host_free=False`` (the host draws the blocks and solves the box QP: 1 to 3 waits per step);
 - ``eager``: ``host_free=True, cuda_graph=False`` (no wait per step; every kernel launched from Python);
-- ``graph``: ``host_free=True`` (the default on CUDA: each step replayed as one CUDA graph).
+- ``graph``: ``host_free=True, cuda_graph=True`` (each step replayed as one CUDA graph).
 
 It reports seconds per pass in steady state (after two warm-up passes), milliseconds per step, the GPU's busy
 fraction over one pass (kernel time in a ``torch.profiler`` trace over wall time), the host waits and launches
@@ -32,7 +32,7 @@ from bench_bcfw_speed import SETTINGS, load, machine
 
 CONFIG = {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}
 MODES = {"host": {"host_free": False}, "eager": {"host_free": True, "cuda_graph": False},
-         "graph": {"host_free": True}}
+         "graph": {"host_free": True, "cuda_graph": True}}
 
 
 def _sync(device):
@@ -47,7 +47,7 @@ def _solver(train, lam, B, mode, device, qp_max_iter):
                                 device=device)
     kw = dict(MODES[mode])
     if mode == "graph" and device.type != "cuda":
-        kw["host_free"] = True
+        kw.pop("cuda_graph")
     if qp_max_iter is not None and kw.get("host_free"):
         kw["qp_max_iter"] = qp_max_iter
     return ts.optim.BCFW(model, train.to(device), lam=lam, batch_size=B, seed=0, **{**CONFIG, **kw})

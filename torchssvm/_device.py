@@ -16,5 +16,8 @@ def host_to_device(t: torch.Tensor, device) -> torch.Tensor:
     if device.type == t.device.type:
         return t.to(device)
     if device.type == "cuda" and torch.backends.cuda.is_built():
+        if torch.cuda.is_current_stream_capturing():
+            # a graph would replay the copy from a pinned buffer that the host allocator has since reused
+            raise RuntimeError("host_to_device inside a CUDA graph capture: pass the values as a device tensor")
         t = t.pin_memory()
     return t.to(device, non_blocking=True)

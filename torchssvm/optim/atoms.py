@@ -37,9 +37,10 @@ class AtomStore:
         self.alpha_valid = torch.ones(n, dtype=torch.bool, device=dev)
 
     def grow(self, slots: int | None = None) -> None:
-        """Double the slots per block, or make them at least ``slots`` (whichever is more)."""
+        """Double the slots per block, or (``slots`` given) make them at least ``slots``, growing by a quarter at
+        least (each growth copies the store)."""
         n, C, W = self.labels.shape
-        extra = C if slots is None else max(C, slots - C)
+        extra = C if slots is None else max(slots - C, C // 4, 1)
         self.labels = torch.cat([self.labels, self.labels.new_full((n, extra, W), -1)], 1)
         self.loss = torch.cat([self.loss, self.loss.new_zeros(n, extra)], 1)
         self.alpha = torch.cat([self.alpha, self.alpha.new_zeros(n, extra)], 1)

@@ -67,7 +67,9 @@ class BCFW(DualSolver):
             ``False`` keeps the host's sampler and QP (the CPU's default, bitwise as before).
         cuda_graph: replay each host-free step of a given size as one CUDA graph (captured after an eager step
             of that size, again after the store grows, a state is loaded or an exact pass moves the cache's
-            floor; eager if the capture fails). Default: on CUDA with ``host_free``.
+            floor; eager, with a warning, if the capture fails), for the problems whose step launches no copy
+            from the host (``problem.graph_safe``: the chains). Off by default: the capture has not yet run on a
+            GPU (``tests/test_gpu.py`` compares it with the eager step there).
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` and ``gap_exact`` (True after an exact pass, else
     ``gap`` is the sum of the stale block-gap estimates and ``primal = dual + gap``), ``passes``
@@ -122,8 +124,11 @@ class BCFW(DualSolver):
         self.host_free = dev.type != "cpu" if host_free is None else bool(host_free)
         if cuda_graph and not (self.host_free and dev.type == "cuda"):
             raise ValueError("cuda_graph needs host_free=True and a problem on a CUDA device")
-        if cuda_graph is None:  # a simulated CUDA device (`torchssvm.testing`) has no graphs
-            cuda_graph = self.host_free and dev.type == "cuda" and torch.backends.cuda.is_built()
+        if cuda_graph is None:  # opt-in until the capture has run on a GPU (tests/test_gpu.py checks it there)
+            cuda_graph = False
+        if cuda_graph and not getattr(self.problem, "graph_safe", False):
+            raise ValueError(f"cuda_graph: the host-free step of {type(self.problem).__name__} is not known to "
+                             "capture (graph_safe: the chain problems)")
         self.cuda_graph = bool(cuda_graph)
         self.qp_method = qp_method
         self.qp_max_iter = qp_max_iter if qp_max_iter is not None else 10 if self.host_free else 50
@@ -144,6 +149,8 @@ class BCFW(DualSolver):
             # the store's slots are known to suffice for this many more steps (pairwise / away steps add at most
             # one atom per block and step); refreshed by a read of the counts
             self._room = 0
+            self._select_params = torch.zeros(2, dtype=torch.float64, device=p.device)
+            self._select_values = None
         self._graphs = None  # {B: (signature, CUDA graph)} of the captured steps
         self._graph_warm = set()  # sizes that ran one eager step
         self.graph_captures = 0
@@ -193,6 +200,12 @@ class BCFW(DualSolver):
         then the host's counters, which depend on ``B`` and the configuration only."""
         if self.atoms is not None and self.step_type != "fw":
             self._make_room()
+        # the cache test's constants as a device tensor (written by two fills when they change, outside any graph)
+        factor = self.cache_factor if self.cache_size > 0 else 0.0
+        floor = self.cache_nu / self.n * self.global_gap
+        if self._select_values != (factor, floor):
+            self._select_params[0], self._select_params[1] = factor, floor
+            self._select_values = (factor, floor)
         if self.cuda_graph:
             self._graph_step(B)
         else:
@@ -265,9 +278,9 @@ class BCFW(DualSolver):
         return graph
 
     def _room_steps(self) -> int:
-        """Steps the store keeps room for between reads of its counts: a pass's steps, at most 64 (the store's
-        extra slots)."""
-        return max(1, min(-(-self.n // self.batch_size), 64))
+        """Steps the store keeps room for between reads of its counts: a pass's steps, at most 32 (the store's
+        extra slots, which every step scores: a pass of more steps reads the counts every 32)."""
+        return max(1, min(-(-self.n // self.batch_size), 32))
 
     def _make_room(self, max_count: int | None = None) -> None:
         """Pairwise / away steps never evict an active atom, so a block may outgrow the store. Before a step that
@@ -314,7 +327,8 @@ class BCFW(DualSolver):
             s_labels, s_loss, s_H, away_atom = select_atoms(
                 a_H, store.count, a_labels, a_loss, a_alpha, idx, base, ell_i, self.block_gaps, labels, loss, H,
                 n, self.cache_factor if cached else None, self.cache_nu / n * self.global_gap,
-                self._misses if cached else None, find_away, backend=store.backend)
+                self._misses if cached else None, find_away, backend=store.backend,
+                params=self._select_params if host_free else None)
             if host_free:
                 pass
             elif cached:

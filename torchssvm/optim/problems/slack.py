@@ -68,6 +68,10 @@ class SlackRescaledProblem(DualProblem):
     def block_index(self, idx):
         return self.base.block_index(idx)
 
+    @property
+    def graph_safe(self) -> bool:
+        return getattr(self.base, "graph_safe", False)
+
     def static_block_index(self, idx):
         return self.base.static_block_index(idx)
 
