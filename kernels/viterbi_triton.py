@@ -340,16 +340,20 @@ def _interpreting() -> bool:
 
 
 def _sm_count(device: torch.device) -> int:
+    if _interpreting():  # one program (also on the simulated CUDA device of `torchssvm.testing`, which has no SMs)
+        return 1
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1 if _interpreting() else 132  # compile_check records CPU launches for an H100-sized grid
+    return 132  # compile_check records CPU launches for an H100-sized grid
 
 
 def cooperative_launch_available(device: torch.device) -> bool:
     """Whether `_viterbi_grid_kernel` can run persistent (all programs resident, meeting at a grid barrier):
     on a CUDA device that supports cooperative launches; under the interpreter with one program."""
+    if _interpreting():
+        return True
     if device.type != "cuda":
-        return _interpreting()
+        return False
     return bool(getattr(torch.cuda.get_device_properties(device), "cooperative_launch", True))
 
 

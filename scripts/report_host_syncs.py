@@ -23,9 +23,12 @@ from _bench_machine import write_report as write_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
-CONFIGS = {"FW steps, uniform sampling (the paper's)": {},
-           "pairwise steps, gap sampling, cache 10 (the time-to-gap runs)":
-               {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}}
+_TIME_TO_GAP = {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_check_every": 5}
+CONFIGS = {"FW steps, uniform sampling (the paper's); the host step": {"host_free": False},
+           "pairwise steps, gap sampling, cache 10 (the time-to-gap runs); the host step":
+               {**_TIME_TO_GAP, "host_free": False},
+           "FW steps, uniform sampling; the host-free step (the default on a device)": {"host_free": True},
+           "pairwise steps, gap sampling, cache 10; the host-free step": {**_TIME_TO_GAP, "host_free": True}}
 
 
 def _warm_solver(B: int, config: dict, n: int):

@@ -152,6 +152,24 @@ def test_host_free_run_certifies_and_resumes_bitwise(name):
     for _ in range(3):
         b.step()
     assert torch.equal(a.z, b.z) and torch.equal(a.w, b.w) and a.draws == b.draws == 6 * 6
+    # the generator is the state's, not the constructor's: a solver built with another seed resumes the same run,
+    # also from a state saved before the first step (the first-visit order comes with it)
+    c = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, lam=0.01, batch_size=8, seed=99,
+                      host_free=True, **CONFIGS[name])
+    c.load_state_dict(state)
+    for _ in range(3):
+        c.step()
+    assert torch.equal(a.z, c.z) and torch.equal(a.w, c.w)
+    fresh = solver()
+    early = fresh.state_dict()
+    for _ in range(2):
+        fresh.step()
+    d = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, lam=0.01, batch_size=8, seed=42,
+                      host_free=True, **CONFIGS[name])
+    d.load_state_dict(early)
+    for _ in range(2):
+        d.step()
+    assert torch.equal(fresh.z, d.z) and fresh.qp_unconverged == d.qp_unconverged
     g = a.duality_gap()
     assert abs(g["primal"] - g["dual"] - g["gap"]) < 1e-10 and g["gap"] >= -1e-12
 
@@ -240,6 +258,24 @@ def test_sync_free_box_qp_on_the_recorded_late_training_qp():
     ref = box_qp(c, H, u, method="sweeps", max_iter=100000, tol=1e-16)
     fa, fr = float(qp_objective(c, H, a)), float(qp_objective(c, H, ref))
     assert fa <= fr + 1e-10 * abs(fr)
+
+
+def test_uniforms_stay_inside_the_open_interval():
+    """The largest and smallest 64-bit outputs map inside (0, 1): a uniform of exactly 1 would make a Gumbel key
+    +inf and outrank the unseen blocks' tier."""
+    from torchssvm.optim.device_sampling import _shift_right
+
+    bits = torch.tensor([-1, 0], dtype=torch.int64)  # all ones, all zeros
+    u = (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
+    assert u.tolist() == [1 - 2.0 ** -53, 2.0 ** -53]
+    assert bool(torch.isfinite(device_sampling.gumbel(0, 0, 1000, "cpu")).all())
+
+
+def test_sweeps_are_refused_with_the_host_free_step():
+    ds = _data(16)
+    with pytest.raises(ValueError, match="sweeps' solves the QP on the host"):
+        ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, lam=0.1, host_free=True,
+                      qp_method="sweeps")
 
 
 def test_cuda_graph_needs_the_host_free_step_on_cuda():

@@ -130,6 +130,8 @@ class BCFW(DualSolver):
             raise ValueError(f"cuda_graph: the host-free step of {type(self.problem).__name__} is not known to "
                              "capture (graph_safe: the chain problems)")
         self.cuda_graph = bool(cuda_graph)
+        if self.host_free and qp_method == "sweeps":
+            raise ValueError("qp_method='sweeps' solves the QP on the host: use it with host_free=False")
         self.qp_method = qp_method
         self.qp_max_iter = qp_max_iter if qp_max_iter is not None else 10 if self.host_free else 50
         # host-free QPs that ended on qp_max_iter short of the tolerance, counted on the device
@@ -152,7 +154,7 @@ class BCFW(DualSolver):
             self._select_params = torch.zeros(2, dtype=torch.float64, device=p.device)
             self._select_values = None
         self._graphs = None  # {B: (signature, CUDA graph)} of the captured steps
-        self._graph_warm = set()  # sizes that ran one eager step
+        self._graph_warm = {}  # {B: the signature of its last eager step}
         self.graph_captures = 0
         self.cache_hits = 0
         self.visits = 0
@@ -231,26 +233,37 @@ class BCFW(DualSolver):
         return sample_gap(self.block_gaps, self._first_rank, self.seed, draw, B)
 
     def _graph_signature(self, B: int) -> tuple:
-        """What a captured step bakes in: the tensors it reads and writes (by identity), the storage's size and the
-        scalars it takes as constants. A step is captured again when any of them changed."""
+        """What a captured step bakes in: the scalars it takes as constants, and the tensors it reads and writes
+        (held here, compared by identity: a rebound tensor or a grown store is a new signature, and the graph's
+        memory stays alive while the signature holds it). A step is captured again when any of them changed."""
         store = self.atoms
-        tensors = (self.z, self.ell, self.v, self.w, self.block_gaps, self._misses)
+        tensors = (self.z, self.ell, self.v, self.w, self.block_gaps, self._misses, self._qp_unconverged,
+                   self._select_params, self._first_rank)
         if store is not None:
             tensors += (store.labels, store.loss, store.alpha, store.count, store.alpha_valid)
-        return (B, self.lam, self.global_gap) + tuple(id(t) for t in tensors)
+        scalars = (B, self.lam, self.global_gap, self.seed, self.sampling, self.step_type, self.qp_max_iter,
+                   self.cache_size, self.cache_factor, self.cache_nu)
+        return scalars, tensors
+
+    @staticmethod
+    def _same(a, b) -> bool:
+        return a is not None and b is not None and a[0] == b[0] and len(a[1]) == len(b[1]) and \
+            all(x is y for x, y in zip(a[1], b[1]))
 
     def _graph_step(self, B: int) -> None:
-        """`_device_step` replayed from a CUDA graph (torch.cuda.CUDAGraph): one launch for the whole step. The first
-        step of each size runs eagerly (it compiles the Triton kernels and warms the allocator), the next captures
-        it. If the capture fails the solver warns once and stays eager."""
+        """`_device_step` replayed from a CUDA graph (torch.cuda.CUDAGraph): one launch for the whole step. After
+        any change of what a graph bakes in (`_graph_signature`), one step runs eagerly (it compiles the Triton
+        kernels for new shapes and warms the allocator) and the next is captured. If a capture fails the solver
+        warns once and stays eager."""
         if self._graphs is None:
             self._graphs = {}
             self._draw_on_device = torch.zeros((), dtype=torch.long, device=self.problem.device)
         sig = self._graph_signature(B)
         entry = self._graphs.get(B)
-        if entry is None or entry[0] != sig:
-            if entry is None and B not in self._graph_warm:
-                self._graph_warm.add(B)
+        if entry is None or not self._same(entry[0], sig):
+            if not self._same(self._graph_warm.get(B), sig):
+                self._graph_warm[B] = sig
+                self._graphs.pop(B, None)
                 self._device_step(B, self.draws)
                 return
             graph = self._capture(B)
@@ -291,6 +304,8 @@ class BCFW(DualSolver):
                 return
             max_count = int(self.atoms.count.max())
         store, steps = self.atoms, self._room_steps()
+        if max_count > store.labels.shape[1]:  # never: each read leaves room for the steps until the next
+            raise RuntimeError(f"BCFW: a block holds {max_count} atoms in a store of {store.labels.shape[1]} slots")
         if store.labels.shape[1] < max_count + steps:
             store.grow(max_count + steps)
             self._graphs = None  # the captured steps hold the old storage
@@ -528,6 +543,12 @@ class BCFW(DualSolver):
                 "cache_hit_rate": self.cache_hits / max(1, self.visits), "time": self.seconds,
                 **({"qp_unconverged": self.qp_unconverged} if self.host_free else {})}
 
+    def _read_qp_unconverged(self) -> int:
+        """The host-free QPs short of the tolerance so far (one read; 0 for the host step)."""
+        if self._qp_unconverged is not None:
+            self.qp_unconverged = int(self._qp_unconverged)
+        return self.qp_unconverged
+
     def _count_misses(self, misses: int) -> None:
         """Add the cache misses counted on the device since the last read (``misses`` of them) to the counters."""
         self.oracle_calls += misses
@@ -577,7 +598,8 @@ class BCFW(DualSolver):
         s = super().state_dict()
         s.update({"global_gap": self.global_gap, "first_visit": self.first_visit.clone(),
                   "first_visit_pos": self.first_visit_pos, "cache_hits": self.cache_hits, "visits": self.visits,
-                  "generator": self.generator.get_state(), "draws": self.draws,
+                  "generator": self.generator.get_state(), "draws": self.draws, "seed": int(self.seed),
+                  "qp_unconverged": self._read_qp_unconverged(),
                   "atoms": None if self.atoms is None else
                   self.atoms.state_dict()})
         return s
@@ -594,10 +616,14 @@ class BCFW(DualSolver):
         out["first_visit"] = first_visit
         out.update(checked_scalars(state, {"global_gap": float, "first_visit_pos": int, "cache_hits": int,
                                            "visits": int}))
-        # host-free sampling's draws (a state saved before it existed has none: 0)
-        out.update(checked_scalars({"draws": state.get("draws", 0)}, {"draws": int}))
-        if out["draws"] < 0:
-            raise ValueError(f"state_dict['draws'] must be >= 0, got {out['draws']}")
+        # host-free sampling's generator: the seed and the draws taken (a state saved before they were kept has
+        # none: this solver's seed, no draw), and the count of QPs short of the tolerance
+        extra = {"draws": state.get("draws", 0), "seed": state.get("seed", int(self.seed)),
+                 "qp_unconverged": state.get("qp_unconverged", 0)}
+        out.update(checked_scalars(extra, {"draws": int, "seed": int, "qp_unconverged": int}))
+        for key in ("draws", "qp_unconverged"):
+            if out[key] < 0:
+                raise ValueError(f"state_dict[{key!r}] must be >= 0, got {out[key]}")
         out["_generator"] = checked_generator_state(state)
         out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
         return out
@@ -611,8 +637,15 @@ class BCFW(DualSolver):
             self._misses.zero_()
             self._visits_unread = 0
         block_gaps = checked.pop("block_gaps")
+        qp_unconverged = checked.pop("qp_unconverged")
         super()._set_state(checked)
         self.block_gaps.copy_(block_gaps)  # in place, as `_refresh` writes it
         self._graphs = None  # the captured steps hold the old tensors
+        self._graph_warm = {}
+        self.qp_unconverged = qp_unconverged
         if self.host_free:
             self._room = 0
+            self._qp_unconverged.fill_(qp_unconverged)
+            rank = torch.empty(self.n, dtype=torch.float64)
+            rank[self.first_visit] = torch.arange(self.n, dtype=torch.float64)
+            self._first_rank.copy_(rank)  # the loaded first-visit order

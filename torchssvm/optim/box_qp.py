@@ -67,7 +67,8 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         sync_free: ``"newton"`` on the inputs' device without the host reading anything (for ``B = 1`` the closed
             form): all ``max_iter`` iterations are launched, an iterate that meets the tolerance (or finds no
             descent) staying frozen, so the answer is the one of the same iteration that stops, from a fixed
-            sequence of kernels (which a CUDA graph can replay). ``"sweeps"`` always runs on the host.
+            sequence of kernels (which a CUDA graph can replay). ``"sweeps"`` runs on the host (``B = 1``: the
+            closed form on the device, as for ``"newton"``).
         unconverged: with ``sync_free``, a 0-dim integer tensor on the device to which 1 is added when the
             iteration ends short of the tolerance (``max_iter`` reached while still descending): a counter the
             caller reads when it reads anyway.
@@ -77,7 +78,7 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     B = c.shape[0]
-    if sync_free and method == "newton":
+    if sync_free and (method == "newton" or B == 1):
         c, H, upper = (t.to(torch.float64) for t in (c, H, upper))
         if B == 1:  # `_coordinate` as tensor work
             h = H.reshape(1)
@@ -137,15 +138,12 @@ def _first_breakpoints(gamma, moves, upper):
     return torch.where(torch.isfinite(t), t, 1.0)
 
 
-_ARC_ON = {}  # _ARC on each device it was used on (a copy per call would be a launch, and none inside a graph)
-
-
 def _arc_on(device: torch.device) -> torch.Tensor:
+    """`_ARC` made on ``device`` by two launches (no copy from the host, which a CUDA graph could not replay)."""
     if device.type == "cpu":
         return _ARC
-    if device not in _ARC_ON:
-        _ARC_ON[device] = host_to_device(_ARC, device)
-    return _ARC_ON[device]
+    steps = torch.arange(-30, 31, dtype=torch.float64, device=device)
+    return torch.cat([torch.exp2(steps), torch.zeros(1, dtype=torch.float64, device=device)])
 
 
 def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=False):

@@ -52,14 +52,15 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
 def uniform(seed: int, counter, n: int, device) -> torch.Tensor:
     """``(n,)`` float64 uniforms in (0, 1) of draw ``counter`` (an int, or a 0-dim int64 tensor on ``device``, which
     a captured CUDA graph reads at each replay) of generator ``seed``, computed on ``device``:
-    ``u_i = (top 53 bits of splitmix64(seed * c + counter * n + i) + 1/2) / 2^53``. No host work beyond the
+    ``u_i = (top 52 bits of splitmix64(seed * c + counter * n + i) + 1/2) / 2^52``, in [2^-53, 1 - 2^-53] exactly
+    (53 bits plus a half would round the largest to 1, and its Gumbel variable to +inf). No host work beyond the
     launches; the same values on every device."""
     if isinstance(counter, torch.Tensor):
         base = counter * n + _signed(seed * _SEED_MIX)
     else:
         base = _signed(_signed(seed * _SEED_MIX) + counter * n)
     bits = _splitmix64(torch.arange(n, dtype=torch.int64, device=device) + base)
-    return (_shift_right(bits, 11).to(torch.float64) + 0.5) * 2.0 ** -53
+    return (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
 
 
 def gumbel(seed: int, counter: int, n: int, device) -> torch.Tensor:
@@ -68,7 +69,7 @@ def gumbel(seed: int, counter: int, n: int, device) -> torch.Tensor:
 
 
 # Key offsets of the tiers: the Gumbel keys of positive gaps lie within about +-800 (log of float64's range plus
-# the Gumbel draw, which is in [-3.6, 37] for 53-bit uniforms), far from both.
+# the Gumbel draw, which is in [-3.6, 37] for these uniforms), far from both.
 _UNSEEN = 1.0e6
 _ZERO = -1.0e6
 
