@@ -67,11 +67,19 @@ def main(argv=None) -> None:
                 sys.exit(f"{name} run failed:\n{p.stderr[-3000:]}")
             runs[name] = {**json.loads(p.stdout.strip().splitlines()[-1]), "process": time.perf_counter() - t0}
             print(name, runs[name], flush=True)
-    (args.out / f"startup_{args.device}.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"),
-                                                                      "batch_size": args.batch_size,
-                                                                      "runs": runs}, indent=1))
+    import torch
+    from _bench_machine import code_version
+    from bench_bcfw_speed import machine
+
+    where = machine(torch.device(args.device))
+    (args.out / f"startup_{args.device}.json").write_text(json.dumps(
+        {"date": time.strftime("%Y-%m-%d"), "machine": where, "code": code_version(),
+         "batch_size": args.batch_size, "runs": runs}, indent=1))
     lines = [f"# Start-up of BCFW on {args.device} (OCR-large, B = {args.batch_size}), {time.strftime('%Y-%m-%d')}",
-             "", "| run | import | data | build | fit() to first exact gap | whole process |",
+             "", f"Machine: {where}. Code: {code_version()}. Command: `python scripts/bench_startup.py --device "
+             f"{args.device} --batch-size {args.batch_size} --out DIR`. Wall seconds in a fresh process each; the "
+             "pairwise / gap-sampling / cache-10 configuration with an exact gap after the first pass.", "",
+             "| run | import | data | build | fit() to first exact gap | whole process |",
              "|---|---|---|---|---|---|"]
     for name, r in runs.items():
         lines.append(f"| {name} | {r['import']:.2f} | {r['data']:.2f} | {r['build']:.2f} | {r['first_exact_gap']:.2f} "
