@@ -106,22 +106,14 @@ class AtomStore:
         the store must grow). The writes are whole-batch, blocks that hold their labelling already writing back
         what is there, so that no boolean mask makes the host wait. With ``sync_free`` it reads nothing: the
         caller has made room for every append (`grow`), and the host's copy of the counts is stale until
-        `refresh_host_counts`."""
+        `set_state`."""
         if sync_free:
-            if resolve_backend(self.backend, self.labels.device) == "triton":
-                from ..kernels.atoms_insert_triton import insert_atoms_triton
-
-                return insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,
-                                           labels, loss.to(self.loss.dtype), scores, cap, keep_active)[0]
-            return self._insert_batch_torch(idx, labels, loss, scores, cap, keep_active, None)
-        host_idx = idx.cpu() if host_idx is None else host_idx
+            host_idx = None  # no host bookkeeping
+        elif host_idx is None:
+            host_idx = idx.cpu()
         if resolve_backend(self.backend, self.labels.device) == "triton":
             return self._insert_batch_triton(idx, labels, loss, scores, cap, keep_active, host_idx)
         return self._insert_batch_torch(idx, labels, loss, scores, cap, keep_active, host_idx)
-
-    def refresh_host_counts(self) -> None:
-        """The host's copy of the counts from the device's (one read), after `insert_batch` with ``sync_free``."""
-        self.count_host = self.count.to("cpu", copy=True)
 
     def _insert_batch_torch(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
         dev = self.labels.device
@@ -161,12 +153,14 @@ class AtomStore:
 
     def _insert_batch_triton(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
         """`insert_batch` as one kernel launch; blocks appending past the last slot are written here after the
-        store grows (rare: the store doubles)."""
+        store grows (rare: the store doubles). ``host_idx`` None: no host bookkeeping (``sync_free``)."""
         from ..kernels.atoms_insert_triton import insert_atoms_triton
 
         last = self.labels.shape[1]
         slot, append = insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,
                                            labels, loss.to(self.loss.dtype), scores, cap, keep_active)
+        if host_idx is None:
+            return slot
         self.count_host[host_idx] += append.cpu()
         beyond = self.count_host[host_idx] > last  # appended at slot `last`, which does not exist yet
         if bool(beyond.any()):

@@ -145,9 +145,7 @@ class BCFW(DualSolver):
         self.first_visit_pos = 0
         self.draws = 0  # host-free sampling: draws taken from the counter-based generator
         if self.host_free:
-            rank = torch.empty(self.n, dtype=torch.float64)
-            rank[self.first_visit] = torch.arange(self.n, dtype=torch.float64)
-            self._first_rank = rank.to(p.device)
+            self._first_rank = self._first_visit_ranks().to(p.device)
             # the store's slots are known to suffice for this many more steps (pairwise / away steps add at most
             # one atom per block and step); refreshed by a read of the counts
             self._room = 0
@@ -200,7 +198,7 @@ class BCFW(DualSolver):
     def _host_free_step(self, B: int) -> None:
         """One host-free step of ``B`` blocks: the device work (`_device_step`, eager or replayed as a CUDA graph),
         then the host's counters, which depend on ``B`` and the configuration only."""
-        if self.atoms is not None and self.step_type != "fw":
+        if self._store_grows:
             self._make_room()
         # the cache test's constants as a device tensor (written by two fills when they change, outside any graph)
         factor = self.cache_factor if self.cache_size > 0 else 0.0
@@ -290,6 +288,18 @@ class BCFW(DualSolver):
         self.graph_captures += 1
         return graph
 
+    def _first_visit_ranks(self) -> torch.Tensor:
+        """``(n,)`` float64 on the host: each block's position in `first_visit` (the device sampler's first tier)."""
+        rank = torch.empty(self.n, dtype=torch.float64)
+        rank[self.first_visit] = torch.arange(self.n, dtype=torch.float64)
+        return rank
+
+    @property
+    def _store_grows(self) -> bool:
+        """Whether the host-free step must keep room in the atom store: pairwise / away steps never evict an active
+        atom (FW steps with a cache stay within ``cache_size``)."""
+        return self.host_free and self.atoms is not None and self.step_type != "fw"
+
     def _room_steps(self) -> int:
         """Steps the store keeps room for between reads of its counts: a pass's steps, at most 32 (the store's
         extra slots, which every step scores: a pass of more steps reads the counts every 32)."""
@@ -313,11 +323,14 @@ class BCFW(DualSolver):
 
     @torch.no_grad()
     def _update(self, host_idx: torch.Tensor | None, idx: torch.Tensor | None = None) -> None:
-        """One (mini-batch) block update of the distinct blocks ``host_idx (B,)`` (on the host).
+        """One (mini-batch) block update of the distinct blocks ``host_idx (B,)`` (on the host), or, for the
+        host-free step, ``idx (B,)`` drawn on the device (`_host_free_step` then keeps the host's counters, and
+        nothing here reads the device).
 
-        On a device the host waits for it at most twice (docs/benchmarks/host_syncs.md): for which blocks gained a
-        cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for B <= 256 with numba).
-        Everything else is whole-batch tensor work, each quantity computed once (kernel launches: the same page)."""
+        With ``host_idx``, on a device the host waits for it at most twice (docs/benchmarks/host_syncs.md): for which
+        blocks gained a cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for
+        B <= 256 with numba). Everything else is whole-batch tensor work, each quantity computed once (kernel
+        launches: the same page)."""
         p, n, lam = self.problem, self.n, self.lam
         host_free = idx is not None  # the counters are the caller's (`_host_free_step`)
         if idx is None:
@@ -344,12 +357,11 @@ class BCFW(DualSolver):
                 n, self.cache_factor if cached else None, self.cache_nu / n * self.global_gap,
                 self._misses if cached else None, find_away, backend=store.backend,
                 params=self._select_params if host_free else None)
-            if host_free:
-                pass
-            elif cached:
-                self._visits_unread += B
-            else:
-                self.oracle_calls += B
+            if not host_free:  # the host-free step counts on the host, in `_host_free_step`
+                if cached:
+                    self._visits_unread += B
+                else:
+                    self.oracle_calls += B
         else:  # on the CPU with a cache (the oracle decodes the misses only), or FW steps without atoms
             used = None if store is None else used_slots(store.count, idx, a_H.shape[1])
             if self.cache_size > 0:
@@ -522,7 +534,7 @@ class BCFW(DualSolver):
             reads.append(self._misses.to(torch.float64))
         if self.host_free:
             reads.append(self._qp_unconverged.to(torch.float64))
-        grows = self.host_free and self.atoms is not None and self.step_type != "fw"
+        grows = self._store_grows
         if grows:  # the store's room for the next pass, read here rather than by its first step
             reads.append(self.atoms.count.max().to(torch.float64))
         values = torch.stack(reads).tolist()  # one read from the device
@@ -646,6 +658,4 @@ class BCFW(DualSolver):
         if self.host_free:
             self._room = 0
             self._qp_unconverged.fill_(qp_unconverged)
-            rank = torch.empty(self.n, dtype=torch.float64)
-            rank[self.first_visit] = torch.arange(self.n, dtype=torch.float64)
-            self._first_rank.copy_(rank)  # the loaded first-visit order
+            self._first_rank.copy_(self._first_visit_ranks())  # the loaded order, in place

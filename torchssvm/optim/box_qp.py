@@ -146,6 +146,15 @@ def _arc_on(device: torch.device) -> torch.Tensor:
     return torch.cat([torch.exp2(steps), torch.zeros(1, dtype=torch.float64, device=device)])
 
 
+def _stop_test(gamma, grad, upper, scale, floor):
+    """``(bind, projected, descending)``: the coordinates held at a bound with the gradient pushing outward, the
+    gradient with those zeroed, and whether it is still above the tolerance ``scale + floor max(gamma)`` (the
+    ridge's resolution, `_RIDGE_FLOOR`)."""
+    bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+    projected = torch.where(bind, 0.0, grad)
+    return bind, projected, projected.abs().amax() > scale + floor * gamma.amax()
+
+
 def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=False):
     """Projected Newton (Bertsekas 1982) with two arcs per iteration.
 
@@ -181,9 +190,8 @@ def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=Fa
     # Each line is one or two kernels: the iteration is a fixed sequence of about 45 launches plus the solve's,
     # which a device runs without the host (and a CUDA graph replays as one).
     for it in range(max_iter):
-        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
-        projected = torch.where(bind, 0.0, grad)
-        running = running & (projected.abs().amax() > scale + floor * gamma.amax())
+        bind, projected, descending = _stop_test(gamma, grad, upper, scale, floor)
+        running = running & descending
         if check_every and it % check_every == 0 and not bool(running):
             break
         free = torch.where(bind, 0.0, 1.0)
@@ -208,9 +216,7 @@ def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=Fa
     if with_flag:
         # the stop test at the last iterate: still above the tolerance (a frozen iterate found no descent, and
         # `running` fell with it)
-        bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
-        running = running & (torch.where(bind, 0.0, grad).abs().amax() > scale + floor * gamma.amax())
-        return gamma, running
+        return gamma, running & _stop_test(gamma, grad, upper, scale, floor)[2]
     return gamma
 
 

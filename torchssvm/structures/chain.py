@@ -158,9 +158,9 @@ class Chain(Structure):
     # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (augmented unary, the truth's score,
     # the lengths and target made safe, the value checks folded in), Viterbi, and `chain_hinge_grad_triton` in the
     # backward: seven launches of its own and no host wait per forward and backward, where the torch ops took
-    # some eighty launches and three waits (issue 40; tests/test_loss_cost.py). Elsewhere the inherited path:
-    # `_max_oracle`, `_score`, `marginal_vjp`; with deterministic algorithms the backward too (the kernel adds
-    # the shared factors' counts atomically).
+    # some eighty launches and three waits (docs/benchmarks/loss_cost_cuda.md; tests/test_loss_cost.py).
+    # Elsewhere the inherited path: `_max_oracle`, `_score`, `marginal_vjp`; with deterministic algorithms the
+    # backward too (the kernel adds the shared factors' counts atomically).
     @staticmethod
     def _fused(device, backend: str) -> bool:
         return _kernels.resolve_backend(backend, device, has_numba=True) == "triton"
