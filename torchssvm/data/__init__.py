@@ -11,9 +11,10 @@ from .paths import data_root
 from .pose import EdgeTypes, PoseDataset, edge_types, synthetic_pose, synthetic_type_maps
 from .sequence_dataset import ChainBatch, SequenceDataset
 from .synthetic import synthetic_chain
+from .token_features import TokenFeatures
 from .yeast import yeast
 
 __all__ = ["ocr", "conll2000", "yeast", "synthetic_chain", "SequenceDataset", "ChainBatch", "MultiLabelDataset",
            "MultiLabelBatch", "data_root"]
 __all__ += ["a9a", "checkers", "synthetic_pose", "PoseDataset", "edge_types", "EdgeTypes", "synthetic_type_maps"]
-__all__ += ["synthetic_large_chain"]
+__all__ += ["synthetic_large_chain", "TokenFeatures"]

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ..models import TokenFeatures
 from .paths import locate
 from .sequence_dataset import SequenceDataset
+from .token_features import TokenFeatures
 
 URLS = {
     "train": "https://www.clips.uantwerpen.be/conll2000/chunking/train.txt.gz",

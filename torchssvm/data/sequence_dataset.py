@@ -8,7 +8,7 @@ from typing import Iterator, NamedTuple, Optional, Union
 import torch
 
 from .._validation import check_positive_int
-from ..models import TokenFeatures
+from .token_features import TokenFeatures
 
 Features = Union[torch.Tensor, TokenFeatures]
 

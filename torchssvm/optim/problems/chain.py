@@ -16,8 +16,9 @@ import torch
 
 from ..._validation import check_finite, check_labels, check_tensor
 from ...data.sequence_dataset import SequenceDataset
+from ...data.token_features import TokenFeatures, check_token_features
 from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve_backend, viterbi
-from ...models import LinearChainModel, TokenFeatures, check_token_features
+from ...models import LinearChainModel
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
 from .sparse_gram import add_attribute_rows, attribute_rows, sparse_emission_gram, sparse_emission_sqnorm
