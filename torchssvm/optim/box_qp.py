@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .._device import host_to_device
+from .box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
 
 METHODS = ("newton", "sweeps")
 
@@ -116,13 +117,6 @@ def qp_objective(c: torch.Tensor, H: torch.Tensor, gamma: torch.Tensor) -> torch
 # lengths near t_b leave the box's interior usable.
 _ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
-
-# The Newton systems carry a ridge r (relative 1e-13 to H's diagonal), so the free coordinates' gradient is not
-# resolved below about r max(gamma): the stop test allows this many times that on top of tol max|c|. Without it the
-# compiled loop went on to max_iter on 6% of the late-training BCFW QPs we recorded (OCR-small, lam 1e-4, B = 16),
-# each iteration gaining less than 1e-13 of f; with it they stop in 2.0 iterations on average, as before the test
-# was made scale-free.
-_RIDGE_FLOOR = 100.0
 
 # Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
 _DEVICE_CHECK_EVERY = 4
