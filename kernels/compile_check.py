@@ -322,16 +322,19 @@ def _tree(B, K, dtype, shared):
     return run
 
 
+# The 26-node kinematic tree of the pose data (`torchssvm.data.pose.POSE_PARENTS`, -1: the root), written out here
+# because the kernels sit below the data; a test checks that the two agree.
+_POSE_PARENTS = (-1, 0, 1, 0, 3, 4, 5, 6, 0, 8, 9, 10, 11, 3, 13, 14, 15, 16, 17, 8, 19, 20, 21, 22, 23, 0)
+
+
 def _spatial(B, side, dtype):
     def run():
-        from torchssvm.data.pose import POSE_PARENTS
-
         from .tree_triton import spatial_tree_max_sum_triton
 
-        E = len(POSE_PARENTS) - 1
-        unary = torch.randn(B, len(POSE_PARENTS), side * side, dtype=dtype)
+        E = len(_POSE_PARENTS) - 1
+        unary = torch.randn(B, len(_POSE_PARENTS), side * side, dtype=dtype)
         weights = torch.tensor([0.0, 0.1, 0.0, 0.1], dtype=dtype).expand(E, 4)
-        spatial_tree_max_sum_triton(unary, weights, torch.zeros(E, 2, dtype=dtype), POSE_PARENTS, side, side)
+        spatial_tree_max_sum_triton(unary, weights, torch.zeros(E, 2, dtype=dtype), _POSE_PARENTS, side, side)
     return run
 
 
