@@ -24,6 +24,7 @@ from .cutting_plane import NSlackCuttingPlane
 from .dual_solver import DualSolver
 from .frank_wolfe import FrankWolfe
 from .gdmm import GDMM
+from .gdmm_multilabel import MultiLabelGDMM  # registers the variant that GDMM(MultiLabelProblem) builds
 from .kernel_cutting_plane import KernelCuttingPlane
 from .one_slack import OneSlackCuttingPlane
 from .pegasos import Pegasos
@@ -43,8 +44,8 @@ from .regularization_path import RegularizationPath, grid_search, regularization
 from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
 from .ssg import SSG
 
-__all__ = ["BCFW", "GDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk", "HingeRisk",
-           "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
+__all__ = ["BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
+           "HingeRisk", "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "SpatialTreeProblem", "MixtureSpatialTreeProblem", "make_problem",
            "RegularizationPath",

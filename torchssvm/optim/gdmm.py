@@ -57,7 +57,7 @@ from ._state import check_not_nan, checked_generator_state, checked_scalars
 from .box_qp import box_qp
 from .factor_oracles import BigramIndex, bigram_fmo
 from .loop import check_limits
-from .problems import ChainProblem, MultiLabelProblem, make_problem
+from .problems import ChainProblem, make_problem
 from .shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 
 FMOS = ("exact", "sampled")
@@ -116,11 +116,21 @@ class GDMM:
 
     tag = "gdmm"
 
-    def __new__(cls, model=None, *args, **kwargs):
-        if cls is GDMM and isinstance(model, MultiLabelProblem):
-            from .gdmm_multilabel import MultiLabelGDMM
+    # {problem type: the subclass that `GDMM(problem)` builds for it}, filled by the subclasses themselves
+    # (``class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem)``): the variants import this module, never the
+    # reverse, and `torchssvm.optim` imports them all, so each is registered before any `GDMM` is built.
+    _variants: dict = {}
 
-            return super().__new__(MultiLabelGDMM)
+    def __init_subclass__(cls, problem_type=None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if problem_type is not None:
+            GDMM._variants[problem_type] = cls
+
+    def __new__(cls, model=None, *args, **kwargs):
+        if cls is GDMM:
+            for problem_type, variant in GDMM._variants.items():
+                if isinstance(model, problem_type):
+                    return super().__new__(variant)
         return super().__new__(cls)
 
     def _check_args(self, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update) -> None:

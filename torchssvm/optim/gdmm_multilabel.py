@@ -65,7 +65,7 @@ _SIDE1 = (-1.0, -1.0, 1.0, 1.0)
 _SIDE2 = (-1.0, 1.0, -1.0, 1.0)
 
 
-class MultiLabelGDMM(GDMM):
+class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
     """GDMM on a `MultiLabelProblem` (use ``GDMM(problem, ...)``, which returns this class).
 
     Args: those of `GDMM`; ``model`` is the `MultiLabelProblem` (dataset None). ``bigram_search`` must stay
