@@ -4,7 +4,7 @@
     loss = ts.StructuredHingeLoss(ts.Chain(num_labels))(potentials, target, lengths)
 """
 
-from . import data, kernels, metrics, optim, search
+from . import data, kernels, metrics, optim, recipes, search
 from ._validation import debug_enabled, set_debug
 from .losses import (
     CRFLoss,
@@ -61,6 +61,7 @@ __all__ = [
     "kernels",
     "metrics",
     "optim",
+    "recipes",
     "search",
     "set_debug",
     "debug_enabled",

@@ -1,0 +1,79 @@
+"""Pictorial structures trained on the dual by a solver of `torchssvm.optim`, with the positivity box on the
+quadratic deformation weights that the distance-transform oracle needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from .. import optim
+from ..logging import log_scalars, make_writer
+from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, should_stop
+
+
+def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
+                    gap_tol: Optional[float] = None, time_budget: Optional[float] = None, sampling: str = "gap",
+                    step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
+                    positivity: bool = True, types: int = 1, backend: str = "auto", device: str = "cpu",
+                    logdir: Optional[str] = "runs", run_name: str = "train-pose", seed: int = 0,
+                    callback: Callback = None) -> TrainingRun:
+    """Train `optim.SpatialTreeProblem` on `PoseDataset`s (with ``types`` T > 1 `optim.MixtureSpatialTreeProblem`,
+    T K-means deformation types per edge) with a dual solver and the positivity box on the quadratic deformation
+    weights (note 001 section 2.7; ``positivity=False`` drops it, and the oracle then raises as soon as a
+    quadratic weight turns negative).
+
+    Args:
+        train, test: `PoseDataset`s (``train`` is moved to ``device``).
+        solver, lam, passes, gap_tol, time_budget, sampling, step, cache_size, batch_size, gap_check_every,
+            backend, device, logdir, run_name, seed: as in `train_chain_dual` (``seed`` also seeds the K-means).
+        positivity: constrain ``w_xx, w_yy >= 0`` by the box.
+        types: deformation types per edge.
+        callback: called with each pass's metrics.
+
+    Returns a `TrainingRun` (``model``: the problem, whose ``weight`` is ``w``, the solver's output (SSG: its
+    average); ``solver``: the dual solver). Its history holds, per pass: ``pass``, ``passes``, ``seconds``,
+    ``train_lsp_loss``, ``test_lsp_loss``, ``train_pck``, ``test_pck`` (nodes within s/2 of the truth),
+    ``min_quadratic_weight``, ``primal`` and, except for SSG, ``dual`` and ``gap`` (a monitoring pass, not
+    counted). TensorBoard gets the same and the solver's scalars.
+    """
+    dev = check_device(device)
+    train = dataclasses.replace(train, features=train.features.to(dev), positions=train.positions.to(dev),
+                                scale=train.scale.to(dev), rest=train.rest.to(dev))
+    if types > 1:
+        problem = optim.MixtureSpatialTreeProblem(train, types, backend=backend, seed=seed)
+    else:
+        problem = optim.SpatialTreeProblem(train, backend=backend)
+    writer = make_writer(logdir, run_name) if logdir else None
+    box = problem.positivity_box() if positivity else None
+    common = {"box": box, "writer": writer}
+    if solver == "bcfw":
+        s = optim.BCFW(problem, lam=lam, sampling=sampling, step=step, cache_size=cache_size, batch_size=batch_size,
+                       gap_check_every=gap_check_every, seed=seed, **common)
+    elif solver == "fw":
+        s = optim.FrankWolfe(problem, lam=lam, **common)
+    elif solver == "ssg":
+        s = optim.SSG(problem, lam=lam, seed=seed, **common)
+    else:
+        raise ValueError(f"solver must be one of {DUAL_SOLVERS} here (train_pose_hinge: 'torch'), got {solver!r}")
+    history = []
+    for k in range(1, passes + 1):
+        r = s.step()
+        w = problem.weight.clone()  # the solver's output (SSG: its average)
+        cert = {"primal": r["primal"]} if solver == "ssg" else s.duality_gap()
+        tr, te = problem.evaluate(w), problem.evaluate(w, test)
+        min_quad = float(problem.weights(w)[-1][..., 1::2].min())  # w_P: (E, 4), or (E, T, 4) with types
+        metrics = {"pass": k, "passes": r["passes"], "seconds": r["time"], "train_lsp_loss": tr["lsp_loss"],
+                   "test_lsp_loss": te["lsp_loss"], "train_pck": tr["pck"], "test_pck": te["pck"],
+                   "min_quadratic_weight": min_quad,
+                   **{key: cert[key] for key in ("primal", "dual", "gap") if key in cert}}
+        log_scalars(writer, {"lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, k, "train")
+        log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, k, "test")
+        log_scalars(writer, {"min_quadratic_weight": min_quad}, k, "box")
+        if "gap" in cert:
+            log_scalars(writer, {"duality_gap": cert["gap"]}, k, "certificate")
+        history.append(metrics)
+        if callback is not None:
+            callback(metrics)
+        if should_stop(cert, r, gap_tol, time_budget):
+            break
+    return TrainingRun(problem, s, history, close_writer(writer))

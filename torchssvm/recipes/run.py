@@ -1,0 +1,77 @@
+"""What every recipe returns (`TrainingRun`) and the pieces their loops share: the device check, the torch
+optimizer by name, the dual solvers' stopping rule and the TensorBoard writer's close."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional
+
+import torch
+
+# called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
+Callback = Optional[Callable[[dict], None]]
+
+OPTIMIZERS = ("adam", "sgd")
+DUAL_SOLVERS = ("bcfw", "fw", "ssg")
+
+
+@dataclasses.dataclass
+class TrainingRun:
+    """A finished training run.
+
+    Attributes:
+        model: what holds the trained parameters: the `LinearChainModel` (chain recipes), or the
+            `SpatialTreeProblem` / `MixtureSpatialTreeProblem` whose ``weight`` is ``w`` (pose recipes).
+        solver: what trained it: the dual solver (`BCFW`, `FrankWolfe`, `SSG`; its ``state_dict`` resumes it) or
+            the torch optimizer.
+        history: one metrics dict per epoch or pass, in order (the keys are listed by each recipe).
+        logdir: the TensorBoard folder written, or None without a ``logdir``.
+    """
+
+    model: Any
+    solver: Any
+    history: List[dict] = dataclasses.field(default_factory=list)
+    logdir: Optional[str] = None
+
+    @property
+    def metrics(self) -> dict:
+        """The last epoch's or pass's metrics ({} when none ran)."""
+        return self.history[-1] if self.history else {}
+
+
+def check_device(device) -> torch.device:
+    """``device`` as a `torch.device`: the CPU or an available CUDA device, else a ValueError saying why."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    return dev
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """``"adam"``: `torch.optim.Adam`; ``"sgd"``: `torch.optim.SGD` with momentum 0.9."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+def should_stop(cert: dict, report: dict, gap_tol: Optional[float], time_budget: Optional[float]) -> bool:
+    """A dual solver's pass loop ends here: the certified gap reached ``gap_tol`` or the solver time
+    ``time_budget`` (None: no such limit)."""
+    return ((gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol)
+            or (time_budget is not None and report["time"] >= time_budget))
+
+
+def close_writer(writer) -> Optional[str]:
+    """Close the TensorBoard writer (if any); its folder, or None."""
+    if writer is None:
+        return None
+    logdir = writer.log_dir
+    writer.close()
+    return logdir
