@@ -34,7 +34,8 @@ def test_host_free_step_never_waits_for_the_device(name, B):
     ds = _data()
     with simulated_cuda() as mode:
         model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
-        s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=B, seed=0, backend="torch", **CONFIGS[name])
+        s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=B, seed=0, backend="torch", host_free=True,
+                          **CONFIGS[name])
         assert s.host_free and not s.cuda_graph
         s.step()  # the first pass visits every block once
         before, mode.sync_sites = mode.syncs, type(mode.sync_sites)()
@@ -287,6 +288,19 @@ def test_cuda_graph_needs_the_host_free_step_on_cuda():
     assert not s.host_free and not s.cuda_graph and s.qp_max_iter == 50  # the CPU's default: the host step
 
 
+def test_a_device_problem_takes_the_host_free_step_from_the_measured_batch_size():
+    from torchssvm.optim.bcfw import HOST_FREE_MIN_BATCH
+
+    ds = _data(HOST_FREE_MIN_BATCH)
+    with simulated_cuda():
+        for B, host_free in ((1, False), (HOST_FREE_MIN_BATCH - 1, False), (HOST_FREE_MIN_BATCH, True)):
+            model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
+            s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.1, batch_size=B)
+            assert s.host_free == host_free and s.qp_max_iter == (10 if host_free else 50)
+    s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, lam=0.1, batch_size=HOST_FREE_MIN_BATCH)
+    assert not s.host_free  # the CPU: always the host step
+
+
 @needs_triton()
 def test_host_free_step_with_the_triton_kernels_is_the_torch_step():
     """On the (simulated) device the host-free step's bookkeeping runs as Triton kernels (the cache test taking
@@ -297,7 +311,8 @@ def test_host_free_step_with_the_triton_kernels_is_the_torch_step():
     for backend in ("torch", "triton"):
         with simulated_cuda():
             s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"),
-                              lam=0.01, batch_size=8, seed=0, backend=backend, **CONFIGS["pairwise-gap-cache"])
+                              lam=0.01, batch_size=8, seed=0, backend=backend, host_free=True,
+                              **CONFIGS["pairwise-gap-cache"])
             reports = [s.step() for _ in range(2)]
             runs.append((s.w.cpu(), s.atoms.count.cpu(), reports))
     (w0, c0, r0), (w1, c1, r1) = runs

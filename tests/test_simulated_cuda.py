@@ -59,6 +59,22 @@ def test_tensor_factories_on_device_tensors_behave_as_on_a_gpu():
         d.tolist()
 
 
+def test_a_number_assigned_into_a_device_tensor_is_a_copy_from_the_host():
+    """``t[0] = 1.0`` copies a 0-dim host tensor into the device tensor: on CUDA a blocking copy (a wait) that a
+    graph capture refuses; ``t[0].fill_(1.0)`` launches a fill and reads nothing."""
+    with simulated_cuda() as mode:
+        t = torch.zeros(3, device="cuda")
+        before = mode.syncs
+        t[0].fill_(1.0)
+        t[1:].fill_(2.0)
+        assert mode.syncs == before
+        t[0] = 1.0
+        assert mode.syncs == before + 1
+        t.copy_(torch.ones(3))
+        assert mode.syncs == before + 2
+        assert t.cpu().tolist() == [1.0, 1.0, 1.0]
+
+
 def test_kernel_launches_are_counted_by_function():
     """Ops that would run a kernel count; views and bare allocations do not."""
     def work():

@@ -33,6 +33,9 @@ from .dual_solver import DualSolver
 
 SAMPLINGS = ("uniform", "gap")
 STEPS = ("fw", "pairwise", "away")
+# The smallest batch for which a device problem takes the host-free step by default: on an H200 (OCR-large, B =
+# 256 / 512 / 1024 / 4096) the host step was 4.3x / 0.94x / 0.92x / 0.49x its time per pass.
+HOST_FREE_MIN_BATCH = 512
 
 
 class BCFW(DualSolver):
@@ -58,9 +61,11 @@ class BCFW(DualSolver):
             the reports' ``qp_unconverged`` (its step is still a descent step: the certificate is unaffected).
         seed: seed of the solver's own random generator (sampling).
         host_free: run each step without the host reading anything from the device (default: on any device but
-            the CPU). Blocks are drawn on the device (`device_sampling`: a counter-based generator, Gumbel-top-k for
-            gap sampling, the law of the host's draw without replacement), the chain problems pad every batch to
-            the data set's longest sequence (static shapes), the cache's counts stay on the device (the store
+            the CPU from ``batch_size >= 512``, where it is the faster step; below, the host's compiled QP beats the
+            device's iteration of many small kernels: ``docs/benchmarks/host_free_step.md``). Blocks are drawn on
+            the device (`device_sampling`: a counter-based generator, Gumbel-top-k for gap sampling, the law of
+            the host's draw without replacement), the chain problems pad every batch to the data set's longest
+            sequence (static shapes), the cache's counts stay on the device (the store
             keeps room for the steps until the next read, which comes with the pass's report), and the box QP is
             solved on the device (`box_qp(..., sync_free=True)`: ``qp_max_iter`` projected Newton iterations, an
             iterate frozen once it meets the tolerance). On the CPU it is a way to run the device's algorithm;
@@ -68,8 +73,9 @@ class BCFW(DualSolver):
         cuda_graph: replay each host-free step of a given size as one CUDA graph (captured after an eager step
             of that size, again after the store grows, a state is loaded or an exact pass moves the cache's
             floor; eager, with a warning, if the capture fails), for the problems whose step launches no copy
-            from the host (``problem.graph_safe``: the chains). Off by default: the capture has not yet run on a
-            GPU (``tests/test_gpu.py`` compares it with the eager step there).
+            from the host (``problem.graph_safe``: the chains). Off by default until the capture has run on a GPU:
+            its first run there met a copy from the host in the box QP, since removed (``tests/test_gpu.py``
+            compares the graph with the eager step there).
 
     Reports (`step`): ``primal``, ``dual``, ``gap`` and ``gap_exact`` (True after an exact pass, else
     ``gap`` is the sum of the stale block-gap estimates and ``primal = dual + gap``), ``passes``
@@ -121,7 +127,9 @@ class BCFW(DualSolver):
         self.seed = seed
         self.generator = torch.Generator().manual_seed(int(seed))
         dev = self.problem.device
-        self.host_free = dev.type != "cpu" if host_free is None else bool(host_free)
+        if host_free is None:
+            host_free = dev.type != "cpu" and batch_size >= HOST_FREE_MIN_BATCH
+        self.host_free = bool(host_free)
         if cuda_graph and not (self.host_free and dev.type == "cuda"):
             raise ValueError("cuda_graph needs host_free=True and a problem on a CUDA device")
         if cuda_graph is None:  # opt-in until the capture has run on a GPU (tests/test_gpu.py checks it there)
@@ -204,7 +212,8 @@ class BCFW(DualSolver):
         factor = self.cache_factor if self.cache_size > 0 else 0.0
         floor = self.cache_nu / self.n * self.global_gap
         if self._select_values != (factor, floor):
-            self._select_params[0], self._select_params[1] = factor, floor
+            self._select_params[0].fill_(factor)  # a fill: assigning a number would copy it from the host
+            self._select_params[1].fill_(floor)
             self._select_values = (factor, floor)
         if self.cuda_graph:
             self._graph_step(B)

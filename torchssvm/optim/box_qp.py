@@ -179,7 +179,7 @@ def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=Fa
     f = torch.zeros((), dtype=torch.float64, device=dev)
     lo = torch.zeros_like(upper)
     steps = torch.zeros(2, arc.shape[0] + 1, dtype=torch.float64, device=dev)  # (2, A+1) trial step lengths
-    steps[0, -1] = 1.0  # t = 1 on the Newton arc: the face's optimum
+    steps[0, -1].fill_(1.0)  # t = 1 on the Newton arc (a fill: assigning a number would copy it from the host)
     running = torch.ones((), dtype=torch.bool, device=dev)
     # Each line is one or two kernels: the iteration is a fixed sequence of about 45 launches plus the solve's,
     # which a device runs without the host (and a CUDA graph replays as one).

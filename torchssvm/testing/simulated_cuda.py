@@ -19,7 +19,8 @@ else. Under `simulated_cuda()`:
   ``bool()``, ``.tolist()``), copies to the CPU, ops whose output shape depends on values (``nonzero``,
   boolean-mask reads, ``unique``, ...), boolean-mask writes of anything but a Python scalar, and blocking
   copies from the host (CUDA's ``memcpy_and_sync``: ``.to("cuda")`` without ``non_blocking=True``,
-  ``torch.tensor(..., device="cuda")``, a CPU index tensor or list given to a device tensor);
+  ``torch.tensor(..., device="cuda")``, a CPU index tensor or list given to a device tensor, a Python number
+  assigned into one: ``t[0] = 1.0`` copies a 0-dim host tensor, where ``t[0].fill_(1.0)`` launches a fill);
   ``mode.sync_sites`` counts them by the library line that asked.
 - ``mode.launches`` counts the ops that would launch a kernel or a copy on the device (not views or bare
   allocations; a composite op counts as the ops it is made of), ``mode.launch_sites`` by library function: on a
@@ -263,7 +264,7 @@ def _waits_for_device(func, args, kwargs, to_device: bool) -> bool:
         dst, src = args[0], args[1]
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         return (isinstance(dst, SimulatedCudaTensor) and not isinstance(src, SimulatedCudaTensor)
-                and src.dim() > 0 and not non_blocking)
+                and not non_blocking)
     if func is aten.index.Tensor or func in _INDEX_WRITES:
         indices = [i for i in args[1] if i is not None]
         if any(not isinstance(i, SimulatedCudaTensor) and i.dim() > 0 for i in indices):
