@@ -75,7 +75,7 @@ def exact_pass_seconds(train, lam: float, backend: str, device, repeats: int = 3
 def measure(args, device) -> dict:
     import torchssvm as ts
 
-    auto = ts.kernels.resolve_backend("auto", device, has_numba=True)
+    auto = ts.kernels.resolve("viterbi", "auto", device)
     results = {"device": device_description(device), "torch": torch.__version__, "code": code_version(),
                "threads": torch.get_num_threads(), "auto": auto, "passes": args.passes, "rows": [], "exact": []}
     for name in args.settings:

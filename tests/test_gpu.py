@@ -39,18 +39,11 @@ def _device(monkeypatch):
     if not SIMULATED:
         yield
         return
-    import torchssvm.kernels
+    from torchssvm.kernels import backends
 
-    import torchssvm.structures.base
     from torchssvm.testing import simulated_cuda
 
-    resolve = torchssvm.kernels.resolve_backend
-
-    def torch_for_auto(backend, device, has_numba=False):
-        return "torch" if backend == "auto" and device.type == "cuda" else resolve(backend, device, has_numba)
-
-    for module in (torchssvm.kernels, torchssvm.structures.base):
-        monkeypatch.setattr(module, "resolve_backend", torch_for_auto)
+    monkeypatch.setattr(backends, "AUTO_TRITON_ON_CUDA", False)
     with simulated_cuda():
         yield
 

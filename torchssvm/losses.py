@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ._validation import check_loss_weight, check_loss_weight_value
-from .kernels import BACKENDS, resolve_backend
+from .kernels import BACKENDS, resolve
 from .structures.base import Structure, compute_dtype, no_autocast
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -267,7 +267,7 @@ def slack_rescaled_hinge_loss(
     _refuse_vmap(potentials, target, lengths)
     pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
-    resolve_backend(backend, tensors[0].device, has_numba=structure.has_numba_oracle)
+    resolve(structure.oracle_op, backend, tensors[0].device)
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if return_argmax else loss

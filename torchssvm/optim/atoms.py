@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._device import host_to_device
-from ..kernels import resolve_backend
+from ..kernels import resolve
 from ._state import checked_tensor, require_keys
 
 
@@ -111,7 +111,7 @@ class AtomStore:
             host_idx = None  # no host bookkeeping
         elif host_idx is None:
             host_idx = idx.cpu()
-        if resolve_backend(self.backend, self.labels.device) == "triton":
+        if resolve("insert_atoms", self.backend, self.labels.device) == "triton":
             return self._insert_batch_triton(idx, labels, loss, scores, cap, keep_active, host_idx)
         return self._insert_batch_torch(idx, labels, loss, scores, cap, keep_active, host_idx)
 

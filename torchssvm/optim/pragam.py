@@ -97,7 +97,7 @@ class Pragam:
         seed: seeds the start of the L estimate and ``alpha_{-1}``.
         writer: a TensorBoard ``SummaryWriter``: scalars under ``pragam/`` (``pragam_b/`` with the bias) per
             iteration.
-        backend: backend of the Pragam-b projection (`torchssvm.kernels.resolve_backend`).
+        backend: backend of the Pragam-b projection (`torchssvm.kernels.backends`).
 
     Attributes: ``w (d,)``, ``b`` (float, the minimizing bias at ``w``; 0 without bias), ``alpha (n,)`` (in Q2),
     ``w_hat = w(alpha)``, ``L``, ``mu``, ``iteration`` (k), ``passes`` (matrix-vector products with X or X^T so
@@ -124,9 +124,10 @@ class Pragam:
         if writer is not None and not callable(getattr(writer, "add_scalar", None)):
             raise TypeError("writer must have an add_scalar method (a SummaryWriter), or be None")
         self.writer = writer
-        from ..kernels import resolve_backend
+        from ..kernels import resolve
 
-        self.backend = resolve_backend(backend, self.device)
+        resolve("project_box_equality", backend, self.device)  # a bad name, or a form the device lacks, fails
+        self.backend = backend
         self.tag = self.tag_name or ("pragam_b" if bias else "pragam")
         self.D2 = 1.0 / (2 * self.n)
         self.passes = 0
@@ -256,9 +257,9 @@ class Pragam:
         """``Proj_Q2(m)`` for ``m (n,)``."""
         if not self.bias:
             return m.clamp(0.0, 1.0 / self.n)
-        from ..kernels import project_box_equality_torch
+        from ..kernels import project_box_equality_torch, resolve
 
-        if self.backend == "triton":
+        if resolve("project_box_equality", self.backend, m.device) == "triton":  # unchecked: the arguments are ours
             from ..kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
 
             if self.n <= MAX_BLOCK:

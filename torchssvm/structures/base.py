@@ -14,7 +14,7 @@ import torch
 
 from .._device import host_to_device
 from .._validation import check_loss_weight, check_loss_weight_value, check_positive_int, check_tensor
-from ..kernels import resolve_backend
+from ..kernels.backends import STRUCTURE_ORACLE, forms, resolve
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -73,8 +73,14 @@ class Structure:
 
     #: names of the potential tensors, in the order of `tensors()` (used in error messages)
     potential_names: Tuple[str, ...] = ()
-    #: whether ``max_oracle`` accepts ``backend="numba"`` (a compiled CPU twin, `torchssvm.kernels`)
-    has_numba_oracle: bool = False
+    #: the row of the backend table (`torchssvm.kernels.backends.FORMS`) that says which ``backend`` forms
+    #: ``max_oracle`` has: a structure whose oracle runs a kernel names it (``"viterbi"``)
+    oracle_op: str = STRUCTURE_ORACLE
+
+    @property
+    def has_numba_oracle(self) -> bool:
+        """Whether ``max_oracle`` accepts ``backend="numba"`` (a compiled CPU twin; from the backend table)."""
+        return "numba" in forms(self.oracle_op)
 
     def __init__(self, num_labels: int, class_weights: Optional[torch.Tensor] = None):
         self.num_labels = check_positive_int("num_labels", num_labels, minimum=1)
@@ -104,7 +110,7 @@ class Structure:
         None, backend)``."""
         pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
-        resolve_backend(backend, first.device, has_numba=self.has_numba_oracle)
+        resolve(self.oracle_op, backend, first.device)
         lw = None
         if target is not None:
             lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
@@ -124,7 +130,7 @@ class Structure:
             raise ValueError("backend='numba': the exact slack-rescaled oracles have no numba twin; use "
                              "backend='auto' (torch on CPU, Triton on a GPU) or 'torch'")
         pot, lengths, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, self.tensors(pot)[0].device)
+        resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
             return self._slack_max_oracle(pot, lengths, target, backend)
 
@@ -155,7 +161,7 @@ class Structure:
         """`validate` and the backend's check for `structured_hinge_loss`: ``(potentials, lengths, target)``, as
         `_hinge_forward` takes them."""
         pot, lengths, target = self.validate(potentials, lengths, target)
-        resolve_backend(backend, self.tensors(pot)[0].device, has_numba=self.has_numba_oracle)
+        resolve(self.oracle_op, backend, self.tensors(pot)[0].device)
         return pot, lengths, target
 
     def _hinge_forward(self, pot, lengths, target, loss_weight, backend):

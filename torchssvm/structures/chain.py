@@ -55,7 +55,7 @@ class Chain(Structure):
     """
 
     potential_names = ("unary", "transition", "start", "end")
-    has_numba_oracle = True  # `viterbi_numba`
+    oracle_op = "viterbi"
 
     def __init__(self, num_labels: int, *, normalize: bool = True, class_weights=None):
         super().__init__(num_labels, class_weights)
@@ -163,7 +163,7 @@ class Chain(Structure):
     # backward too (the kernel adds the shared factors' counts atomically).
     @staticmethod
     def _fused(device, backend: str) -> bool:
-        return _kernels.resolve_backend(backend, device, has_numba=True) == "triton"
+        return _kernels.resolve("chain_hinge", backend, device) == "triton"
 
     def _hinge_inputs(self, potentials, lengths, target, backend):
         pot, lengths, target, checked = self._validate(potentials, lengths, target, "target")

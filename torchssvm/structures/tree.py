@@ -265,7 +265,7 @@ class SpatialTree(Tree):
     """
 
     potential_names = ("unary", "weights", "rest")
-    has_numba_oracle = True
+    oracle_op = "spatial_tree_max_sum"
 
     def __init__(self, parents: Sequence[int], height: int, width: int, *, loss: str = "truncated"):
         self.height = check_positive_int("height", height)

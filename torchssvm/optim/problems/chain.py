@@ -17,7 +17,7 @@ import torch
 from ..._validation import check_finite, check_labels, check_tensor
 from ...data.sequence_dataset import SequenceDataset
 from ...data.token_features import TokenFeatures, check_token_features
-from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve_backend, viterbi
+from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve, viterbi
 from ...models import LinearChainModel
 from ...structures.chain import Chain, ChainPotentials
 from .base import DualProblem
@@ -87,7 +87,7 @@ class ChainProblem(DualProblem):
             raise ValueError(f"structure must be a Chain with {dataset.num_labels} labels, got {self.structure!r}")
         self.model, self.backend = model, backend
         self.device = model.emission.device
-        resolved = resolve_backend(backend, self.device, has_numba=True)  # a bad name fails here
+        resolved = resolve("viterbi", backend, self.device)  # the oracle's form: a bad name fails here
         # the slack oracle has torch and Triton forms only: "numba" (the other chain kernels' compiled twins) leaves
         # it to "auto"
         self._slack_backend = "auto" if backend == "numba" else backend
