@@ -1,5 +1,5 @@
-"""numba, when installed: the compiled CPU twins (`distance_transform_numba`, `torchssvm.optim.gdmm_numba`,
-`torchssvm.optim.box_qp_numba`).
+"""numba, when installed: the compiled CPU twins (`distance_transform_numba`, `torchssvm.optim.gdmm.gdmm_numba`,
+`torchssvm.optim.frank_wolfe.box_qp_numba`).
 
 ``numba`` is None when it does not import; the twins' functions are then plain Python and ``available()``
 is False, so ``"auto"`` choices keep the torch code.

@@ -3,7 +3,7 @@
 Twin: the torch path of `AtomStore.insert_batch` (the same slots and the same store, bitwise: it only compares
 and copies). A mini-batch step inserts its FW atoms; as torch ops that is about forty small kernels (the match
 test over the cached labellings, the candidate and eviction argmins, the masked writes), here one launch. Store
-layout and rules: `torchssvm.optim.atoms.AtomStore`.
+layout and rules: `torchssvm.optim.frank_wolfe.atoms.AtomStore`.
 
 A block that must append past the store's last slot (the store grows) gets its slot and count here but no write;
 the caller grows the store and writes those rows (`AtomStore.insert_batch`).

@@ -1,5 +1,5 @@
 """The BCFW step's choice of atoms on a device: the cache test and the away atom; the torch twin of
-`select_atoms_triton`. Store layout and rules: `torchssvm.optim.atoms.AtomStore` and `torchssvm.optim.BCFW`.
+`select_atoms_triton`. Store layout and rules: `torchssvm.optim.frank_wolfe.atoms.AtomStore` and `torchssvm.optim.BCFW`.
 
 Per block b of a mini-batch, from the scores ``a_H (B, C)`` of its cached labellings (``H_i(y; w)``, slot 0 the
 truth) and the oracle's answer for the whole batch:

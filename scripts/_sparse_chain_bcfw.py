@@ -18,7 +18,7 @@ import torch
 from torchssvm.kernels import viterbi
 
 from torchssvm.models import LinearChainModel
-from torchssvm.optim.gdmm import chain_w_from_tables
+from torchssvm.optim.gdmm.gdmm import chain_w_from_tables
 from torchssvm.optim.problems import ChainProblem
 
 

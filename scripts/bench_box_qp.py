@@ -1,11 +1,11 @@
 """Benchmark: the mini-batch step's B x B box QP solved on the host (numba's compiled loop, numpy) or on the
 inputs' device (torch).
 
-`torchssvm.optim.box_qp` picks the solver by size and device (`_host_solver`): with numba, the compiled host loop
-for CPU inputs of any size and for device inputs up to ``_NUMBA_DEVICE_MAX_B`` = 256 blocks; without it, numpy on
-the host up to ``_NUMPY_MAX_B`` = 64 blocks; the torch iteration on the device above. On a GPU the host paths
-cost a copy of the inputs and a wait, the device path a few dozen kernel launches per Newton iteration; where they
-cross there is not measured yet. This script times the three on the same problems.
+`torchssvm.optim.frank_wolfe.box_qp` picks the solver by size and device (`_host_solver`): with numba, the
+compiled host loop for CPU inputs of any size and for device inputs up to ``_NUMBA_DEVICE_MAX_B`` = 256
+blocks; without it, numpy on the host up to ``_NUMPY_MAX_B`` = 64 blocks; the torch iteration on the device
+above. On a GPU the host paths cost a copy of the inputs and a wait, the device path a few dozen kernel launches
+per Newton iteration; where they cross there is not measured yet. This script times the three on the same problems.
 
 The problems are the QPs of real steps: BCFW (pairwise steps, gap sampling, a cache of 10, lambda 1e-3) on a
 seeded synthetic chain with OCR's shapes (26 labels, 128 features, 2,048 sequences), captured on the CPU over
@@ -32,7 +32,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 def capture(B: int, count: int, seed: int = 0) -> list:
     """Up to ``count`` box QPs ``(c, H, upper)`` (CPU, float64) of BCFW steps at batch size ``B``."""
     import torchssvm as ts
-    from torchssvm.optim import bcfw
+    from torchssvm.optim.frank_wolfe import bcfw
 
     ds = ts.data.synthetic_chain("train", 2048, num_labels=26, num_features=128, seed=seed)
     model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
@@ -57,8 +57,8 @@ def capture(B: int, count: int, seed: int = 0) -> list:
 def time_paths(qps: list, device: torch.device, repeats: int) -> dict:
     """Milliseconds per QP on each path (the minimum over ``repeats`` rounds; None for numba's where it is not
     installed) and the largest relative difference between the objectives the paths reach."""
-    from torchssvm.optim import box_qp as bq
-    from torchssvm.optim import box_qp_numba
+    from torchssvm.optim.frank_wolfe import box_qp as bq
+    from torchssvm.optim.frank_wolfe import box_qp_numba
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     on = [tuple(t.to(device) for t in qp) for qp in qps]
@@ -130,8 +130,8 @@ def main() -> None:
     cuda = device.type == "cuda"
 
     def measure() -> dict:
-        from torchssvm.optim import box_qp_numba
-        from torchssvm.optim.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B
+        from torchssvm.optim.frank_wolfe import box_qp_numba
+        from torchssvm.optim.frank_wolfe.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B
 
         results = {"device": device_description(device), "torch": torch.__version__, "code": code_version(),
                    "count": args.count, "repeats": args.repeats, "numpy_max_b": _NUMPY_MAX_B,

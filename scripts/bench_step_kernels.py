@@ -48,7 +48,7 @@ def _per_call(fn, device: torch.device, calls: int) -> float:
 def _operations(device: torch.device, backend: str) -> dict:
     from torchssvm.kernels import apply_block_step, chain_inner, chain_labels_score, chain_marginals, select_atoms
 
-    from torchssvm.optim.atoms import AtomStore
+    from torchssvm.optim.frank_wolfe.atoms import AtomStore
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(4, T + 1, (N,), generator=g)

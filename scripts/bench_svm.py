@@ -53,7 +53,7 @@ def run_linear(args):
 
     import torchssvm as ts
     from torchssvm.optim import BCFW, BMRM, FeatureTableProblem, HingeRisk, OneSlackCuttingPlane
-    from torchssvm.optim.pragam import Pragam
+    from torchssvm.optim.primal.pragam import Pragam
 
     torch.set_num_threads(args.threads)
     x, y = ts.data.a9a("train", dtype=torch.float64)

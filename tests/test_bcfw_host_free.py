@@ -8,8 +8,8 @@ import torch
 from conftest import needs_triton
 
 import torchssvm as ts
-from torchssvm.optim import device_sampling
-from torchssvm.optim.box_qp import _projected_newton, box_qp
+from torchssvm.optim.frank_wolfe import device_sampling
+from torchssvm.optim.frank_wolfe.box_qp import _projected_newton, box_qp
 from torchssvm.testing import simulated_cuda
 
 CONFIGS = {
@@ -48,7 +48,7 @@ def test_host_free_step_never_waits_for_the_device(name, B):
     # reads the counts once more every 32 (B = 1 here: 64 steps, one more read per pass)
     room_reads = 0 if s.step_type == "fw" else -(-64 // B) // 32 - (64 // B % 32 == 0)
     assert syncs == 2 * (1 + room_reads) + exact_passes, sites  # the report read, the exact passes
-    assert all(site.startswith("optim/bcfw.py") for site in sites), sites
+    assert all(site.startswith("optim/frank_wolfe/bcfw.py") for site in sites), sites
     assert math.isfinite(r["dual"]) and r["passes"] > 0
 
 
@@ -65,7 +65,7 @@ def test_host_free_step_launches_are_counted():
         before, mode.launch_sites = mode.launches, type(mode.launch_sites)()
         s.step()
         per_step = (mode.launches - before) / 4
-        qp = sum(v for k, v in mode.launch_sites.items() if k.startswith("optim/box_qp.py")) / 4
+        qp = sum(v for k, v in mode.launch_sites.items() if k.startswith("optim/frank_wolfe/box_qp.py")) / 4
     assert qp <= 4 * 70 and per_step - qp <= 310
 
 
@@ -221,8 +221,8 @@ def test_sync_free_box_qp_reaches_the_host_newtons_tolerance(B):
     rounding and a KKT point to the host's tolerance. The torch iteration tries a grid of lengths along each arc
     where the host walks the arc's breakpoints exactly: on the rank-deficient random QPs it needs up to 200
     iterations at B = 512 (BCFW's QPs take 2 to 4; a step that stops short is still a descent step)."""
-    from torchssvm.optim import box_qp_numba
-    from torchssvm.optim.box_qp import qp_objective
+    from torchssvm.optim.frank_wolfe import box_qp_numba
+    from torchssvm.optim.frank_wolfe.box_qp import qp_objective
 
     g = torch.Generator().manual_seed(B)
     for trial in range(4):
@@ -249,7 +249,7 @@ def test_sync_free_box_qp_on_the_recorded_late_training_qp():
     import json
     from pathlib import Path
 
-    from torchssvm.optim.box_qp import qp_objective
+    from torchssvm.optim.frank_wolfe.box_qp import qp_objective
 
     qp = json.loads((Path(__file__).parent / "fixtures" / "box_qp_late_bcfw.json").read_text())
     c, H, u = (torch.tensor(qp[k], dtype=torch.float64) for k in ("c", "H", "upper"))
@@ -264,7 +264,7 @@ def test_sync_free_box_qp_on_the_recorded_late_training_qp():
 def test_uniforms_stay_inside_the_open_interval():
     """The largest and smallest 64-bit outputs map inside (0, 1): a uniform of exactly 1 would make a Gumbel key
     +inf and outrank the unseen blocks' tier."""
-    from torchssvm.optim.device_sampling import _shift_right
+    from torchssvm.optim.frank_wolfe.device_sampling import _shift_right
 
     bits = torch.tensor([-1, 0], dtype=torch.int64)  # all ones, all zeros
     u = (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
@@ -289,7 +289,7 @@ def test_cuda_graph_needs_the_host_free_step_on_cuda():
 
 
 def test_a_device_problem_takes_the_host_free_step_from_the_measured_batch_size():
-    from torchssvm.optim.bcfw import HOST_FREE_MIN_BATCH
+    from torchssvm.optim.frank_wolfe.bcfw import HOST_FREE_MIN_BATCH
 
     ds = _data(HOST_FREE_MIN_BATCH)
     with simulated_cuda():

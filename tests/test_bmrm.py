@@ -13,8 +13,8 @@ from test_cutting_plane import random_table
 from torchssvm.kernels import numba_available
 
 from torchssvm.optim import BCFW, BMRM, FeatureTableProblem, OneSlackCuttingPlane
-from torchssvm.optim.risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
-from torchssvm.optim.simplex_qp import frank_wolfe_gap, qp_value, simplex_qp
+from torchssvm.optim.cutting_planes.risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
+from torchssvm.optim.cutting_planes.simplex_qp import frank_wolfe_gap, qp_value, simplex_qp
 
 
 def hadamard(d):
@@ -89,7 +89,7 @@ def test_simplex_qp_at_the_scale_of_tiny_lam():
     and returned x = 0 as solved, with a Frank-Wolfe gap of 1: OneSlack then reported convergence at a gap of 1).
     A nonsingular face has no flat direction (the unscaled border of the KKT matrix made the constraint's own
     direction look like one; the step took all the mass and the next rescaling divided by 0)."""
-    from torchssvm.optim.simplex_qp import _null_direction
+    from torchssvm.optim.cutting_planes.simplex_qp import _null_direction
 
     for q in (1e10, 1e14, 1e16, 1e18):
         x, info = simplex_qp(torch.tensor([[q]], dtype=torch.float64), torch.ones(1, dtype=torch.float64), 1.0,

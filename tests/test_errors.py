@@ -154,7 +154,7 @@ def test_metrics_and_evaluation_arguments():
 
 def test_solver_chunk_and_path_arguments():
     from torchssvm.optim import FrankWolfe, StructuredRisk, regularization_path
-    from torchssvm.optim.pegasos import Pegasos
+    from torchssvm.optim.primal.pegasos import Pegasos
 
     data = ts.data.synthetic_chain("train", 6, seed=0)
     model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64)

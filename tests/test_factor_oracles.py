@@ -1,4 +1,4 @@
-"""The bigram factorwise maximization oracle of GDMM (`torchssvm.optim.factor_oracles`): both methods
+"""The bigram factorwise maximization oracle of GDMM (`torchssvm.optim.gdmm.factor_oracles`): both methods
 against an independent dense reference in float64 (values to 1e-12; any maximizer on ties), over sparse,
 dense, integer (tied), all-negative tables, dense and sparse messages of both signs, exclusions that
 remove the maximizers, fully excluded factors, tiny K and the brute-force fallback; `BigramIndex.refresh`
@@ -7,7 +7,7 @@ against a fresh index; the visit count; and the input checks."""
 import pytest
 import torch
 
-from torchssvm.optim.factor_oracles import BigramIndex, bigram_fmo
+from torchssvm.optim.gdmm.factor_oracles import BigramIndex, bigram_fmo
 
 F64 = torch.float64
 NINF = float("-inf")

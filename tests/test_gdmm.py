@@ -8,7 +8,7 @@ from torchssvm.kernels import project_shifted_simplex
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, GDMM
-from torchssvm.optim.factor_oracles import bigram_fmo
+from torchssvm.optim.gdmm.factor_oracles import bigram_fmo
 from torchssvm.structures import Chain
 
 K, D = 3, 3
@@ -158,7 +158,7 @@ def test_sparse_features_match_dense_one_hot():
 
 
 def test_index_search_returns_the_brute_force_value_at_every_call(monkeypatch):
-    import torchssvm.optim.gdmm as gdmm_module
+    import torchssvm.optim.gdmm.gdmm as gdmm_module
 
     calls = []
 

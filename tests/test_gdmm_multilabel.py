@@ -7,7 +7,7 @@ import torch
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, GDMM, MultiLabelProblem
-from torchssvm.optim.gdmm_multilabel import MultiLabelGDMM
+from torchssvm.optim.gdmm.gdmm_multilabel import MultiLabelGDMM
 from torchssvm.structures import MultiLabel
 
 N, D, K = 24, 4, 4

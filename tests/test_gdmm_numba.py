@@ -1,4 +1,4 @@
-"""The compiled sequential passes of chain GDMM (`optim/gdmm_numba.py`): the same iterates as the tensor code
+"""The compiled sequential passes of chain GDMM (`optim/gdmm/gdmm_numba.py`): the same iterates as the tensor code
 (up to rounding; same permutations), an exact block minimization at every factor (the Lagrangian never goes
 up), widening of full active sets, and the engine rules."""
 
@@ -12,7 +12,7 @@ from torchssvm.kernels import _numba
 
 import torchssvm as ts
 from torchssvm.optim import GDMM
-from torchssvm.optim import gdmm_numba as gn
+from torchssvm.optim.gdmm import gdmm_numba as gn
 from torchssvm.structures import Chain
 
 pytestmark = needs_numba()

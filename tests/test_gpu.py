@@ -167,7 +167,7 @@ def test_frank_wolfe_and_the_path_on_cuda_match_cpu():
 
 
 def test_box_qp_newton_on_cuda_equals_cpu():
-    from torchssvm.optim.box_qp import box_qp, qp_objective
+    from torchssvm.optim.frank_wolfe.box_qp import box_qp, qp_objective
 
     g = torch.Generator().manual_seed(0)
     for B in (2, 16, 64, 256, 320):  # the host's compiled loop up to 256 blocks (with numba), the device's above

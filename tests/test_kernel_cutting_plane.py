@@ -10,9 +10,9 @@ import torch
 from conftest import linear_classes
 
 from torchssvm.optim import BMRM, FeatureTableProblem, HingeRisk, OneSlackCuttingPlane
-from torchssvm.optim.box_qp import box_qp
-from torchssvm.optim.kernel_cutting_plane import KernelCuttingPlane
-from torchssvm.optim.mercer import MercerKernel
+from torchssvm.optim.frank_wolfe.box_qp import box_qp
+from torchssvm.optim.kernel_svm.kernel_cutting_plane import KernelCuttingPlane
+from torchssvm.optim.kernel_svm.mercer import MercerKernel
 
 
 def binary_data(n=80, d=3, seed=0):
@@ -66,7 +66,7 @@ def test_rbf_kernel_is_exact_far_from_the_origin_and_in_the_requested_dtype():
 def test_constant_time_block_by_block_scoring_matches_one_block(monkeypatch):
     """Scoring the draws in blocks of a few rows (kernel, product, oracle, violators' rows) takes the same
     path as one (r, U) block."""
-    from torchssvm.optim import kernel_cutting_plane
+    from torchssvm.optim.kernel_svm import kernel_cutting_plane
 
     x, y = binary_data(n=200, seed=7)
 
@@ -87,7 +87,7 @@ def test_constant_time_block_by_block_scoring_matches_one_block(monkeypatch):
 def test_cut_cache_slots_match_a_plain_list_of_rows():
     """Adding, dropping (slots freed, never moved) and re-adding rows: the rows in cut order, the weighted sum
     and the gathered entries equal those of a plain list."""
-    from torchssvm.optim.kernel_cutting_plane import CutCache
+    from torchssvm.optim.kernel_svm.kernel_cutting_plane import CutCache
 
     g = torch.Generator().manual_seed(3)
     cache, plain = CutCache(11, 2, "cpu"), []

@@ -11,7 +11,7 @@ from conftest import ScalarRecorder, needs_numba, needs_triton
 
 import torchssvm as ts
 from torchssvm.optim import BCFW, FeatureTableProblem
-from torchssvm.optim.box_qp import box_qp, qp_objective
+from torchssvm.optim.frank_wolfe.box_qp import box_qp, qp_objective
 
 VARIANTS = list(itertools.product(["uniform", "gap"], ["fw", "pairwise", "away"], [0, 3], [1, 4]))
 
@@ -127,7 +127,7 @@ def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
         captured.append((c.clone(), H.clone(), upper.clone(), gamma.clone()))
         return gamma
 
-    monkeypatch.setattr("torchssvm.optim.bcfw.box_qp", spy)
+    monkeypatch.setattr("torchssvm.optim.frank_wolfe.bcfw.box_qp", spy)
     checked = 0
     for _ in range(30):
         idx = s._sample(1)
@@ -152,7 +152,7 @@ def test_closed_form_steps_equal_brute_force_line_search(step, monkeypatch):
 def qp_host(request, monkeypatch):
     """`box_qp`'s CPU path: the compiled host loop (numba) or, as without numba, numpy up to ``_NUMPY_MAX_B``
     blocks and torch above."""
-    from torchssvm.optim import box_qp_numba
+    from torchssvm.optim.frank_wolfe import box_qp_numba
 
     if request.param == "numba":
         if not box_qp_numba.available():  # CI has it (the dev extra)
@@ -227,7 +227,7 @@ def test_box_qp_newton_is_free_of_the_problem_scale(qp_host):
     """The step sizes of ``(s c, s H)`` are those of ``(c, H)`` at any scale ``s`` (the stop test is relative to
     max|c|: an absolute one stopped at gamma = 0 for tiny problems, and one in gamma units for huge gains), also
     where a zero-curvature direction sends the Newton step past float64's range."""
-    from torchssvm.optim.box_qp import _projected_newton
+    from torchssvm.optim.frank_wolfe.box_qp import _projected_newton
 
     g = torch.Generator().manual_seed(7)
     for B in (3, 40, 80):  # 80: above the numpy cutoff, the torch iteration without numba
@@ -264,7 +264,7 @@ def test_box_qp_newton_stops_where_its_ridge_stops_resolving_the_gradient():
 
 def test_box_qp_newton_torch_and_numpy_paths_agree():
     """CPU inputs take the numpy iteration, device tensors the torch one: the same steps."""
-    from torchssvm.optim.box_qp import _projected_newton, _projected_newton_numpy
+    from torchssvm.optim.frank_wolfe.box_qp import _projected_newton, _projected_newton_numpy
 
     g = torch.Generator().manual_seed(3)
     for trial in range(30):
@@ -281,7 +281,7 @@ def test_box_qp_newton_torch_and_numpy_paths_agree():
 
 
 def _needs_box_qp_numba():
-    from torchssvm.optim import box_qp_numba
+    from torchssvm.optim.frank_wolfe import box_qp_numba
 
     if not box_qp_numba.available():
         pytest.fail("numba is not installed") if os.environ.get("CI") else pytest.skip("needs numba")
@@ -292,7 +292,7 @@ def test_box_qp_numba_and_torch_iterations_reach_the_same_optimum():
     """The compiled host loop (exact arc minima) and the torch iteration (a grid of trial lengths) take other
     steps to the same optimum: the same objective to rounding, a KKT point, on full-rank, correlated and singular
     problems, with zero directions and zero upper bounds."""
-    from torchssvm.optim.box_qp import _projected_newton
+    from torchssvm.optim.frank_wolfe.box_qp import _projected_newton
 
     nb = _needs_box_qp_numba()
     g = torch.Generator().manual_seed(5)
@@ -343,7 +343,7 @@ def test_box_qp_newton_solves_both_sides_of_the_numpy_cutoff(qp_host):
     """Without numba, CPU problems up to `_NUMPY_MAX_B` take the numpy iteration, larger ones the torch one; with
     it, all take the compiled loop: each reaches a KKT point of the box QP (the optimum: the objective is
     convex)."""
-    from torchssvm.optim.box_qp import _NUMPY_MAX_B
+    from torchssvm.optim.frank_wolfe.box_qp import _NUMPY_MAX_B
 
     g = torch.Generator().manual_seed(4)
     for B in (_NUMPY_MAX_B - 1, _NUMPY_MAX_B, _NUMPY_MAX_B + 1, 2 * _NUMPY_MAX_B):
@@ -542,7 +542,7 @@ def test_batched_atom_insertion_equals_block_by_block(cap, keep_active, backend)
     """`AtomStore.insert_batch` (mini-batches, on the device; torch ops or the Triton kernel) makes the same
     slots and store as `insert`: hits, appends, replacement of the lowest inactive atom, eviction of active
     atoms, growth."""
-    from torchssvm.optim.atoms import AtomStore
+    from torchssvm.optim.frank_wolfe.atoms import AtomStore
 
     g = torch.Generator().manual_seed(cap + 10 * keep_active)
     n, W, K = 9, 3, 3

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ScalarRecorder, needs_triton
 
-from torchssvm.optim.pragam import Pragam, best_bias
+from torchssvm.optim.primal.pragam import Pragam, best_bias
 
 
 def make_data(n=200, d=30, seed=0, shift=0.5):

@@ -30,7 +30,7 @@ def test_report_host_syncs_makes_its_output_folder(tmp_path, monkeypatch):
     import report_host_syncs
 
     def fake_measure(B, config, n, passes):
-        return {"B": B, "per_minibatch": 2.0, "sites": {"torchssvm/optim/bcfw.py:1": 2.0},
+        return {"B": B, "per_minibatch": 2.0, "sites": {"torchssvm/optim/frank_wolfe/bcfw.py:1": 2.0},
                 "launches_per_minibatch": 10.0, "launch_sites": {"BCFW._update": 10.0}}
 
     monkeypatch.setattr(report_host_syncs, "measure", fake_measure)

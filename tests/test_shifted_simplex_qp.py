@@ -1,4 +1,4 @@
-"""The exact block minimization of GDMM factor duals (`optim/shifted_simplex_qp.py`): against enumeration of
+"""The exact block minimization of GDMM factor duals (`optim/gdmm/shifted_simplex_qp.py`): against enumeration of
 every face, on both block Hessians (chain bigram, multi-label pairwise); KKT after each exact update of the
 chain solver (both engines) and of the multi-label solver."""
 
@@ -11,9 +11,9 @@ from conftest import needs_numba
 
 import torchssvm as ts
 from torchssvm.optim import GDMM
-from torchssvm.optim import gdmm_numba as gn
+from torchssvm.optim.gdmm import gdmm_numba as gn
+from torchssvm.optim.gdmm.shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 from torchssvm.optim.problems import MultiLabelProblem
-from torchssvm.optim.shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 from torchssvm.structures import Chain, MultiLabel
 
 f64 = torch.float64

@@ -181,8 +181,8 @@ def test_device_box_qp_reads_its_stop_flag_every_few_iterations(monkeypatch):
     """Above the host-solve size the projected Newton iteration runs on the device, reading its stop flag once
     per `_DEVICE_CHECK_EVERY` iterations; a converged iterate stays frozen, so the answer is the one of the same
     iteration on the CPU, which reads the flag every iteration."""
-    from torchssvm.optim import box_qp as box_qp_module
-    from torchssvm.optim.box_qp import _DEVICE_CHECK_EVERY, _projected_newton, box_qp
+    from torchssvm.optim.frank_wolfe import box_qp as box_qp_module
+    from torchssvm.optim.frank_wolfe.box_qp import _DEVICE_CHECK_EVERY, _projected_newton, box_qp
 
     monkeypatch.setattr(box_qp_module, "_host_solver", lambda B, device: None)  # every size on the device
     g = torch.Generator().manual_seed(0)
@@ -207,8 +207,8 @@ def test_device_box_qp_reads_its_stop_flag_every_few_iterations(monkeypatch):
 def test_device_box_qp_is_solved_on_the_host_from_one_copy_up_to_its_size(numba, monkeypatch):
     """With numba, device QPs up to `_NUMBA_DEVICE_MAX_B` blocks (without it, `_NUMPY_MAX_B`) are solved on the host:
     one copy there (the one wait) and the answer sent back; it is the CPU's answer, bitwise."""
-    from torchssvm.optim import box_qp_numba
-    from torchssvm.optim.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B, box_qp
+    from torchssvm.optim.frank_wolfe import box_qp_numba
+    from torchssvm.optim.frank_wolfe.box_qp import _NUMBA_DEVICE_MAX_B, _NUMPY_MAX_B, box_qp
 
     if numba and not box_qp_numba.available():
         pytest.skip("needs numba")

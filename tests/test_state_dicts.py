@@ -141,7 +141,7 @@ def test_bundle_solvers_refuse_another_training_set_size_and_lam(cls):
 def test_one_slack_resumes_an_unsolved_qp(monkeypatch):
     """``qp_solved`` is saved: when the last working-set QP stopped short of its tolerance, the uninterrupted run
     solves it again on a pass that adds no cut, and so does the resumed one."""
-    import torchssvm.optim.bmrm as bmrm
+    import torchssvm.optim.cutting_planes.bmrm as bmrm
 
     solve = bmrm.simplex_qp
     monkeypatch.setattr(bmrm, "simplex_qp", lambda *a, **kw: solve(*a, **{**kw, "max_iter": 1, "method": "fista"}))

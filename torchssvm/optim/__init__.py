@@ -1,48 +1,43 @@
-"""Dual solvers for the convex SSVM, shaped like ``torch.optim``: ``solver.step()``, ``state_dict()``.
+"""Solvers for the convex SSVM, shaped like ``torch.optim``: ``solver.step()``, ``state_dict()``; one sub-package a
+family:
 
-- `BCFW`: block-coordinate Frank-Wolfe with gap sampling, pairwise / away steps, caching, box
-  constraints and exact mini-batches (``bcfw.py``).
-- `NSlackCuttingPlane`: SVM-struct's n-slack cutting plane, the working-set QP by pairwise block moves (default)
-  or per-block FISTA on the block-simplex projection kernel (``qp_step="projected"``; ``cutting_plane.py``).
-- `OneSlackCuttingPlane` (SVM-struct's 1-slack, ``one_slack.py``) and `BMRM` (qp-bmrm / ls-bmrm, ``bmrm.py``):
-  cutting-plane models of a risk oracle (``risks.py``: any SSVM, the binary hinge), the model QP by
-  ``simplex_qp.py``.
-- `KernelCuttingPlane`: the kernel SSVM (binary, multiclass) by 1-slack cuts, exact or sampled (seed 004's
-  linear- and constant-time algorithms), Mercer kernels in ``mercer.py``.
-- `GDMM`: dual-decomposed learning with factorwise oracles for large label sets (seed 002, ``gdmm.py``;
-  its sublinear bigram oracle in ``factor_oracles.py``); on a `MultiLabelProblem` it is the pairwise
-  multi-label solver of ``gdmm_multilabel.py``.
-- `FrankWolfe` (batch) and `SSG` (stochastic subgradient): the papers' baselines; `Pegasos`, a
-  ``torch.optim`` optimizer for the primal with any loss (e.g. the slack-rescaled hinge).
-- `regularization_path`, `grid_search`: the epsilon-approximate path of note 001 section 2.8.
-- ``problems/``: how a (model, dataset) pair is seen in marginal coordinates; add new structures there.
+- ``frank_wolfe/``: `BCFW`, block-coordinate Frank-Wolfe with gap sampling, pairwise / away steps, caching, box
+  constraints and exact mini-batches, and batch `FrankWolfe`; the mini-batch step's box QP, atom store and device
+  sampler.
+- ``cutting_planes/``: `NSlackCuttingPlane` (SVM-struct's n-slack; the working-set QP by pairwise block moves or
+  per-block FISTA), `OneSlackCuttingPlane` (SVM-struct's 1-slack) and `BMRM` (qp-bmrm / ls-bmrm): cutting-plane
+  models of a risk oracle (`StructuredRisk` for any SSVM, `HingeRisk`, `MaxOfLinearRisk`), the model QP by
+  ``simplex_qp``.
+- ``gdmm/``: `GDMM`, dual-decomposed learning with factorwise oracles for large label sets, and on a
+  `MultiLabelProblem` the pairwise multi-label solver `MultiLabelGDMM`.
+- ``primal/``: `SSG` (stochastic subgradient, the papers' baseline), `Pegasos` (a ``torch.optim`` optimizer for the
+  primal with any loss, e.g. the slack-rescaled hinge) and the accelerated `Pragam` / `MulticlassPragam`.
+- ``kernel_svm/``: `KernelCuttingPlane`, the kernel SSVM (binary, multiclass) by 1-slack cuts, exact or sampled, over
+  Mercer kernels.
+- ``problems/``: how a (model, dataset) pair is seen as dual blocks in marginal coordinates; add new structures
+  there.
+- ``dual_solver.py``: `DualSolver`, the base of the solvers on dual blocks (BCFW, batch Frank-Wolfe, n-slack), and
+  the exact block gaps that certify them; ``regularization_path.py``: the epsilon-approximate regularization path
+  (`regularization_path`, `grid_search`).
 """
 
-from .bcfw import BCFW
-from .bmrm import BMRM
-from .cutting_plane import NSlackCuttingPlane
+from .cutting_planes import BMRM, HingeRisk, MaxOfLinearRisk, NSlackCuttingPlane, OneSlackCuttingPlane, StructuredRisk
 from .dual_solver import DualSolver
-from .frank_wolfe import FrankWolfe
-from .gdmm import GDMM
-from .gdmm_multilabel import MultiLabelGDMM  # registers the variant that GDMM(MultiLabelProblem) builds
-from .kernel_cutting_plane import KernelCuttingPlane
-from .one_slack import OneSlackCuttingPlane
-from .pegasos import Pegasos
-from .pragam import Pragam
-from .pragam_multiclass import MulticlassPragam
+from .frank_wolfe import BCFW, FrankWolfe
+from .gdmm import GDMM, MultiLabelGDMM
+from .kernel_svm import KernelCuttingPlane
+from .primal import SSG, MulticlassPragam, Pegasos, Pragam
 from .problems import (
-                       ChainProblem,
-                       DualProblem,
-                       FeatureTableProblem,
-                       MixtureSpatialTreeProblem,
-                       MultiLabelProblem,
-                       SlackRescaledProblem,
-                       SpatialTreeProblem,
-                       make_problem,
+    ChainProblem,
+    DualProblem,
+    FeatureTableProblem,
+    MixtureSpatialTreeProblem,
+    MultiLabelProblem,
+    SlackRescaledProblem,
+    SpatialTreeProblem,
+    make_problem,
 )
 from .regularization_path import RegularizationPath, grid_search, regularization_path
-from .risks import HingeRisk, MaxOfLinearRisk, StructuredRisk
-from .ssg import SSG
 
 __all__ = ["BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
            "HingeRisk", "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",

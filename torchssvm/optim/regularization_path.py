@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 import torch
 
 from .._validation import check_positive_float, check_real
-from .bcfw import BCFW
 from .dual_solver import exact_block_gaps
+from .frank_wolfe.bcfw import BCFW
 from .loop import check_limits
 
 

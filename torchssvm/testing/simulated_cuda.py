@@ -282,11 +282,15 @@ def _waits_for_device(func, args, kwargs, to_device: bool) -> bool:
 
 
 def _library_site(frame, where) -> str:
-    """``"dir/file:where(frame)"`` of the innermost library frame (not this package's) from ``frame`` out."""
+    """``"path/in/the/package.py:where(frame)"`` of the innermost library frame (not this package's) from
+    ``frame`` out."""
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
-            return f"{path.split('/')[-2]}/{path.split('/')[-1]}:{where(frame)}"
+            # the path inside the package: "optim/frank_wolfe/bcfw.py", "kernels/chain.py", "torchssvm/losses.py"
+            inside = "kernels/" + path.rsplit("/kernels/", 1)[1] if "/kernels/" in path else \
+                path.rsplit("/torchssvm/", 1)[1]
+            return f"{inside if '/' in inside else 'torchssvm/' + inside}:{where(frame)}"
         frame = frame.f_back
     return "<outside the library>"
 

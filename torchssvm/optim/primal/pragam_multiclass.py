@@ -92,7 +92,7 @@ class MulticlassPragam(Pragam):
         return float((self.delta * alpha).sum())
 
     def _project(self, m: torch.Tensor) -> torch.Tensor:
-        from ..kernels import project_simplex
+        from ...kernels import project_simplex
 
         radius = torch.full((self.n,), 1.0 / self.n, dtype=torch.float64, device=self.device)
         return project_simplex(m, None, radius, backend=self.backend)

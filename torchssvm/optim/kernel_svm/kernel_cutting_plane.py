@@ -42,11 +42,11 @@ from typing import Optional
 
 import torch
 
-from .._validation import check_positive_int, check_seed
-from ._state import check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
-from .loop import check_limits, log_scalars, run_steps
+from ..._validation import check_positive_int, check_seed
+from .._state import check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
+from ..cutting_planes.simplex_qp import simplex_qp
+from ..loop import check_limits, log_scalars, run_steps
 from .mercer import MercerKernel
-from .simplex_qp import simplex_qp
 
 SAMPLINGS = ("exact", "linear", "constant", "hybrid")
 # Kernel blocks are consumed block by block (kernel, then a product with the expansion's rows) so that a block

@@ -43,10 +43,10 @@ from typing import Optional
 
 import torch
 
-from .._validation import shape_or_type
-from ._state import check_config, checked_scalars, checked_tensor, require_keys
-from .dual_solver import _check_lam
-from .loop import check_limits, log_scalars, run_steps
+from ..._validation import shape_or_type
+from .._state import check_config, checked_scalars, checked_tensor, require_keys
+from ..dual_solver import _check_lam
+from ..loop import check_limits, log_scalars, run_steps
 
 # Safety factor on the Lanczos estimate of sigma_max(X)^2: the Ritz value is a lower bound that 50 steps bring
 # to ~1e-8 relative on the data we tried (Gaussian 2000 x 1000 included); 1% on top makes L an upper bound.
@@ -124,7 +124,7 @@ class Pragam:
         if writer is not None and not callable(getattr(writer, "add_scalar", None)):
             raise TypeError("writer must have an add_scalar method (a SummaryWriter), or be None")
         self.writer = writer
-        from ..kernels import resolve
+        from ...kernels import resolve
 
         resolve("project_box_equality", backend, self.device)  # a bad name, or a form the device lacks, fails
         self.backend = backend
@@ -257,10 +257,10 @@ class Pragam:
         """``Proj_Q2(m)`` for ``m (n,)``."""
         if not self.bias:
             return m.clamp(0.0, 1.0 / self.n)
-        from ..kernels import project_box_equality_torch, resolve
+        from ...kernels import project_box_equality_torch, resolve
 
         if resolve("project_box_equality", self.backend, m.device) == "triton":  # unchecked: the arguments are ours
-            from ..kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
+            from ...kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
 
             if self.n <= MAX_BLOCK:
                 return project_box_equality_triton(m.unsqueeze(0), 0.0, 1.0 / self.n, self.y, 0.0)[0]

@@ -51,13 +51,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .._validation import check_positive_float, check_real, check_seed
-from ..kernels import project_shifted_simplex
-from ._state import check_not_nan, checked_generator_state, checked_scalars
-from .box_qp import box_qp
+from ..._validation import check_positive_float, check_real, check_seed
+from ...kernels import project_shifted_simplex
+from .._state import check_not_nan, checked_generator_state, checked_scalars
+from ..frank_wolfe.box_qp import box_qp
+from ..loop import check_limits
+from ..problems import ChainProblem, make_problem
 from .factor_oracles import BigramIndex, bigram_fmo
-from .loop import check_limits
-from .problems import ChainProblem, make_problem
 from .shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 
 FMOS = ("exact", "sampled")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import _numba
+from ...kernels import _numba
 
 _jit = _numba.jit()
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .._validation import check_finite, check_positive_int, check_shape, check_tensor
+from ..._validation import check_finite, check_positive_int, check_shape, check_tensor
 
 _CHUNK_ELEMENTS = 1 << 24  # scan blocks hold at most this many entries (128 MiB in float64)
 _METHODS = ("index", "brute")

@@ -21,15 +21,15 @@ import time
 
 import torch
 
-from .._device import host_to_device
-from ..kernels import apply_block_step, select_atoms
-from ..kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
-from ._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
+from ..._device import host_to_device
+from ...kernels import apply_block_step, select_atoms
+from ...kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
+from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
+from ..dual_solver import DualSolver
 from .atoms import AtomStore
 from .box_qp import METHODS as QP_METHODS
 from .box_qp import box_qp
 from .device_sampling import sample_gap, sample_uniform
-from .dual_solver import DualSolver
 
 SAMPLINGS = ("uniform", "gap")
 STEPS = ("fw", "pairwise", "away")
@@ -585,7 +585,7 @@ class BCFW(DualSolver):
         ``l <- rho l``, ``w`` unchanged. The block-gap estimates move by ``(1 - rho) delta_i`` with
         ``delta_i = l_i - lam <w, w_i>`` (exact for exact gaps). Returns ``delta (n,)``. A `state_dict` saved after
         it loads into a solver built with ``lam_new``."""
-        from .dual_solver import _check_lam
+        from ..dual_solver import _check_lam
 
         lam_new = _check_lam(lam_new)
         if lam_new > self.lam:

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from .._validation import check_positive_int
-from .dual_solver import DualSolver
+from ..._validation import check_positive_int
+from ..dual_solver import DualSolver
 
 
 class FrankWolfe(DualSolver):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_positive_int
-from .problems import DualProblem, make_problem
+from ..._validation import check_positive_int
+from ..problems import DualProblem, make_problem
 
 
 class StructuredRisk:

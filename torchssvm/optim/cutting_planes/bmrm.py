@@ -2,7 +2,7 @@
 
     J(w) = lam/2 ||w||^2 + R(w),     J_t(w) = lam/2 ||w||^2 + max_{k <= t} (c_k - <w, g_k>),
 
-with cuts ``(c_k, g_k)`` from a risk oracle (`torchssvm.optim.risks`: any SSVM, the binary hinge, or a
+with cuts ``(c_k, g_k)`` from a risk oracle (`torchssvm.optim.cutting_planes.risks`: any SSVM, the binary hinge, or a
 max of linear functions). ``w_t = argmin J_t``; ``J_t(w_t) <= min J`` because the cuts under-estimate
 ``R``, so ``J(w) - J_t(w_t)`` certifies any ``w`` and BMRM's stopping gap is ``eps_t = min_{t' <= t}
 J(w_{t'}) - J_t(w_t)`` (eq. 4). In the adjoint (eq. 10), over the simplex of cut weights ``alpha``:
@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
-from ._state import check_config, checked_scalars, checked_tensor, require_keys
-from .dual_solver import _check_lam
-from .loop import check_limits, log_scalars, run_steps
+from .._state import check_config, checked_scalars, checked_tensor, require_keys
+from ..dual_solver import _check_lam
+from ..loop import check_limits, log_scalars, run_steps
 from .risks import StructuredRisk
 from .simplex_qp import simplex_qp
 

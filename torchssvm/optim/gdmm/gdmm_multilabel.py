@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_seed
-from ..kernels import project_shifted_simplex
-from ..structures.multilabel import MAX_ENUMERATION_LABELS
-from .box_qp import box_qp
+from ..._validation import check_seed
+from ...kernels import project_shifted_simplex
+from ...structures.multilabel import MAX_ENUMERATION_LABELS
+from ..frank_wolfe.box_qp import box_qp
+from ..problems import MultiLabelProblem
 from .gdmm import GDMM
-from .problems import MultiLabelProblem
 from .shifted_simplex_qp import shifted_simplex_qp
 
 # state s = 2 y_k + y_l of a pairwise factor: the sign of its message on each side

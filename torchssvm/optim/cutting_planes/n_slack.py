@@ -38,11 +38,11 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .._validation import check_seed
-from ..kernels import project_simplex
-from ._state import checked_generator_state, checked_tensor, require_keys
-from .box_qp import box_qp
-from .dual_solver import DualSolver
+from ..._validation import check_seed
+from ...kernels import project_simplex
+from .._state import checked_generator_state, checked_tensor, require_keys
+from ..dual_solver import DualSolver
+from ..frank_wolfe.box_qp import box_qp
 
 QP_STEPS = ("pairwise", "projected")
 

@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..kernels import project_simplex
+from ...kernels import project_simplex
 
 
 def qp_value(Q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> float:

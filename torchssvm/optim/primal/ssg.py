@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
-from ._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
-from .dual_solver import _check_lam, parse_box
-from .loop import check_limits
-from .problems import make_problem, rescaling_of
+from .._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
+from ..dual_solver import _check_lam, parse_box
+from ..loop import check_limits
+from ..problems import make_problem, rescaling_of
 
 
 class SSG:

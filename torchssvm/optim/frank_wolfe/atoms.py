@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .._device import host_to_device
-from ..kernels import resolve
-from ._state import checked_tensor, require_keys
+from ..._device import host_to_device
+from ...kernels import resolve
+from .._state import checked_tensor, require_keys
 
 
 class AtomStore:
@@ -154,7 +154,7 @@ class AtomStore:
     def _insert_batch_triton(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
         """`insert_batch` as one kernel launch; blocks appending past the last slot are written here after the
         store grows (rare: the store doubles). ``host_idx`` None: no host bookkeeping (``sync_free``)."""
-        from ..kernels.atoms_insert_triton import insert_atoms_triton
+        from ...kernels.atoms_insert_triton import insert_atoms_triton
 
         last = self.labels.shape[1]
         slot, append = insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,

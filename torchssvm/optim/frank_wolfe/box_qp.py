@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._device import host_to_device
+from ..._device import host_to_device
 from .box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
 
 METHODS = ("newton", "sweeps")
