@@ -4,9 +4,9 @@
 Per block b of a mini-batch, from the scores ``a_H (B, C)`` of its cached labellings (``H_i(y; w)``, slot 0 the
 truth) and the oracle's answer for the whole batch:
 
-- cache test (note 001, Alg. 5): the best cached atom ``best = argmax_{used} a_H``, hit when
-  ``g_hat = (base + a_H[best]) / n - ell >= max(factor * gaps[i], floor)``; the FW atom is the best cached atom on
-  a hit, the oracle's labelling otherwise (its ``H`` clamped at 0), and a miss refreshes the block gap
+- cache test (the hit criterion of Osokin et al., 2016): the best cached atom ``best = argmax_{used} a_H``;
+  a hit when ``g_hat = (base + a_H[best]) / n - ell >= max(factor * gaps[i], floor)``; the FW atom is the best
+  cached atom on a hit, the oracle's labelling otherwise (its ``H`` clamped at 0), and a miss refreshes the block gap
   ``gaps[i] = (base + H) / n - ell`` (in place) and counts in ``misses`` (a 0-dim device counter, in place);
 - away atom (pairwise / away steps): ``argmin a_H`` over the active atoms (``alpha > 0``), with its ``H``,
   weight, labels and loss.
@@ -59,7 +59,7 @@ def used_slots(count: torch.Tensor, idx: torch.Tensor, C: int) -> torch.Tensor:
 
 def cache_test_torch(a_H: torch.Tensor, used: torch.Tensor, base: torch.Tensor, ell: torch.Tensor,
                      gaps_idx: torch.Tensor, n: int, factor: float, floor: float):
-    """The cache test of note 001, Alg. 5, from the blocks' gaps ``gaps_idx (B,)``: ``(hit (B,) bool, best (B,),
+    """The cache test of Osokin et al. (2016), from the blocks' gaps ``gaps_idx (B,)``: ``(hit (B,) bool, best (B,),
     best_H (B,))``, the best cached atom (the first of equal scores) and its score. A block never visited
     (``gap = inf``) misses, for any ``factor`` (``0 * inf`` would be NaN)."""
     best_H, best = a_H.masked_fill(~used, -math.inf).max(1)

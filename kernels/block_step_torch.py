@@ -1,10 +1,10 @@
 """The end of a mini-batch BCFW step: move the chosen blocks along their directions and update their explicit
-duals; the torch twin of `apply_block_step_triton`. Rules: `torchssvm.optim.BCFW` (note 001, Alg. 2-4, and
-DESIGN.md's mini-batch step).
+duals; the torch twin of `apply_block_step_triton`. Rules: `torchssvm.optim.BCFW` (Osokin et al., 2016, and
+docs/design.md, "The exact mini-batch step").
 
 For each block ``b`` of the batch, block ``i = idx[b]`` with step size ``gamma[b]``:
 
-- ``z[i] = z_i + gamma d_b`` and ``l[i] = l_i + gamma dl_b`` (the block's dual variables, DESIGN.md);
+- ``z[i] = z_i + gamma d_b`` and ``l[i] = l_i + gamma dl_b`` (the block's dual variables, docs/design.md);
 - with an atom store, the weights ``alpha[i]`` of its atoms, when ``gamma != 0`` and ``alpha_valid[i]``:
   - FW step: ``alpha <- (1 - g) alpha + g e_s`` with ``g = min(gamma, 1)``;
   - pairwise step: mass ``gamma`` from the away atom ``a`` to the FW atom ``s``;

@@ -1,14 +1,14 @@
-"""Projection onto a box with one linear equality by median search: Algorithm 2 of seed 003 (App. B), the
+"""Projection onto a box with one linear equality by median search, Algorithm 2 of Zhang et al. (2010, App. B), the
 ``O(n)`` method of Pardalos & Kovoor; a one-row numpy reference for `project_box_equality_torch`.
 
-Same problem and change of variables as `kernels.box_equality_torch` (note 003 section 2.4): find the root
+Same problem and change of variables as `kernels.box_equality_torch` : find the root
 ``lam`` of ``f(lam) = sum_i clip(lam / dbar_i^2, l'_i, u'_i) - z'``. Each finite kink ``t_e`` carries a
 change of slope ``ds_e`` and of offset ``do_e`` (lower kink of i: ``+1/dbar_i^2``, ``-l'_i``; upper kink:
 ``-1/dbar_i^2``, ``+u'_i``), so ``f(t) = C + S t - z'`` with ``(C, S)`` summed over the kinks ``<= t`` on top of
 the state left of every kink. The search keeps a bracket ``(lo, hi)`` of the root and the set ``K`` of kinks
 strictly inside it, with the kinks ``<= lo`` folded into ``(C, S)``: evaluating ``f`` at the median of ``K``
-then costs ``O(|K|)``, and the median and every kink equal to it leave ``K`` (which settles the note's
-duplicate-kink stall: ``K`` at least halves each round, ``O(n)`` in all with ``np.partition``). When ``K`` is
+then costs ``O(|K|)``, and the median and every kink equal to it leave ``K`` (so duplicate kinks cannot
+stall the search: ``K`` at least halves each round, ``O(n)`` in all with ``np.partition``). When ``K`` is
 empty f is linear on ``(lo, hi)`` and its root is ``(z' - C) / S`` (step 3 of Algorithm 2, the interpolation
 between the two last kinks), with ``(C, S)`` recomputed once, ``O(n)``, from the coordinates clipped and free on
 ``(lo, hi)`` (the running sums lose digits to ``+inv - inv`` cancellation); ``S = 0`` is a flat segment, where

@@ -1,6 +1,6 @@
 """Projection onto a box with one linear equality, batched, in plain torch (sort-based, exact).
 
-Row b solves the diagonal QP of seed 003, App. B (note 003 section 2.4):
+Row b solves the diagonal QP of Zhang et al. (2010, App. B):
 
     min_x 1/2 sum_i d_i^2 (x_i - m_i)^2   s.t.   l_i <= x_i <= u_i,   sum_i sigma_i x_i = z
 
@@ -37,7 +37,7 @@ def _rows(t: Bound, m: torch.Tensor) -> torch.Tensor:
 
 def box_equality_transform(m: torch.Tensor, lower: Bound, upper: Bound, sigma: Bound, z: Bound,
                            d2: Optional[Bound] = None):
-    """The change of variables of note 003 section 2.4, one row per row of ``m (B, n)``.
+    """The change of variables above, one row per row of ``m (B, n)``.
 
     Returns ``(lp, up, inv, zp)``: the bounds ``l'_i <= beta_i <= u'_i`` ``(B, n)`` (``+-inf`` where a bound
     of ``x`` is infinite), ``inv_i = 1 / dbar_i^2 = sigma_i^2 / d_i^2`` ``(B, n)`` and ``z' (B,)``, so that

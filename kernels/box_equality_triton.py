@@ -1,6 +1,6 @@
 """Projection onto a box with one linear equality as a Triton kernel: one program per row, bisection.
 
-Twin of `project_box_equality_torch` (same problem, change of variables and notation: note 003 section 2.4,
+Twin of `project_box_equality_torch` (same problem, change of variables and notation as there,
 ``h_i(lam) = clip(lam * inv_i, l'_i, u'_i)``, ``f(lam) = sum_i h_i(lam) - z'``). Sorting inside a program is
 awkward, so the root of f is bracketed by bisection and the last step is exact, the way
 `project_simplex_triton` does it:

@@ -45,7 +45,7 @@ def project_simplex(v, mask=None, radius=None, backend: str = "auto"):
 
 @torch.no_grad()
 def project_shifted_simplex(u, top, mask=None, radius=None, backend: str = "auto"):
-    """Euclidean projection of each row of ``u (B, M)`` onto the shifted simplex of GDMM (note 002 eq. 11)
+    """Euclidean projection of each row of ``u (B, M)`` onto the shifted simplex of GDMM (Yen et al., 2016)
     ``{a : a_j <= cap_j, sum_j a_j = 0}`` over the valid entries (``mask``), with ``cap_j = radius_b`` at the
     entry ``top[b]`` (the truth, the only one allowed above 0) and ``cap_j = 0`` elsewhere.
 
@@ -123,7 +123,7 @@ def _check_box_equality_args(m, lower, upper, sigma, z, d2):
         zt = torch.full((B,), float(z), dtype=m.dtype, device=m.device)
     if not bool(torch.isfinite(zt).all()):
         raise ValueError("z holds NaN or Inf")
-    # feasible iff sum_i min(s_i l_i, s_i u_i) <= z <= sum_i max(s_i l_i, s_i u_i) (note 003 section 2.4)
+    # feasible iff sum_i min(s_i l_i, s_i u_i) <= z <= sum_i max(s_i l_i, s_i u_i) (Zhang et al., 2010, App. B)
     pos = s > 0
     sl, su = s * lo, s * hi
     zmin = torch.where(pos, sl, su).sum(1)
@@ -140,7 +140,7 @@ def _check_box_equality_args(m, lower, upper, sigma, z, d2):
 @torch.no_grad()
 def project_box_equality(m, lower, upper, sigma, z, d2=None, backend: str = "auto"):
     """Per row of ``m (B, n)``, the minimizer of ``1/2 sum_i d2_i (x_i - m_i)^2`` over ``{lower <= x <= upper,
-    sum_i sigma_i x_i = z}`` (seed 003 App. B); see `project_box_equality_torch` for the contract. ``lower``,
+    sum_i sigma_i x_i = z}`` (Zhang et al., 2010, App. B); see `project_box_equality_torch` for the contract. ``lower``,
     ``upper``, ``sigma`` and ``d2`` are ``(B, n)``, ``(n,)`` (shared by all rows) or numbers, ``z`` is ``(B,)`` or a
     number. Inputs are validated: shapes, dtypes and devices, NaN, ``sigma == 0``, ``d2 <= 0``, ``lower > upper``
     and an infeasible ``z`` raise."""

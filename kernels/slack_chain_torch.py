@@ -1,4 +1,4 @@
-"""Exact slack-rescaled oracle of a chain with Hamming loss, in plain torch (seed 000, note section 1.2).
+"""Exact slack-rescaled oracle of a chain with Hamming loss, in plain torch (Choi et al., 2016).
 
 ``max_y Phi(y)``, ``Phi(y) = Delta(y*, y) (1 + s(y) - s(y*))``, does not decompose over the chain even
 though ``s`` and ``Delta`` do. With a Hamming loss that charges the same cost ``c`` for every wrong

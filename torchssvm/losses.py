@@ -3,7 +3,7 @@ backward) and, as the baseline they are compared against, the CRF negative log-l
 
 Structured hinge loss:
 
-Margin rescaling (DESIGN.md conventions): per example
+Margin rescaling (Taskar et al., 2003; Tsochantaridis et al., 2005): per example
 
     H(theta; y*) = max_y [ loss_weight * Delta(y*, y) + s_theta(y) ] - s_theta(y*)  >= 0,
 
@@ -243,7 +243,7 @@ def slack_rescaled_hinge_loss(
     backend: str = "auto",
     return_argmax: bool = False,
 ):
-    """Slack-rescaled structured hinge loss (seed 000, eq. 4): per example
+    """Slack-rescaled structured hinge loss (Tsochantaridis et al., 2005; Choi et al., 2016, eq. 4): per example
 
         max_y Delta(y*, y) (1 + s_theta(y) - s_theta(y*))  >= 0,
 

@@ -1,6 +1,7 @@
 """Linear potential models: potentials linear in the parameters ``w``.
 
-For such a model the joint feature map is the vector-Jacobian product of the model (DESIGN.md):
+For such a model the joint feature map is the vector-Jacobian product of the model (docs/design.md,
+"Dual blocks in marginal space"):
 ``phi(x, mu) = d <model(x), mu> / d w``, so ``<w, phi(x, y)> = score(model(x), y)`` and no structure
 hand-codes ``phi``. `joint_feature` computes it for any model, linear or not (for a non-linear model it
 is the gradient of the score, the quantity a deep SSVM step uses).

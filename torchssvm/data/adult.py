@@ -1,7 +1,7 @@
 """Adult (UCI) in the LIBSVM "a9a" encoding: 32,561 people, 123 binary features, labels +1 (income > 50K) / -1.
 
 Read from ``adult/a9a.txt.gz`` under the data root (LIBSVM binary format: ``+1 idx:val ...`` with 1-based
-feature ids), the copy described in ``../shared/data/README.md``. Only the LIBSVM training file is shipped,
+feature ids), the standard LIBSVM copy (``SHA256`` below). Only the LIBSVM training file is shipped,
 so train/test splits are drawn from it by a seeded random permutation (`split_indices`). Yu & Joachims
 (2008) train on 22,697 examples: ``test_fraction=9864 / 32561`` gives exactly that split size.
 """
@@ -26,7 +26,7 @@ RELPATH = "adult/a9a.txt.gz"
 NUM_FEATURES = 123
 SIZE = 32561
 NUM_POSITIVE = 7841  # 24.08% of SIZE, counted from the file
-SHA256 = "2b74490fe18a90c2bd239b65ad059793acfd943053b7de8273ab4798644961a0"  # ../shared/data/README.md
+SHA256 = "2b74490fe18a90c2bd239b65ad059793acfd943053b7de8273ab4798644961a0"  # of a9a.txt.gz
 SPLITS = ("train", "test", "all")
 _LABELS = {"+1": 1, "1": 1, "-1": -1}
 _FEATURES = re.compile(r"(?:\d+:[^\s:]+(?: |$))*")  # space-joined idx:value tokens

@@ -1,4 +1,5 @@
-"""Seeded pose-like data for pictorial structures (the LSP model of note 001 section 3.1, at toy scale).
+"""Seeded pose-like data for pictorial structures (the LSP model of Osokin et al., 2016, at toy
+scale).
 
 A 26-node kinematic tree (the 14 LSP joints plus 12 limb / torso midpoints, as Chen & Yuille extend LSP),
 positions on an ``H x W`` grid, and per-part score maps from simulated noisy detectors as unary features,
@@ -268,9 +269,9 @@ class EdgeTypes(NamedTuple):
 
 def edge_types(dataset, num_types: int, *, rest: Optional[torch.Tensor] = None, iters: int = 100,
                seed: int = 0) -> EdgeTypes:
-    """Mixture types per edge by K-means on the true displacements (note 001 section 3.1: "the mean
-    displacements r_pq^t come from K-means on training displacements"). ``dataset``: a `PoseDataset`, or any
-    object with ``parents``, ``positions (n, V)`` and ``width``.
+    """Mixture types per edge by K-means on the true displacements (Osokin et al., 2016, after Chen & Yuille,
+    2014: the mean displacements of each type are K-means centres of the training displacements). ``dataset``: a
+    `PoseDataset`, or any object with ``parents``, ``positions (n, V)`` and ``width``.
 
     With ``rest`` None: per edge, K-means (k-means++ seeding from ``seed``, Lloyd iterations until no
     assignment changes or ``iters``) on the ``(dx, dy)`` of the child from its parent over ``dataset``; the
@@ -340,7 +341,7 @@ def synthetic_type_maps(dataset: PoseDataset, types: EdgeTypes, *, hit_rate: flo
                         miss_rate: float = 0.3, clutter: int = 1, noise: float = 0.15, seed: int = 0,
                         dtype: torch.dtype = torch.float32) -> PoseDataset:
     """``dataset`` with ``type_maps (n, E, T, H*W)``: simulated evidence for the type of every edge, as the
-    paper's pairwise CNN gives a score per arc type at each position (note 001 section 3.1, ``phi^P``).
+    paper's pairwise CNN gives a score per arc type at each position (Osokin et al., 2016, ``phi^P``).
 
     Per example and edge, a noisy type classifier looks at the edge's child's true position: it names the
     true type (``types.types``) with probability ``hit_rate``, another type uniformly otherwise. Every type's

@@ -1,7 +1,7 @@
 """Yeast multi-label data (Elisseeff & Weston): 1,500 train / 917 test genes, 103 dense features, 14 labels.
 
 Read from ``yeast/yeast_{train,test}.svm.gz`` under the data root (LIBSVM multi-label format:
-``l1,l2,... idx:val ...`` with 1-based feature ids), the copies described in ``../shared/data/README.md``.
+``l1,l2,... idx:val ...`` with 1-based feature ids), the standard LIBSVM copies.
 """
 
 from __future__ import annotations

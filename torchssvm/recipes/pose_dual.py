@@ -19,7 +19,7 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
                     callback: Callback = None) -> TrainingRun:
     """Train `optim.SpatialTreeProblem` on `PoseDataset`s (with ``types`` T > 1 `optim.MixtureSpatialTreeProblem`,
     T K-means deformation types per edge) with a dual solver and the positivity box on the quadratic deformation
-    weights (note 001 section 2.7; ``positivity=False`` drops it, and the oracle then raises as soon as a
+    weights (Osokin et al., 2016, App. H; ``positivity=False`` drops it, and the oracle then raises as soon as a
     quadratic weight turns negative).
 
     Args:

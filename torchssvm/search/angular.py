@@ -1,5 +1,6 @@
-"""Angular search, Algorithm 2 of seed 000, as reconstructed in note 000 section 2.6 (the paper's
-pseudocode box is lost), batched across examples: one constrained-oracle call per example per round.
+"""Angular search, Algorithm 2 of Choi et al. (2016), reconstructed from the paper's text (its pseudocode box is
+missing) and checked against brute force by the tests, batched across examples: one constrained-oracle call per
+example per round.
 
 A wedge ``(alpha, beta)`` holds the labellings whose slope ``g / h`` lies between ``beta`` and ``alpha``
 (``h, g > 0``). Querying it at ``lam = 1 / sqrt(alpha beta)`` returns ``z``, the best ``h + lam g`` inside
@@ -74,13 +75,13 @@ def angular_search(oracle, *, lam0: Optional[torch.Tensor] = None, queue: str = 
                    max_calls: Optional[int] = None, cache: Optional[torch.Tensor] = None) -> SearchResult:
     """Args:
         oracle: a `TableOracle` (the constrained lambda-oracle is needed).
-        lam0: ``(B,)`` first multipliers; default ``H_hat / G_hat`` (note 000 section 2.5: the largest
-            margin violation over the largest loss; 1 where either is not positive).
+        lam0: ``(B,)`` first multipliers; default ``H_hat / G_hat`` (the largest margin violation over the
+            largest loss; 1 where either is not positive).
         queue: ``"fifo"`` or ``"priority"``.
         tol: stop once the incumbent is at least ``tol`` times every open wedge's bound (in (0, 1]).
         max_calls: oracle calls per example at most (None: until the queue is exhausted or ``tol`` holds;
             for a `TableOracle` of N labellings at most ``2 N + 1``, Thm 2's bound).
-        cache: the label cache of note 000 section 2.6, ``(B, C)`` long column indices of the oracle's
+        cache: a label cache (Choi et al., 2016), ``(B, C)`` long column indices of the oracle's
             table (-1: empty slot), e.g. earlier most violating labellings (a cutting plane's working
             set). The best of them under the current potentials starts as the incumbent (no oracle
             call), so every wedge whose bound it reaches is discarded unvisited.

@@ -1,4 +1,4 @@
-"""Binary search on the xi-free bound F-bar (seed 000, Lemma 1 and App. D; note 000 section 2.2).
+"""Binary search on the xi-free bound F-bar (Choi et al., 2016, Lemma 1 and App. D).
 
 ``max_y Phi <= min_lam U(lam)``, ``U(lam) = K(lam)^2 / (4 lam)``, ``K(lam) = max_y h + lam g``, is convex
 in ``lam`` with ``dU/dlam`` of the sign of ``lam g(y_lam) - h(y_lam)``; bisect on that sign (geometric

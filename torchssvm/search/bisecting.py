@@ -1,9 +1,9 @@
-"""Bisecting search, Algorithm 1 of seed 000 (note 000 section 2.3), batched across examples.
+"""Bisecting search, Algorithm 1 of Choi et al. (2016), batched across examples.
 
 Each round queries the lambda-oracle once per still-active example, intersects the Lemma 3 intervals
 ``H`` and ``G`` that must hold ``h(y*)`` and ``g(y*)``, and moves lambda up when ``g(y') <= h(y') / lam``
 and down otherwise; the midpoint of the remaining lambda interval is queried next. What the paper
-leaves open (note section 2.3): while the interval is unbounded above lambda doubles; intervals count
+leaves open, settled here: while the interval is unbounded above lambda doubles; intervals count
 as empty past a relative tolerance; the D.1 stop (the same point at both ends of the lambda interval:
 by Lemma 4 nothing in between can differ) and a cap on the calls end a search too. No exactness
 guarantee exists for any lambda-oracle search (Thm 1); the Lemma 5 certificate says how far it may be.

@@ -1,9 +1,9 @@
-"""The Sarawagi & Gupta baseline: golden-section search on the conjugate bound (seed 000 section 3;
-note 000 section 2.1), batched across examples.
+"""The Sarawagi & Gupta baseline: golden-section search on the conjugate bound (Sarawagi & Gupta,
+2008, as Choi et al., 2016, section 3 restate it), batched across examples.
 
 With the current slack ``xi_i`` of the cutting-plane working set, ``max_{y} h - xi / g`` is bounded by
 ``min_{lam >= 0} F(lam)``, ``F(lam) = K(lam) - 2 sqrt(xi lam)`` with ``K(lam) = max_y h + lam g`` (the
-unconstrained lambda-oracle: the truth keeps ``K >= 1``, a valid if looser bound; note item 7). ``F`` is
+unconstrained lambda-oracle: the truth keeps ``K >= 1``, a valid if looser bound). ``F`` is
 convex; golden-section search on ``[0, lam_max]`` minimizes it with one oracle call per iteration, and
 the best ``Phi`` among the returned labellings is the answer. A heuristic: no exactness guarantee.
 """

@@ -1,4 +1,4 @@
-"""The oracles the slack-rescaling searches query (seed 000, eqs. 7-8; note 000 section 1.3).
+"""The oracles the slack-rescaling searches query (Choi et al., 2016, eqs. 7-8).
 
 Per example i, a labelling y is the point ``(h(y), g(y))`` with ``h = 1 + s(y) - s(y_i)`` (margin
 violation) and ``g = Delta(y_i, y)`` (error); the slack-rescaled oracle wants ``argmax_y h(y) g(y)``.

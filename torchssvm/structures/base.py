@@ -1,4 +1,4 @@
-"""The structure protocol shared by every output structure (DESIGN.md, "Structures: one protocol").
+"""The structure protocol shared by every output structure (docs/design.md, "Structures").
 
 A structure describes an output space and its oracles and holds no learned parameters. Potentials are a
 small typed container per structure (a plain tensor for `Multiclass`, `ChainPotentials` for `Chain`);
@@ -123,7 +123,7 @@ class Structure:
         raise NotImplementedError
 
     def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto"):
-        """The exact slack-rescaled oracle (seed 000, eq. 6): ``(y_hat, value)`` with
+        """The exact slack-rescaled oracle (Choi et al., 2016, eq. 6): ``(y_hat, value)`` with
         ``value = max(0, max_y Delta(target, y) (1 + s(y) - s(target)))`` per example and ``y_hat`` a
         maximizer (``target`` itself when nothing violates)."""
         if backend == "numba":

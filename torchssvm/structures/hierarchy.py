@@ -1,4 +1,5 @@
-"""Hierarchical multi-label classification (Cai & Hofmann; seed 000 section 5).
+"""Hierarchical multi-label classification (Cai & Hofmann, 2004; the experiments of
+Choi et al., 2016, section 5).
 
 A forest of N nodes (``parents[n]``: the parent of node n, -1 for a root); the labels are its leaves. A
 multi-label ``Y`` (a set of leaves) switches on every node that is an ancestor of (or is) one of its

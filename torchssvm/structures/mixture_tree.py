@@ -1,6 +1,6 @@
 """Pictorial structures with mixture types per edge: each edge picks one of T deformation models.
 
-The LSP model of the BCFW gap-sampling paper (note 001 section 3.1, after Chen & Yuille) gives every arc a
+The LSP model of the BCFW gap-sampling paper (Osokin et al., 2016, after Chen & Yuille, 2014) gives every arc a
 type ``t in {1..T}`` with its own rest offset (a K-means centre of the training displacements), its own
 deformation weights and an image-dependent type score; Yang & Ramanan's "flexible mixtures of parts" give
 every part an appearance type. `MixtureSpatialTree` covers both with one type per edge (in a tree an edge

@@ -1,4 +1,5 @@
-"""Multi-label classification as a pairwise binary Markov random field (Finley & Joachims; seed 000 section 5).
+"""Multi-label classification as a pairwise binary Markov random field (Finley & Joachims, 2008;
+Choi et al., 2016, section 5).
 
 K binary labels ``y in {0, 1}^K`` with the score
 

@@ -20,7 +20,7 @@ RESCALINGS = ("margin", "slack")
 def make_problem(model, dataset=None, structure=None, *, backend: str = "auto",
                  rescaling: str = "margin") -> DualProblem:
     """A `DualProblem` for ``(model, dataset)``; a `DualProblem` passed as ``model`` is used as is.
-    ``rescaling="slack"`` wraps it in `SlackRescaledProblem` (the slack-rescaled SSVM, seed 000)."""
+    ``rescaling="slack"`` wraps it in `SlackRescaledProblem` (the slack-rescaled SSVM; Choi et al., 2016)."""
     if rescaling not in RESCALINGS:
         raise ValueError(f"rescaling must be one of {RESCALINGS}, got {rescaling!r}")
     if isinstance(model, DualProblem):

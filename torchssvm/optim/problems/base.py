@@ -1,11 +1,11 @@
 """The convex SSVM seen by the dual solvers: blocks in marginal space.
 
-A `DualProblem` is the n-slack margin-rescaled SSVM (note 001 eq. 1)
+A `DualProblem` is the n-slack margin-rescaled SSVM (Osokin et al., 2016, eq. 1)
 
     P(w) = lam/2 ||w||^2 + (1/n) sum_i max_y H_i(y; w),   H_i(y; w) = L_i(y) - <w, psi_i(y)>,
 
-with ``psi_i(y) = phi(x_i, y_i) - phi(x_i, y)``, exposed in the coordinates the solvers store (DESIGN.md,
-"Dual blocks live in marginal space"). Block i is a flat vector ``z_i`` of size ``m``, the difference of
+with ``psi_i(y) = phi(x_i, y_i) - phi(x_i, y)``, exposed in the coordinates the solvers store (docs/design.md,
+"Dual blocks in marginal space"). Block i is a flat vector ``z_i`` of size ``m``, the difference of
 one-hot factor marginals ``m(y_i) - mu_i`` with ``mu_i`` a convex combination of labellings' marginals;
 the block's primal part is ``w_i = Phi_i z_i / (lam n)`` where ``Phi_i`` is the (linear) joint feature map
 of example i. Solvers never build ``Phi_i``: they use the operations below, batched over an index tensor

@@ -1,4 +1,4 @@
-"""Pictorial structures with mixture types per edge (the LSP model of note 001 section 3.1) as a `DualProblem`.
+"""Pictorial structures with mixture types per edge (the LSP model of Osokin et al., 2016) as a `DualProblem`.
 
 Each edge e has T types with their own rest offsets ``r_{e,t}`` (K-means centres of the training
 displacements, `torchssvm.data.edge_types`), their own deformation weights and a type bias. Parameters
@@ -49,8 +49,8 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         type_scale: the value c of the type feature (``phi`` holds ``c`` at ``(e, t_e)``, so the bias is
             ``c w_T[e, t]``); default ``1 / sqrt(E)``, which bounds the type block of a corner's squared norm
             by 2, the size of one or two nodes' unary features. Why: a corner whose types differ from the
-            truth's on every edge gains ``2 E c^2`` in ``||psi_i||^2``, the block curvature of BCFW (note 001
-            section 1.6); with c = 1 that is 50 on the pose tree, twice the unary block, and on articulated
+            truth's on every edge gains ``2 E c^2`` in ``||psi_i||^2``, the block curvature of BCFW (Osokin et al.,
+            2016); with c = 1 that is 50 on the pose tree, twice the unary block, and on articulated
             `synthetic_pose` (32 x 32, 100 poses, T = 3, lam = 0.01) the gap after 60 passes was 0.28 with
             c = 1 against 0.07 with c = 0.2.
         cooccurrence: learn a co-occurrence score ``c w_C[e, s, t]`` of type t on edge e and type s on the

@@ -1,6 +1,6 @@
 """The slack-rescaled SSVM of any `DualProblem` with an exact slack oracle, as a margin-rescaled one.
 
-Seed 000 (eq. 4), note 000 section 1.2: ``max_y L(y) (1 - <w, psi(y)>) = max_y L(y) - <w, L(y) psi(y)>`` is
+Choi et al. (2016, eq. 4): ``max_y L(y) (1 - <w, psi(y)>) = max_y L(y) - <w, L(y) psi(y)>`` is
 margin rescaling with the scaled joint features ``psi~(y) = L(y) psi(y)``. In the marginal coordinates
 of the solvers the block vector of a labelling becomes ``L(y) (m(y_i) - m(y))``, so a BCFW corner is
 ``w_s = L(y) psi(y) / (lam n)`` with ``l_s = L(y) / n``, and the dual, the blocks' convex structure and

@@ -3,7 +3,7 @@
 Block ``r`` of a sparse-feature chain has emission part ``E_r = sum_t x_{r,t} (outer) u_{r,t}``, a
 ``D x K`` matrix with ``x_{r,t}`` a sparse attribute vector (``A`` ids and values per token) and
 ``u_{r,t}`` the dense ``K``-vector of the block's unary marginals at position t. We need
-``G_rs = <E_r, E_s>`` for a mini-batch (the curvature of the coordinated step, DESIGN.md).
+``G_rs = <E_r, E_s>`` for a mini-batch (the curvature of the coordinated step, docs/design.md).
 
 ``E_r`` has a nonzero row only for the attributes the block's tokens carry, so we build its rows
 ``V_(r, a) = sum_{t: a in x_{r,t}} x_{r,t,a} u_{r,t}`` once per distinct (block, attribute) pair (one

@@ -1,7 +1,7 @@
 """An SSVM given by explicit tables: ``phi(x_i, y)`` and ``L_i(y)`` for every one of K outputs.
 
 The smallest exact instance of `DualProblem`: every output space is enumerable, so tests can compare the
-solvers with brute force, and constructions from the papers (the toy example of note 001, App. C) are a
+solvers with brute force, and constructions from the papers (the toy example of Osokin et al., 2016, App. C) are a
 few lines. The block vector of example i is ``z_i = e_{y_i} - mu_i`` in ``R^K``.
 """
 
@@ -52,10 +52,10 @@ class FeatureTableProblem(DualProblem):
 
     @classmethod
     def slack_rescaled(cls, features: torch.Tensor, losses: torch.Tensor, truth: torch.Tensor) -> FeatureTableProblem:
-        """The slack-rescaled SSVM of the same tables (seed 000, eq. 4) as a margin-rescaled one.
+        """The slack-rescaled SSVM of the same tables (Choi et al., 2016, eq. 4) as a margin-rescaled one.
 
         ``max_y L(y) (1 - <w, psi(y)>) = max_y L(y) - <w, L(y) psi(y)>``: margin rescaling with the scaled
-        joint features ``psi~(y) = L(y) psi(y)`` (note 000 section 1.2), i.e. ``phi~(y) = phi(y_i) -
+        joint features ``psi~(y) = L(y) psi(y)`` , i.e. ``phi~(y) = phi(y_i) -
         L(y) (phi(y_i) - phi(y))``. Every solver then runs unchanged; a BCFW corner is
         ``w_s = L(y) psi(y) / (lam n)``, ``l_s = L(y) / n``, and the duality gap is the slack objective's."""
         base = cls(features, losses, truth)  # validates

@@ -1,4 +1,4 @@
-"""Pictorial structures (the LSP model of note 001 section 3.1) as a `DualProblem`, blocks in feature space.
+"""Pictorial structures (the LSP model of Osokin et al., 2016) as a `DualProblem`, blocks in feature space.
 
 Parameters ``w = [w_U (V, F) | w_P (E, 4)]`` (row-major, ``d = V F + 4 E``). For example i with detector
 score maps ``x_i (V, F, H*W)`` and positions ``l (V,)`` on the grid, the score is
@@ -14,7 +14,7 @@ The joint feature map is explicit and small,
 inner products and Gram matrices are plain dot products. The paper's model is the same with CNN score
 maps, arc types and pairwise CNN terms (d = 2,676); here one type per arc. Why the unit: in pixels the
 squared displacements of a loss-augmented labelling reach ``(grid side)^2``, so ``||psi_i||`` and the block
-curvature ``||psi_i||^2 / (lam n^2)`` (note 001 section 1.6) are dominated by them and BCFW's steps shrink;
+curvature ``||psi_i||^2 / (lam n^2)`` (Osokin et al., 2016) are dominated by them and BCFW's steps shrink;
 measured in body-part lengths they are of the order of the unary features.
 
 Convexity: the distance-transform oracle needs ``w_xx, w_yy >= 0`` on every edge. Train with the positivity
@@ -134,7 +134,7 @@ class SpatialTreeProblem(DualProblem):
         return {"unary": (0, VF, (self.V, self.F)), "deformation": (VF, self.d, (self.E, 4))}
 
     def positivity_box(self) -> dict:
-        """The box of note 001 section 2.7 that makes the deformation convex: ``w_xx, w_yy >= 0`` on every
+        """The box (Osokin et al., 2016, App. H) that makes the deformation convex: ``w_xx, w_yy >= 0`` on every
         edge (columns 1 and 3 of ``w_P``), everything else free; pass it as ``BCFW(..., box=...)``. Only the
         quadratic weights need the bound (the reference code bounds all of ``w_P``, which
         ``box={"deformation": (0.0, None)}`` gives). With mixture types, on every edge and type."""
