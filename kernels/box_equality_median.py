@@ -1,7 +1,7 @@
 """Projection onto a box with one linear equality by median search, Algorithm 2 of Zhang et al. (2010, App. B), the
 ``O(n)`` method of Pardalos & Kovoor; a one-row numpy reference for `project_box_equality_torch`.
 
-Same problem and change of variables as `kernels.box_equality_torch` : find the root
+Same problem and change of variables as `kernels.box_equality_torch`: find the root
 ``lam`` of ``f(lam) = sum_i clip(lam / dbar_i^2, l'_i, u'_i) - z'``. Each finite kink ``t_e`` carries a
 change of slope ``ds_e`` and of offset ``do_e`` (lower kink of i: ``+1/dbar_i^2``, ``-l'_i``; upper kink:
 ``-1/dbar_i^2``, ``+u'_i``), so ``f(t) = C + S t - z'`` with ``(C, S)`` summed over the kinks ``<= t`` on top of
