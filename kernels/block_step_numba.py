@@ -2,7 +2,7 @@
 there) and of `apply_block_step_triton`, bitwise.
 
 As torch ops the update is about twenty small operations, each a pass over the batch's ``(B, m)`` block vectors or
-its atom weights (0.25 ms at B = 64 on CoNLL-2000, m = 2,244); here one loop per block moves ``z`` and ``l`` and
+its atom weights (docs/benchmarks/bcfw_backends.md); here one loop per block moves ``z`` and ``l`` and
 updates the block's weights, and a large batch's blocks (distinct, checked) run on threads. The arithmetic is the
 torch twin's, operation by operation and in its order (``zi + (gamma d)``, the scaled weights, then the FW atom's
 and the away atom's entries), compiled without fused multiply-adds, so the results are bitwise equal; the tests

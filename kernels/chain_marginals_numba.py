@@ -1,10 +1,10 @@
 """One-hot factor marginals of chain labellings as a compiled CPU loop (numba): the CPU twin of
 `chain_marginals_torch` (same layout, ``[unary (T, K) | transition counts (K, K) | start (K) | end (K)]``).
 
-The torch twin builds index and sign tensors and scatters them, about twenty small operations (0.09 ms for the
-difference of two corners at B = 64 on OCR); here one loop adds +-1 per factor. The entries are counts, exact in
-any order, so the twins agree bitwise. float32 and float64 only. Each row is zeroed and counted (and, with
-``subtract``, has that row taken off) while it is in cache; a large batch's rows run on threads.
+The torch twin builds index and sign tensors and scatters them, about twenty small operations whose overhead outweighs
+the work (docs/benchmarks/bcfw_backends.md); here one loop adds +-1 per factor. The entries are counts, exact in any
+order, so the twins agree bitwise. float32 and float64 only. Each row is zeroed and counted (and, with ``subtract``, has
+that row taken off) while it is in cache; a large batch's rows run on threads.
 """
 
 from __future__ import annotations

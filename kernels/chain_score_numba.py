@@ -1,11 +1,11 @@
 """Scores of labellings and of marginals under linear-chain potentials as compiled CPU loops (numba): the CPU twins
 of `chain_labels_score_torch` and `chain_inner_torch`.
 
-A mini-batch BCFW step scores every cached labelling of its blocks and the blocks' marginals: on a CPU the torch
-twins' dozen small tensor operations cost 0.05-0.25 ms per call at B = 64 on OCR, where the arithmetic is a few
-thousand additions. The sums here run in a fixed order (positions in order, then transitions, start, end), which
-is not always torch's reduction order: the results equal the torch twin's to rounding (as the Triton kernels' do);
-the tests bound the difference.
+A mini-batch BCFW step scores every cached labelling of its blocks and the blocks' marginals: on a CPU the torch twins'
+dozen small tensor operations cost far more than the arithmetic, a few thousand additions
+(docs/benchmarks/bcfw_backends.md). The sums here run in a fixed order (positions in order, then transitions, start,
+end), which is not always torch's reduction order: the results equal the torch twin's to rounding (as the Triton
+kernels' do); the tests bound the difference.
 
 float32 and float64 only; ``backend="auto"`` picks these for CPU tensors of those dtypes when numba imports.
 """

@@ -1,8 +1,8 @@
 """Batched Viterbi as a compiled CPU loop (numba): the fast CPU twin of `viterbi_torch`.
 
 On a CPU the torch twin pays a few tensor operations per time step, so for the batches a dual solver decodes
-(the misses of a mini-batch, a handful of sequences of 10-15 positions) its time is per-op overhead: 0.3 ms for
-7 OCR words, where the arithmetic is 40 thousand additions. Here one compiled loop decodes a sequence (forward
+(the misses of a mini-batch, a handful of sequences of 10-15 positions) its time is per-op overhead, not the
+arithmetic (docs/benchmarks/bcfw_backends.md). Here one compiled loop decodes a sequence (forward
 scores, then the backtrack), sequences of a large batch run on different threads (``prange``), and the forward
 step runs over the previous label in the outer loop so that the inner loop over the next label vectorizes.
 

@@ -20,13 +20,11 @@ chosen by shape in `viterbi_triton` (``kernel="auto"``; each can be forced):
   then runs one sequence per program, a whole row of ``K <= 4096`` labels at a time. Where the grid barrier is not
   wanted (the Triton interpreter runs programs one after the other, so there it uses one program) the same kernel
   runs one launch per step (``kernel="grid-steps"``).
-- ``"legacy"`` (`_viterbi_kernel`): the earlier kernel, one program per sequence with argmax-tracking backpointers
+- ``"legacy"`` (`_viterbi_kernel`): one program per sequence with argmax-tracking backpointers
   (a ``BLOCK x BLOCK``-tiled loop through a global scratch buffer above ``K = 64``). ``"auto"`` runs it for
   ``K > 64`` where a cooperative launch is not available, and above ``K = 4096``.
 
-Measured (docs/benchmarks/oracles_cuda_roofline.md, H200): at K = 45 the sequence kernel takes 21.5 / 52.2 us at
-(B, T) = (32, 50) / (512, 100) against the legacy kernel's 27.4 / 99.1; at K = 1,024 (B = 8, T = 50) the grid kernel
-0.333 ms against 23.4 ms.
+Timings of the three kernels: docs/benchmarks/oracles_cuda_roofline.md.
 """
 
 from __future__ import annotations

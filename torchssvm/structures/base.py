@@ -231,8 +231,8 @@ class Structure:
         return self._device_class_weights(y.device).to(dtype)[y.clamp_min(0)]
 
     def _device_class_weights(self, device) -> Optional[torch.Tensor]:
-        """``class_weights`` (float64) on ``device``, copied there once (a plain copy from the host waits for the
-        device: once per call, it was) and again only after an in-place change of them."""
+        """``class_weights`` (float64) on ``device``, copied there once (a plain copy from the host would make the
+        host wait for the device on every call) and again only after an in-place change of them."""
         cw = self.class_weights
         if cw is None or cw.device == torch.device(device):
             return cw

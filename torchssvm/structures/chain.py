@@ -157,8 +157,8 @@ class Chain(Structure):
     # -- the margin-rescaled hinge, fused on a GPU ----------------------------------------------------------
     # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (augmented unary, the truth's score,
     # the lengths and target made safe, the value checks folded in), Viterbi, and `chain_hinge_grad_triton` in the
-    # backward: seven launches of its own and no host wait per forward and backward, where the torch ops took
-    # some eighty launches and three waits (docs/benchmarks/loss_cost_cuda.md; tests/test_loss_cost.py).
+    # backward: seven launches of its own and no host wait per forward and backward, where the torch ops take many
+    # more launches and wait for the device (docs/benchmarks/loss_cost_cuda.md; tests/test_loss_cost.py).
     # Elsewhere the inherited path: `_max_oracle`, `_score`, `marginal_vjp`; with deterministic algorithms the
     # backward too (the kernel adds the shared factors' counts atomically).
     @staticmethod

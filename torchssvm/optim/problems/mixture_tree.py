@@ -50,9 +50,8 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
             ``c w_T[e, t]``); default ``1 / sqrt(E)``, which bounds the type block of a corner's squared norm
             by 2, the size of one or two nodes' unary features. Why: a corner whose types differ from the
             truth's on every edge gains ``2 E c^2`` in ``||psi_i||^2``, the block curvature of BCFW (Osokin et al.,
-            2016); with c = 1 that is 50 on the pose tree, twice the unary block, and on articulated
-            `synthetic_pose` (32 x 32, 100 poses, T = 3, lam = 0.01) the gap after 60 passes was 0.28 with
-            c = 1 against 0.07 with c = 0.2.
+            2016); with c = 1 that is 50 on the pose tree, twice the unary block, and BCFW's steps shrink
+            (the runs: docs/benchmarks/pose_mixture.md).
         cooccurrence: learn a co-occurrence score ``c w_C[e, s, t]`` of type t on edge e and type s on the
             edge above e's parent (row 0 for edges out of the root; `MixtureSpatialTree`), so that the types
             of consecutive edges, e.g. the two halves of a bent limb, are chosen together; ``w_C (E, T, T)``

@@ -2,15 +2,15 @@
 `sparse_gram.attribute_rows`, of the rare-attribute part of `sparse_gram.sparse_emission_gram` and of the update of
 ``w`` from the same rows (``index_add_``).
 
-On a CPU the torch code's sort, unique, repeat and scatter steps are some forty tensor operations per mini-batch,
-2.3 ms of a 5.8 ms BCFW step at B = 64 on CoNLL-2000. Here one loop collects the (attribute, block, token) entries,
-reading the data set's attribute arrays in place when given the blocks' ``index`` (no gathered copy); a stable sort
-orders them by attribute then block (a counting sort on the attribute: the entries already come in block order);
-one walk sums each pair's row ``V`` in token order (the order of torch's ``index_add_``, so the rows are bitwise
-equal); a second loop adds each rare attribute's block pairs to ``G``, each pair once. The attributes carried by
+On a CPU the torch code's sort, unique, repeat and scatter steps are some forty tensor operations per mini-batch, a
+large part of a BCFW step on CoNLL-2000 (docs/benchmarks/bcfw_backends.md). Here one loop collects the (attribute,
+block, token) entries, reading the data set's attribute arrays in place when given the blocks' ``index`` (no gathered
+copy); a stable sort orders them by attribute then block (a counting sort on the attribute: the entries already come in
+block order); one walk sums each pair's row ``V`` in token order (the order of torch's ``index_add_``, so the rows are
+bitwise equal); a second loop adds each rare attribute's block pairs to ``G``, each pair once. The attributes carried by
 many blocks still go through one dense product in torch (BLAS), as in the torch code. The rare part sums its dot
-products in a fixed order, so ``G`` equals the torch code's to rounding. `add_attribute_rows_numba` applies the
-rows to ``w`` in their order, bitwise as ``index_add_``.
+products in a fixed order, so ``G`` equals the torch code's to rounding. `add_attribute_rows_numba` applies the rows to
+``w`` in their order, bitwise as ``index_add_``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The compiled CPU twin (numba) of `sparse_unary.sparse_unary`: one loop over the blocks' tokens and attributes.
 
-The torch form copies the batch's attribute ids out of the data set, masks the padding and runs ``embedding_bag``
-(0.6 ms at B = 64 on CoNLL-2000 chunking, 22 labels); here the loop reads the data set's arrays in place and adds
-the weight rows (0.25 ms). Each token's sum runs over its attributes in order, as ``embedding_bag``'s, so the twins
-agree to rounding (bitwise where the attribute values are ones).
+The torch form copies the batch's attribute ids out of the data set, masks the padding and runs ``embedding_bag``; here
+the loop reads the data set's arrays in place and adds the weight rows, in less than half the time on CoNLL-2000
+chunking (docs/benchmarks/bcfw_backends.md). Each token's sum runs over its attributes in order, as ``embedding_bag``'s,
+so the twins agree to rounding (bitwise where the attribute values are ones).
 """
 
 from __future__ import annotations
