@@ -1,13 +1,13 @@
 """The margin-rescaled chain hinge's own arithmetic as two Triton kernels, one program per sequence: everything of
 `StructuredHingeLoss` on a `Chain` but Viterbi itself, so that a forward and backward on CUDA launch a handful
-of kernels and never wait for the device (issue 40).
+of kernels and never wait for the device.
 
-- `chain_hinge_prepare_triton` (forward): the loss-augmented unary ``unary + w_t [k != y_t]`` (Hamming weights
-  ``w_t = loss_weight class_weight[y_t] / L``), the score of the truth, the lengths clamped to ``[1, T]`` and the
-  target with -1 past each length, in one pass over the unary. It also checks what the host no longer reads
-  (`torchssvm.set_debug`): a length outside ``[1, T]``, a label outside ``[0, K)`` within the length or a negative
-  or non-finite loss weight makes that example's score NaN (so its loss is NaN), and every index is clamped, so
-  bad values never read or write out of bounds.
+- `chain_hinge_prepare_triton` (forward): the loss-augmented unary ``unary + w_t [k != y_t]`` (Hamming weights ``w_t =
+  loss_weight class_weight[y_t] / L``), the score of the truth, the lengths clamped to ``[1, T]`` and the target with -1
+  past each length, in one pass over the unary. It also checks the values the host does not read outside debug mode
+  (`torchssvm.set_debug`): a length outside ``[1, T]``, a label outside ``[0, K)`` within the length or a negative or
+  non-finite loss weight makes that example's score NaN (so its loss is NaN), and every index is clamped, so bad values
+  never read or write out of bounds.
 - `chain_hinge_grad_triton` (backward): ``w_b (marginals(y_hat_b) - marginals(y_b))`` summed over the batch for
   the unary (written in full, no fill), the transitions (shared or per position), start and end (atomic adds of
   +-w into one zero-filled buffer; positions where both labellings agree are skipped, their terms cancel).

@@ -58,8 +58,8 @@ def _printer(line, out=None):
 
 
 def _deprecated(name: str, recipe, line):
-    """The function this module had before the recipes moved to `torchssvm.recipes`: it prints the recipe's lines
-    to ``out`` and returns the last metrics, with ``logdir`` when logging."""
+    """A deprecated alias of a recipe of `torchssvm.recipes`, kept for callers of ``torchssvm.cli.<name>``: it
+    warns, prints the recipe's lines to ``out`` and returns the last metrics, with ``logdir`` when logging."""
 
     def train(train, test, *, out=None, **kwargs) -> dict:
         warnings.warn(f"torchssvm.cli.{name} is deprecated: use torchssvm.recipes.{recipe.__name__}, which returns "

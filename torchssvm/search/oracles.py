@@ -119,7 +119,7 @@ class TableOracle:
         """``argmax h + lam g`` over ``h > 0, g > 0`` and slopes ``g / h`` between the rays ``beta`` and
         ``alpha``, each a ``(B, 2)`` point ``(h_r, g_r)`` on the ray (slope ``g_r / h_r``; ``(0, 1)`` is the
         vertical ray, slope infinity), each inequality non-strict where ``*_closed`` (``(B,)`` bool;
-        default: alpha closed, beta open, as App. F). Slopes are compared by cross-multiplication,
+        default: alpha closed, beta open, as in Choi et al., 2016, App. F). Slopes are compared by cross-multiplication,
         ``g h_r <= g_r h``: a labelling is never inside an open ray drawn through its own point, which is
         how angular search keeps a found labelling from coming back."""
         self._count(active)

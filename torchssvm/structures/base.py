@@ -51,9 +51,9 @@ def _autocast_enabled(device_type: str) -> bool:
 def binary_hamming_table(costs: torch.Tensor, target: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
     """``(B, C)``: ``sum_k costs_k [configs_ck != target_bk]`` for 0 / 1 labellings ``target (B, K)`` and
     ``configs (C, K)``, costs ``(B, K)`` or ``(K,)``; two products of non-negative terms,
-    ``[c != t] = t (1 - c) + (1 - t) c``: exactly 0 at ``configs == target`` (the form ``t + c - 2 t c`` left
-    float32 rounding there, a violation of 3e-8 where none is) and never NaN (costs past the dtype's range are
-    held at its largest value, where ``inf - inf`` gave NaN)."""
+    ``[c != t] = t (1 - c) + (1 - t) c``: exactly 0 at ``configs == target`` (the form ``t + c - 2 t c`` leaves
+    float32 rounding there, a violation where none is) and never NaN (costs past the dtype's range are held at
+    its largest value, where ``inf - inf`` would give NaN)."""
     t = target.to(costs.dtype)
     c = configs.to(costs.dtype)
     costs = costs.expand_as(t).clamp_max(torch.finfo(costs.dtype).max)

@@ -30,7 +30,7 @@ from .sparse_unary_numba import sparse_unary_numba
 def _check_sequences(dataset: SequenceDataset) -> None:
     """The training sequences, checked as the model and `Chain` check a batch (a ValueError / TypeError naming the
     field): the problem reads them directly, and a label out of range inside a length (clamped to 0 in the loss) or a
-    NaN feature gave a certificate of another problem or of inf. Checked once here, the problem's kernel calls in
+    NaN feature would give a certificate of another problem or of inf. Checked once here, the problem's kernel calls in
     every solver step skip the kernels' own argument checks (``check=False``)."""
     x, D = dataset.x, dataset.num_features
     if isinstance(x, TokenFeatures):

@@ -18,7 +18,7 @@ curvature ``||psi_i||^2 / (lam n^2)`` (Osokin et al., 2016) are dominated by the
 measured in body-part lengths they are of the order of the unary features.
 
 Convexity: the distance-transform oracle needs ``w_xx, w_yy >= 0`` on every edge. Train with the positivity
-box ``box=problem.positivity_box()`` (App. H, Alg. 9: the oracle runs at ``w = clip(v, lower, upper)``);
+box ``box=problem.positivity_box()`` (Osokin et al., 2016, App. H: the oracle runs at ``w = clip(v, lower, upper)``);
 an oracle call with a negative quadratic weight raises a ValueError naming the edges.
 """
 
@@ -136,7 +136,7 @@ class SpatialTreeProblem(DualProblem):
     def positivity_box(self) -> dict:
         """The box (Osokin et al., 2016, App. H) that makes the deformation convex: ``w_xx, w_yy >= 0`` on every
         edge (columns 1 and 3 of ``w_P``), everything else free; pass it as ``BCFW(..., box=...)``. Only the
-        quadratic weights need the bound (the reference code bounds all of ``w_P``, which
+        quadratic weights need the bound (the authors' code, Osokin et al., 2016, bounds all of ``w_P``, which
         ``box={"deformation": (0.0, None)}`` gives). With mixture types, on every edge and type."""
         lower = torch.full(self.parameter_slices()["deformation"][2], -math.inf, dtype=self.dtype)
         lower[..., 1::2] = 0.0
