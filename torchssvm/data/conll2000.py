@@ -1,14 +1,13 @@
 """CoNLL-2000 text chunking (WSJ): 8,936 training and 2,012 test sentences, one token a line.
 
-Tokens get CRFsuite-style sparse binary attributes (the feature set of Sha & Pereira 2003 used by the
-BCFW papers): word identities at offsets -2..2, the word bigrams (-1,0) and (0,1), POS identities at
-offsets -2..2, the four POS bigrams and three POS trigrams inside the window, plus ``__BOS__`` /
-``__EOS__`` on the first / last token. A template that reaches past the sentence yields nothing. The
-attribute vocabulary is the set seen in the training split: 335,674 attributes (the papers' 74,658
-came from a frequency-pruned version of templates they do not list; ``min_count=3`` keeps 75,289,
-the closest match). Test attributes unseen in training are dropped. With the OCR-style bias
-``d = A K + K^2 + 3K`` for K = 22 chunk tags: 7,385,378 (all 335,674 attributes) or 1,656,908
-(``min_count=3``; the papers' d is 1,643,026).
+Tokens get CRFsuite-style sparse binary attributes (the feature set of Sha & Pereira 2003 used by the BCFW papers,
+Lacoste-Julien et al., 2013 and Osokin et al., 2016): word identities at offsets -2..2, the word bigrams (-1,0) and
+(0,1), POS identities at offsets -2..2, the four POS bigrams and three POS trigrams inside the window, plus ``__BOS__``
+/ ``__EOS__`` on the first / last token. A template that reaches past the sentence yields nothing. The attribute
+vocabulary is the set seen in the training split: 335,674 attributes (the papers' 74,658 came from a frequency-pruned
+version of templates they do not list; ``min_count=3`` keeps 75,289, the closest match). Test attributes unseen in
+training are dropped. With the OCR-style bias ``d = A K + K^2 + 3K`` for K = 22 chunk tags: 7,385,378 (all 335,674
+attributes) or 1,656,908 (``min_count=3``; the papers' d is 1,643,026).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""OCR handwritten words (Taskar et al. 2003), the chain benchmark of the BCFW papers.
+"""OCR handwritten words (Taskar et al. 2003), the chain benchmark of the BCFW papers
+(Lacoste-Julien et al., 2013; Osokin et al., 2016).
 
 52,152 letters of 16x8 binary pixels in 6,877 words, 26 labels, 10 folds. Splits of the papers:
 OCR-small trains on fold 0 (626 words) and tests on folds 1..9 (6,251); OCR-large is the reverse.

@@ -60,7 +60,7 @@ class ChainProblem(DualProblem):
     """Args:
         model: the `LinearChainModel` whose parameters are ``w`` (its flattened ``parameters()``).
         dataset: the training sequences (dense float features or `TokenFeatures`).
-        structure: the task loss; default ``Chain(K)`` (Hamming normalized by length, as the papers).
+        structure: the task loss; default ``Chain(K)`` (Hamming normalized by length, as in Osokin et al., 2016).
         backend: the kernels' backend (`torchssvm.kernels`): ``"auto"`` runs the compiled twins (numba) of Viterbi,
             the scores, the corners, the sparse potentials, Gram rows and update of w on the CPU when numba
             imports, the Triton kernels on CUDA; ``"torch"``, ``"triton"`` and ``"numba"`` force one (the slack
