@@ -8,11 +8,11 @@ import torch
 
 
 class SearchResult(NamedTuple):
-    """Per example: ``labels`` the best labelling found (the truth when none has ``Phi > 0``), its
-    ``phi = h g`` (>= 0), ``h`` and ``g``; ``calls (B,)`` oracle calls this search made (an oracle reused
-    across searches keeps its running total in ``oracle.calls``); ``bound (B,)`` a certified
-    upper bound on ``max_y Phi(y)`` (Lemma 5: ``K(lam)^2 / (4 lam)`` at a queried lambda, or the largest
-    bound of the wedges angular search left open), so ``bound - phi`` is the search's gap."""
+    """Per example: ``labels`` the best labelling found (the truth when none has ``Phi > 0``), its ``phi = h g``
+    (>= 0), ``h`` and ``g``; ``calls (B,)`` oracle calls this search made (an oracle reused across searches keeps its
+    running total in ``oracle.calls``); ``bound (B,)`` a certified upper bound on ``max_y Phi(y)`` (Choi et al.,
+    2016, Lemma 5: ``K(lam)^2 / (4 lam)`` at a queried lambda, or the largest bound of the wedges angular search
+    left open), so ``bound - phi`` is the search's gap."""
 
     labels: torch.Tensor
     phi: torch.Tensor
