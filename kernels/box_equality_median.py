@@ -1,5 +1,5 @@
 """Projection onto a box with one linear equality by median search, Algorithm 2 of Zhang et al. (2010, App. B), the
-``O(n)`` method of Pardalos & Kovoor; a one-row numpy reference for `project_box_equality_torch`.
+``O(n)`` method of Pardalos & Kovoor (1990); a one-row numpy reference for `project_box_equality_torch`.
 
 Same problem and change of variables as `kernels.box_equality_torch`: find the root
 ``lam`` of ``f(lam) = sum_i clip(lam / dbar_i^2, l'_i, u'_i) - z'``. Each finite kink ``t_e`` carries a

@@ -1,4 +1,4 @@
-"""Generalized distance transforms (Felzenszwalb & Huttenlocher) in max form, in plain torch: the reference
+"""Generalized distance transforms (Felzenszwalb & Huttenlocher, 2012) in max form, in plain torch: the reference
 twin of `distance_transform_triton`.
 
 1-D, per row of ``f (R, n)`` with per-row ``a >= 0``, ``b`` and ``r`` (any reals)::

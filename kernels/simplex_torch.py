@@ -2,7 +2,7 @@
 
 Row b of ``v (B, M)`` is projected onto ``{x >= 0, sum_j x_j = radius_b}`` over its valid entries
 (``mask``), invalid entries get 0: the feasible set of the dual of an n-slack SSVM over working sets
-(one simplex per example). The classical rule (Held, Wolfe & Crowder; Duchi et al. 2008): sort the
+(one simplex per example). The classical rule (Held, Wolfe & Crowder, 1974; Duchi et al., 2008): sort the
 valid entries decreasingly, ``rho = max{j : u_j > (sum_{k <= j} u_k - r) / j}``, ``tau = (sum_{k <= rho} u_k - r)
 / rho``, ``x = max(v - tau, 0)``, computed on ``v - max_j v_j`` (so that a radius far below ``max |v|`` is
 not lost to rounding). ``O(M log M)`` per row, every row at once.

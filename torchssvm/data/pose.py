@@ -1,7 +1,7 @@
 """Seeded pose-like data for pictorial structures (the LSP model of Osokin et al., 2016, at toy
 scale).
 
-A 26-node kinematic tree (the 14 LSP joints plus 12 limb / torso midpoints, as Chen & Yuille extend LSP),
+A 26-node kinematic tree (the 14 LSP joints plus 12 limb / torso midpoints, as Chen & Yuille, 2014, extend LSP),
 positions on an ``H x W`` grid, and per-part score maps from simulated noisy detectors as unary features,
 so that `SpatialTree` decoding and `optim.problems.SpatialTreeProblem` (BCFW with positivity on the
 quadratic deformation weights) run end to end without the real data.

@@ -1,4 +1,4 @@
-"""Yeast multi-label data (Elisseeff & Weston): 1,500 train / 917 test genes, 103 dense features, 14 labels.
+"""Yeast multi-label data (Elisseeff & Weston, 2001): 1,500 train / 917 test genes, 103 dense features, 14 labels.
 
 Read from ``yeast/yeast_{train,test}.svm.gz`` under the data root (LIBSVM multi-label format:
 ``l1,l2,... idx:val ...`` with 1-based feature ids), the standard LIBSVM copies.

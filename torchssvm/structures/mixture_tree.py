@@ -2,7 +2,7 @@
 
 The LSP model of the BCFW gap-sampling paper (Osokin et al., 2016, after Chen & Yuille, 2014) gives every arc a
 type ``t in {1..T}`` with its own rest offset (a K-means centre of the training displacements), its own
-deformation weights and an image-dependent type score; Yang & Ramanan's "flexible mixtures of parts" give
+deformation weights and an image-dependent type score; Yang & Ramanan's (2011) "flexible mixtures of parts" give
 every part an appearance type. `MixtureSpatialTree` covers both with one type per edge (in a tree an edge
 and its child node are the same thing) scored at either end:
 
