@@ -1,4 +1,4 @@
-"""The BCFW comparison of "Minding the gaps" (note 001, Fig. 3 / 5-6) on our CPU: 8 methods x 5 seeds.
+"""The BCFW comparison of "Minding the gaps" (Osokin et al., 2016, Figs. 3, 5-6) on our CPU: 8 methods x 5 seeds.
 
 Settings: OCR-large and CoNLL-2000 chunking (linear chains, cheap oracles), and ``pose:1e-2``, pictorial
 structures on 300 articulated `synthetic_pose` examples at 32x32 (`SpatialTreeProblem` with the positivity
@@ -145,7 +145,7 @@ def report() -> None:
     if not runs:
         sys.exit("no runs in docs/benchmarks/bcfw_runs")
     lines = ["# BCFW variants on OCR-large, CoNLL-2000 and pictorial structures (CPU)", "",
-             "The comparison of \"Minding the gaps\" (note 001, section 4 / Fig. 3): {uniform, gap} sampling x "
+             "The comparison of \"Minding the gaps\" (Osokin et al., 2016, Fig. 3): {uniform, gap} sampling x "
              "{BCFW, BCPFW} x {no cache, cache of 50}, 5 seeds each (pose: 3). Exact duality gap after every pass "
              "(computed outside the timed solver time), against effective passes (oracle calls / n; cache hits are "
              "free, the exact-gap passes of gap sampling count) and solver seconds. Curves: median (line) and min-max "

@@ -74,7 +74,7 @@ def report(results: dict, out: Path) -> None:
     lines = ["# Mini-batch BCFW: speed against the sequential solver", "",
              "Uniform sampling, FW steps, no cache; one run per batch size (seed 0). Exact duality gap after "
              "every effective pass (computed outside the solver seconds). B = 1 is the paper's algorithm step "
-             "for step; B > 1 is the exact coordinated step of DESIGN.md (one batched oracle call, the B x B "
+             "for step; B > 1 is the exact coordinated step of docs/design.md (one batched oracle call, the B x B "
              "box QP solved by projected Newton). Produced by "
              f"{commands}.", "", f"Machine: {meta['machine']}.", ""]
     targets = []

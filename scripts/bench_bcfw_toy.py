@@ -1,4 +1,4 @@
-"""The toy example of "Minding the gaps" App. C (note 001 section 4): oracle calls to reach a duality gap
+"""The toy example of "Minding the gaps" App. C (Osokin et al., 2016): oracle calls to reach a duality gap
 epsilon with uniform vs gap sampling; the predicted speed-up is about min(n, K, 1/(n eps)).
 
     python scripts/bench_bcfw_toy.py      # writes docs/benchmarks/bcfw_toy.md

@@ -1,4 +1,4 @@
-"""GDMM against BCFW and SSG (issue 9, note 002): primal objective and test error against solver time.
+"""GDMM against BCFW and SSG (Yen et al., 2016): primal objective and test error against solver time.
 
     TORCHSSVM_DATA=../shared/data python scripts/bench_gdmm.py --data large --K 1000 --budget 120
     TORCHSSVM_DATA=../shared/data python scripts/bench_gdmm.py --data pos --budget 600 --rho 0.1 --batch 64

@@ -1,4 +1,4 @@
-"""GDMM on a fully connected pairwise multi-label model against BCFW and SSG (issue 9, note 002 "Multilabel").
+"""GDMM on a fully connected pairwise multi-label model against BCFW and SSG (Yen et al., 2016).
 
     TORCHSSVM_DATA=../shared/data python scripts/bench_gdmm_multilabel.py --budget 150
 

@@ -3,7 +3,7 @@
 The sparse-attribute chain problem (`torchssvm.optim.problems.sparse_gram`) reduces, per mini-batch,
 the token-attribute contributions ``x_{r,t,a} u_{r,t}`` (``K`` floats each) to one row per distinct
 (block, attribute) pair, and `ChainProblem.accumulate` adds those rows into the emission weights. Both
-are segment sums over a ragged index. DESIGN.md makes torch_scatter an optional backend for such
+are segment sums over a ragged index. The design makes torch_scatter an optional backend for such
 reductions "where it helps"; this script measures whether it does, on the real reductions: CoNLL-2000
 chunking (min_count=3), mini-batches of ``B`` sentences, the unary part of a FW direction
 ``m(y) - m(y')`` with ``y'`` drawn at random (dense, as in the first passes).

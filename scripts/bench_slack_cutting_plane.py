@@ -124,7 +124,7 @@ def main() -> None:
             "lam": args.lam, "eps": args.eps, "max_passes": args.max_passes}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slack_cutting_plane.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["# Searches inside n-slack cutting plane on Yeast (seed 000, Table 1 analogue)", "",
+    lines = ["# Searches inside n-slack cutting plane on Yeast (Choi et al., 2016, Table 1 analogue)", "",
              f"`NSlackCuttingPlane(rescaling=\"slack\")` on the 1,500 Yeast training genes, lam = {args.lam:g}, "
              f"eps = {args.eps:g}, at most {args.max_passes} passes; fully connected pairwise multi-label MRF, "
              "normalized Hamming loss. Every search runs on the same table oracle (exact enumeration of the "

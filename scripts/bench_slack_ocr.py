@@ -1,4 +1,4 @@
-"""Slack against margin rescaling on OCR with the exact chain oracle (seed 000 on the BCFW papers' chain data).
+"""Slack against margin rescaling on OCR with the exact chain oracle (Choi et al., 2016).
 
 Both losses are trained by the same solver, mini-batch BCFW (B = 64, uniform sampling, FW steps, seed 0),
 on the same linear chain model (pixels -> 26 letters, transitions, the OCR bias): margin rescaling with

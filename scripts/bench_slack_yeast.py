@@ -1,6 +1,6 @@
 """Slack against margin rescaling on Yeast, and the slack-rescaling searches on the trained models.
 
-Model: the pairwise multi-label MRF of seed 000 section 5 (`MultiLabel(14, edges="full")`, unary
+Model: the pairwise multi-label MRF of Choi et al. (2016), section 5 (`MultiLabel(14, edges="full")`, unary
 ``x W + b``, one shared interaction per label pair), normalized Hamming loss. Training: Pegasos
 (`torchssvm.optim.Pegasos`, mini-batches of 32, averaged iterates) on ``lam/2 ||w||^2 + mean hinge``,
 the slack-rescaled hinge (exact oracle: enumeration of the 2^14 labellings) or the margin-rescaled one;

@@ -3,7 +3,7 @@ cuts against libsvm. Everything runs on this machine in one process; ratios are 
 
 Linear (``--part linear``): the binary hinge SVM without bias, ``J(w) = lam/2 ||w||^2 + (1/n) sum hinge``, on
 the a9a training split (22,793 examples, 123 features; `torchssvm.data.a9a`, seed 0). Solvers, each with
-``--budget`` seconds: Pragam (seed 003; its exact gap certifies every iterate), ls-bmrm and qp-bmrm and the
+``--budget`` seconds: Pragam (Zhang et al., 2010; its exact gap certifies every iterate), ls-bmrm and qp-bmrm and the
 1-slack cutting plane over `HingeRisk`, BCFW (the SVM as a 2-output feature table, mini-batches of
 ``--bcfw-batch``), and scikit-learn's LinearSVC (liblinear's dual coordinate descent, ``C = 1 / (lam n)``,
 ``loss="hinge"``, no intercept) at a ladder of tolerances. ``J*`` is the best primal any solver reached;
@@ -446,7 +446,7 @@ def main():
                     help="kernel part: constant-time draws of sampling='hybrid' runs (both data sets)")
     ap.add_argument("--hybrid-r-linear", type=int, default=400, help="the hybrid runs' linear-time draws")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
-                    help="kernel part: sampling seeds per sampled-cut configuration (seed 004 reports means of 3)")
+                    help="kernel part: sampling seeds per sampled-cut configuration (Yu & Joachims, 2008: means of 3)")
     ap.add_argument("--reuse-svc", action="store_true",
                     help="for sizes already in svm.json, keep their SVC run and other solvers; run only the new ones")
     ap.add_argument("--merge", action="store_true",
