@@ -331,7 +331,7 @@ def test_evaluate_checks_the_test_set_and_reports_the_lsp_loss_for_any_training_
             p.evaluate(w, SimpleNamespace(**{**vars(test), attr: value}))
     r = p.evaluate(w, test)
     y = p.structure.decode(p._pot(w, test.features.double()))
-    (x1, y1), (x0, y0) = p.structure._xy(y), p.structure._xy(test.positions)
+    (x1, y1), (x0, y0) = p.structure.xy(y), p.structure.xy(test.positions)
     sq = ((x1 - x0) ** 2 + (y1 - y0) ** 2).double()
     assert r["lsp_loss"] == pytest.approx(float((sq / test.scale.double()[:, None] ** 2).clamp_max(1).mean()))
     hamming = SpatialTreeProblem(train, loss="hamming", unit=p.unit)  # the same w decodes alike

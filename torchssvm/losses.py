@@ -10,6 +10,9 @@ Margin rescaling (Taskar et al., 2003; Tsochantaridis et al., 2005): per example
 with the max found by the structure's exact loss-augmented oracle, run without autograd. Its gradient
 with respect to every potential tensor is the difference of one-hot factor marginals
 ``marginals(y_hat) - marginals(y*)`` (a subgradient where the maximizer is not unique).
+
+Each loss validates its inputs once (`Structure.validate_hinge` / `Structure.validate`, and the capability it needs:
+`Structure.require`), then calls the structure's unchecked tier (``structure.unchecked``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class _StructuredHinge(torch.autograd.Function):
     def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
         pot = structure.from_tensors(tensors)
         with no_autocast():  # the oracle and the gold score in compute_dtype, not autocast's half precision
-            loss, y_hat, target, lengths = structure._hinge_forward(pot, lengths, target, loss_weight, backend)
+            loss, y_hat, target, lengths = structure.unchecked.hinge_forward(pot, target, lengths,
+                                                                             loss_weight=loss_weight, backend=backend)
         ctx.structure, ctx.backend = structure, backend
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -38,12 +42,12 @@ class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
-        structure = ctx.structure
-        grads = structure._marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:],
-                                               ctx.backend)
+        fast = ctx.structure.unchecked
+        grads = fast.marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:],
+                                         ctx.backend)
         grad_lw = None
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
-            grad_lw = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
+            grad_lw = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
         return (None, None, None, grad_lw, None) + grads
 
 
@@ -121,7 +125,7 @@ def structured_hinge_loss(
     _check_structure(structure)
     _check_reduction(reduction)
     _refuse_vmap(potentials, target, lengths, loss_weight)
-    pot, lengths, target = structure._hinge_inputs(potentials, lengths, target, backend)
+    pot, lengths, target = structure.validate_hinge(potentials, lengths, target, backend=backend)
     tensors = structure.tensors(pot)
     if isinstance(loss_weight, torch.Tensor):
         lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
@@ -170,7 +174,7 @@ class _SlackRescaledHinge(torch.autograd.Function):
         pot = structure.from_tensors(tensors)
         with no_autocast():
             if search == "exact":
-                y_hat, value = structure._slack_max_oracle(pot, lengths, target, backend)
+                y_hat, value = structure.unchecked.slack_max_oracle(pot, target, lengths, backend=backend)
             else:
                 y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
         ctx.structure, ctx.backend = structure, backend
@@ -181,12 +185,12 @@ class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
-        structure = ctx.structure
+        fast = ctx.structure.unchecked
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
         with no_autocast():
-            weight = grad_loss.to(torch.float64) * structure._task_loss(y_hat, target, lengths)
-        grads = structure._marginal_difference(y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:],
-                                               ctx.backend)
+            weight = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
+        grads = fast.marginal_difference(y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:],
+                                         ctx.backend)
         return (None, None, None, None, None) + grads
 
 
@@ -194,16 +198,19 @@ SEARCHES = ("exact", "angular", "bisecting", "binary", "golden")
 
 
 def _check_search(search: str, structure=None) -> str:
+    """``search``, checked, and the capability it needs of ``structure``: ``"angular"`` the constrained
+    lambda-oracle (``has_table_oracle``, a ValueError), ``"exact"`` the exact slack oracle (``has_slack_oracle``, a
+    NotImplementedError); the other searches need the loss-augmented oracle, which every structure has."""
     if search not in SEARCHES:
         raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
-    if search == "angular" and structure is not None:
-        from .structures.multiclass import Multiclass
-        from .structures.multilabel import MultiLabel
-
-        if not isinstance(structure, (Multiclass, MultiLabel)):
-            raise ValueError(f"search='angular' needs the constrained lambda-oracle, which exists for Multiclass and "
-                             f"MultiLabel (enumeration); {type(structure).__name__} has the lambda-oracle only: use "
-                             f"'bisecting', 'binary', 'golden' or 'exact'")
+    if structure is not None:
+        if search == "angular":
+            exact = " or 'exact'" if structure.has_slack_oracle else ""
+            structure.require("has_table_oracle", "search='angular' needs the constrained lambda-oracle; use "
+                              f"'bisecting', 'binary', 'golden' (the lambda-oracle){exact}", error=ValueError)
+        elif search == "exact":
+            structure.require("has_slack_oracle", "search='exact' needs it; use a search over the loss-augmented "
+                              "oracle: 'bisecting', 'binary' or 'golden'")
     return search
 
 
@@ -301,12 +308,13 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     _check_structure(structure)
     _check_reduction(reduction)
     _refuse_vmap(potentials, target, lengths)
+    structure.require("has_log_partition", "the CRF loss needs one")
     pot, lengths, target = structure.validate(potentials, lengths, target)
     with no_autocast():
-        log_z = structure._log_partition(pot, lengths)
+        log_z = structure.unchecked.log_partition(pot, lengths)
         tensors = structure.tensors(pot)
         as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
-        nll = log_z - structure._score(structure.from_tensors(as_log_z), target, lengths)
+        nll = log_z - structure.unchecked.score(structure.from_tensors(as_log_z), target, lengths)
     return _reduce(nll.to(compute_dtype(tensors)), reduction)  # float32 for half precision (see _StructuredHinge)
 
 

@@ -35,7 +35,7 @@ class OracleAnswer(NamedTuple):
 class TableOracle:
     """Exact oracles over enumerated labellings: ``h, g (B, N)`` (float64), labelling j of example b has
     the point ``(h[b, j], g[b, j])``. Ties go to the smallest j. Use `from_structure` for structures whose
-    labellings can be enumerated (`Multiclass`, `MultiLabel`)."""
+    labellings can be enumerated (capability ``has_table_oracle``: `Multiclass`, `MultiLabel`)."""
 
     def __init__(self, h: torch.Tensor, g: torch.Tensor, labels: Optional[torch.Tensor] = None,
                  truth: Optional[torch.Tensor] = None):
@@ -67,24 +67,11 @@ class TableOracle:
 
     @classmethod
     def from_structure(cls, structure, potentials, target) -> TableOracle:
-        """The table of every labelling of a `Multiclass` or `MultiLabel` problem."""
-        from ..structures.multiclass import Multiclass
-        from ..structures.multilabel import MultiLabel
-
+        """The table of every labelling of a structure with ``has_table_oracle`` (`Multiclass`, `MultiLabel`;
+        a TypeError names any other): `Structure.labelling_table`."""
+        structure.require("has_table_oracle", "TableOracle.from_structure needs it", error=TypeError)
         pot, _, target = structure.validate(potentials, None, target)
-        if isinstance(structure, Multiclass):
-            s = pot.detach().to(torch.float64)
-            configs = torch.arange(structure.num_labels, device=s.device)
-            cost = structure._class_weight(target, torch.float64).unsqueeze(1)
-            g = cost * (configs.unsqueeze(0) != target.unsqueeze(1))
-        elif isinstance(structure, MultiLabel):
-            configs = structure.configurations(pot.unary.device)
-            s = structure._config_scores(pot, configs, torch.float64)
-            g = structure._config_losses(target, configs, torch.float64)
-        else:
-            raise TypeError(f"TableOracle.from_structure needs a Multiclass or MultiLabel structure, got "
-                            f"{type(structure).__name__}")
-        column = _column_of(structure, target, configs)
+        configs, s, g, column = structure.unchecked.labelling_table(pot, target)
         gold = s.gather(1, column.unsqueeze(1))
         return cls(1.0 + s - gold, g, configs, truth=column)
 
@@ -174,7 +161,7 @@ class StructureOracle:
         dt = torch.float64
         self._pot64 = structure.from_tensors([None if t is None else t.detach().to(dt)
                                               for t in structure.tensors(self.pot)])
-        self.gold = structure._score(self._pot64, self.target, self.lengths)
+        self.gold = structure.unchecked.score(self._pot64, self.target, self.lengths)
         self.truth = self.target
         self.calls = torch.zeros(self.target.shape[0], dtype=torch.long, device=self.gold.device)
 
@@ -186,39 +173,29 @@ class StructureOracle:
         return y
 
     def _point(self, y):
-        h = 1.0 + self.structure._score(self._pot64, y, self.lengths) - self.gold
-        g = self.structure._task_loss(y, self.target, self.lengths)
+        fast = self.structure.unchecked
+        h = 1.0 + fast.score(self._pot64, y, self.lengths) - self.gold
+        g = fast.task_loss(y, self.target, self.lengths)
         return h, g
 
     def __call__(self, lam: torch.Tensor, active: Optional[torch.Tensor] = None) -> OracleAnswer:
         self.calls += 1 if active is None else active.long()
-        y, _ = self.structure._max_oracle(self._pot64, self.lengths, self.target, lam.to(torch.float64),
-                                          self.backend)
+        y, _ = self.structure.unchecked.max_oracle(self._pot64, self.target, self.lengths,
+                                                   loss_weight=lam.to(torch.float64), backend=self.backend)
         h, g = self._point(y)
         return OracleAnswer(y, h, g, torch.ones_like(h, dtype=torch.bool))
 
     def max_h(self) -> torch.Tensor:
         self.calls += 1
-        y, _ = self.structure._max_oracle(self._pot64, self.lengths, None, None, self.backend)
+        y = self.structure.unchecked.decode(self._pot64, self.lengths, backend=self.backend)
         return self._point(y)[0]
 
     def max_g(self) -> torch.Tensor:
-        from ..structures.chain import Chain
-
-        if isinstance(self.structure, Chain):
-            return self.structure._position_loss_weights(self.target, self.lengths).sum(1)
-        raise NotImplementedError(f"max_g of {type(self.structure).__name__} is not known in closed form")
+        """``max_y Delta(y_i, y)`` (capability ``has_max_task_loss``; a NotImplementedError names a structure
+        without it)."""
+        self.structure.require("has_max_task_loss", "max_g needs it")
+        return self.structure.unchecked.max_task_loss(self.target, self.lengths)
 
     def constrained(self, *args, **kwargs):
         raise NotImplementedError(f"no exact constrained lambda-oracle for {type(self.structure).__name__}: "
                                   "use TableOracle for enumerable structures")
-
-
-def _column_of(structure, target, configs):
-    """Column of each example's true labelling in the enumeration ``configs``."""
-    from ..structures.multiclass import Multiclass
-
-    if isinstance(structure, Multiclass):
-        return target
-    bits = 2 ** torch.arange(structure.num_labels, device=target.device)
-    return (target * bits).sum(1)

@@ -68,8 +68,118 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
     return torch.where(mask, target, y_hat), value.clamp_min(0)
 
 
+#: The capabilities a structure may declare (class attributes of `Structure`, all False there), with what each one
+#: gives. Callers ask them (`Structure.require`), never the structure's type.
+CAPABILITIES = {
+    "has_slack_oracle": "exact slack-rescaled oracle",
+    "has_log_partition": "log_partition",
+    "has_table_oracle": "table of every labelling, the exact constrained lambda-oracle",
+    "has_max_task_loss": "largest task loss in closed form",
+}
+
+
+class Unchecked:
+    """The unchecked tier of a structure's protocol: ``structure.unchecked.<name>(...)``.
+
+    Each method has the name and the arguments of the checked method of `Structure` (``max_oracle``, ``decode``,
+    ``slack_max_oracle``, ``score``, ``task_loss``, ``log_partition``, ``labelling_table``) and returns exactly what
+    that one returns on valid input, without the checks: the caller guarantees *validated* inputs, that is
+
+    - ``potentials``, ``lengths`` and ``target`` / ``y`` / ``y_hat`` as `Structure.validate` returns them (the
+      structure's potentials container; shapes, dtypes, devices, finiteness and label ranges checked; a chain's
+      lengths a ``(B,)`` long tensor, its labels -1 past each length);
+    - ``loss_weight`` a number or a ``(B,)`` float tensor (float64 as the checked tier builds it), finite, ``>= 0``;
+    - ``backend`` a name `torchssvm.kernels.resolve` accepts for the structure's ``oracle_op`` on that device;
+    - the structure has the capability the method needs (`Structure.require`).
+
+    No ``torch.autocast`` handling either: a caller that may run under autocast enters
+    `torchssvm.structures.base.no_autocast` itself. Three methods have no checked twin: ``max_task_loss`` (for
+    callers that hold validated targets) and the hinge losses' steps ``hinge_forward`` and ``marginal_difference``
+    (after `Structure.validate_hinge`).
+
+    Internal callers (`torchssvm.losses`, `torchssvm.search`, `torchssvm.optim.problems`) validate once at their own
+    boundary and then use this tier. A structure does not override it: it implements the underscore hooks
+    (``_max_oracle`` ...) that both tiers call."""
+
+    __slots__ = ("structure",)
+
+    def __init__(self, structure: Structure):
+        self.structure = structure
+
+    def max_oracle(self, potentials, target=None, lengths=None, *, loss_weight=1.0, backend="auto"):
+        lw = None
+        if target is not None:
+            lw = loss_weight if isinstance(loss_weight, torch.Tensor) else torch.full(
+                (target.shape[0],), float(loss_weight), dtype=torch.float64, device=target.device)
+        return self.structure._max_oracle(potentials, lengths, target, lw, backend)
+
+    def decode(self, potentials, lengths=None, *, target=None, loss_weight=1.0, backend="auto"):
+        return self.max_oracle(potentials, target, lengths, loss_weight=loss_weight, backend=backend)[0]
+
+    def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto"):
+        return self.structure._slack_max_oracle(potentials, lengths, target, backend)
+
+    def score(self, potentials, y, lengths=None) -> torch.Tensor:
+        return self.structure._score(potentials, y, lengths)
+
+    def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
+        return self.structure._task_loss(y_hat, y, lengths)
+
+    def log_partition(self, potentials, lengths=None) -> torch.Tensor:
+        return self.structure._log_partition(potentials, lengths)
+
+    def labelling_table(self, potentials, target):
+        return self.structure._labelling_table(potentials, target)
+
+    def max_task_loss(self, target, lengths=None) -> torch.Tensor:
+        """``max_y Delta(target, y)`` per example, float64 ``(B,)`` (capability ``has_max_task_loss``)."""
+        return self.structure._max_task_loss(target, lengths)
+
+    def hinge_forward(self, potentials, target, lengths, *, loss_weight=1.0, backend="auto"):
+        """The margin-rescaled hinge per example without autograd, on what `Structure.validate_hinge` returned:
+        ``(loss (B,), y_hat, target, lengths)``, the last two as `marginal_difference` takes them."""
+        return self.structure._hinge_forward(potentials, lengths, target, loss_weight, backend)
+
+    def marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
+        """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where ``needs``
+        is False): the hinges' gradient."""
+        return self.structure._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
+
+    def __repr__(self) -> str:
+        return f"{self.structure!r}.unchecked"
+
+
 class Structure:
-    """Base class. Subclasses implement the methods below for one kind of output."""
+    """Base class of the output structures: the protocol that losses, searches and dual problems call.
+
+    **Checked tier** (the boundary; user input): `validate`, `max_oracle`, `decode`, `slack_max_oracle`, `score`,
+    `task_loss`, `marginals`, `log_partition`, `labelling_table` and `validate_hinge` check their arguments
+    (shapes, dtypes, devices, label ranges, ``loss_weight``, ``backend``) and raise a ValueError / TypeError naming
+    the argument.
+
+    **Unchecked tier** (internal callers that validated once): ``structure.unchecked.<name>``, the same names and
+    arguments without the checks (`Unchecked` says what "validated" means).
+
+    **Capabilities**: class attributes, False here, that a subclass sets True where it implements the hook
+    (`CAPABILITIES`): ``has_slack_oracle`` (``_slack_max_oracle``), ``has_log_partition`` (``_log_partition``),
+    ``has_table_oracle`` (``_labelling_table``), ``has_max_task_loss`` (``_max_task_loss``); and the property
+    ``has_numba_oracle`` (from the backend table). Callers ask the capability, not the structure's type:
+    `require` raises a NotImplementedError naming the structure and the capability. A capability is declared per
+    class; a limit of size or value of one instance (MultiLabel enumerates at most 2^16 labellings; Chain's slack
+    oracle needs uniform costs) is a ValueError at the call.
+
+    **What a new structure implements**: ``validate``, ``_max_oracle``, ``_score``, ``_task_loss``, ``marginals``,
+    ``tensors``, ``from_tensors`` and ``marginal_vjp``; sets ``potential_names`` (and ``oracle_op`` where its oracle
+    runs a kernel with several backends); and, for each capability it declares, that capability's hook. It may
+    override ``_hinge_inputs`` / ``_hinge_forward`` / ``_marginal_difference`` to fuse the hinge's steps (`Chain`
+    on Triton). The underscore methods are these hooks: nothing outside `torchssvm.structures` calls them
+    (tests/test_structure_protocol.py).
+    """
+
+    has_slack_oracle: bool = False
+    has_log_partition: bool = False
+    has_table_oracle: bool = False
+    has_max_task_loss: bool = False
 
     #: names of the potential tensors, in the order of `tensors()` (used in error messages)
     potential_names: Tuple[str, ...] = ()
@@ -81,6 +191,20 @@ class Structure:
     def has_numba_oracle(self) -> bool:
         """Whether ``max_oracle`` accepts ``backend="numba"`` (a compiled CPU twin; from the backend table)."""
         return "numba" in forms(self.oracle_op)
+
+    @property
+    def unchecked(self) -> Unchecked:
+        """The unchecked tier of the protocol (`Unchecked`): for callers whose inputs are validated."""
+        return Unchecked(self)
+
+    def require(self, capability: str, needed_by: str = "", error=NotImplementedError) -> None:
+        """Raise ``error`` (NotImplementedError by default) naming this structure and ``capability`` (a key of
+        `CAPABILITIES`) unless the structure has it; ``needed_by`` says who needs it."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}; one of {tuple(CAPABILITIES)}")
+        if not getattr(self, capability):
+            raise error(f"{type(self).__name__} has no {CAPABILITIES[capability]} ({capability} is False)"
+                        + (f": {needed_by}" if needed_by else ""))
 
     def __init__(self, num_labels: int, class_weights: Optional[torch.Tensor] = None):
         self.num_labels = check_positive_int("num_labels", num_labels, minimum=1)
@@ -129,13 +253,15 @@ class Structure:
         if backend == "numba":
             raise ValueError("backend='numba': the exact slack-rescaled oracles have no numba twin; use "
                              "backend='auto' (torch on CPU, Triton on a GPU) or 'torch'")
+        self.require("has_slack_oracle")
         pot, lengths, target = self.validate(potentials, lengths, target)
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
             return self._slack_max_oracle(pot, lengths, target, backend)
 
     def _slack_max_oracle(self, potentials, lengths, target, backend):
-        raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
+        self.require("has_slack_oracle")
+        raise NotImplementedError(f"{type(self).__name__} declares has_slack_oracle but has no _slack_max_oracle")
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         """``<theta, one_hot(y)>`` per example, shape ``(B,)``."""
@@ -150,11 +276,40 @@ class Structure:
         raise NotImplementedError
 
     def log_partition(self, potentials, lengths=None) -> torch.Tensor:
-        """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable."""
-        raise NotImplementedError(f"{type(self).__name__} has no log_partition")
+        """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable (capability
+        ``has_log_partition``)."""
+        self.require("has_log_partition")
+        pot, lengths, _ = self.validate(potentials, lengths)
+        with no_autocast():
+            return self._log_partition(pot, lengths)
 
     def _log_partition(self, potentials, lengths) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} has no log_partition (the CRF loss needs one)")
+        self.require("has_log_partition", "the CRF loss needs one")
+        raise NotImplementedError(f"{type(self).__name__} declares has_log_partition but has no _log_partition")
+
+    def labelling_table(self, potentials, target):
+        """Every labelling, scored (capability ``has_table_oracle``): ``(labels (N, ...), scores (B, N) float64,
+        losses (B, N) float64, truth (B,))`` with ``labels[j]`` the j-th labelling, ``scores[b, j]`` its score
+        ``s(y)``, ``losses[b, j]`` its task loss ``Delta(target_b, y)`` and ``truth[b]`` the column of ``target_b``.
+        What `torchssvm.search.TableOracle.from_structure` builds its exact oracles from."""
+        self.require("has_table_oracle")
+        pot, _, target = self.validate(potentials, None, target)
+        with no_autocast():
+            return self._labelling_table(pot, target)
+
+    def _labelling_table(self, potentials, target):
+        self.require("has_table_oracle")
+        raise NotImplementedError(f"{type(self).__name__} declares has_table_oracle but has no _labelling_table")
+
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        self.require("has_max_task_loss")
+        raise NotImplementedError(f"{type(self).__name__} declares has_max_task_loss but has no _max_task_loss")
+
+    def validate_hinge(self, potentials, lengths, target, *, backend="auto"):
+        """The boundary of the structured hinge loss: `validate` and the check of ``backend``; returns
+        ``(potentials, lengths, target)`` as ``unchecked.hinge_forward`` takes them (a structure that fuses the hinge
+        may leave values for its kernel to check and normalise: `Chain` on Triton)."""
+        return self._hinge_inputs(potentials, lengths, target, backend)
 
     # -- the hinge losses' steps (`torchssvm.losses`; a structure may fuse them) ---------------------------------
     def _hinge_inputs(self, potentials, lengths, target, backend):

@@ -55,6 +55,7 @@ class Chain(Structure):
     """
 
     potential_names = ("unary", "transition", "start", "end")
+    has_slack_oracle = has_log_partition = has_max_task_loss = True
     oracle_op = "viterbi"
 
     def __init__(self, num_labels: int, *, normalize: bool = True, class_weights=None):
@@ -209,8 +210,17 @@ class Chain(Structure):
         return slack_viterbi(det.unary, det.transition, det.start, det.end, lengths, target, cost, gold,
                              backend=backend)
 
+    def position_loss_weights(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` float64: the Hamming cost of a mistake at each position of labellings ``y`` (0 on padding),
+        so that ``task_loss(y_hat, y) = sum_t w_t [y_hat_t != y_t]``. Unchecked: ``y`` and ``lengths`` as
+        `validate` returns them (``lengths`` a tensor)."""
+        return self._position_loss_weights(y, lengths)
+
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        w = self._position_loss_weights(target, lengths)
+        return w.sum(1) if self.num_labels > 1 else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+
     def _position_loss_weights(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``(B, T)`` float64: the Hamming cost of a mistake at each position (0 on padding)."""
         T = y.shape[1]
         w = self._class_weight(y, torch.float64) * self._valid(lengths, T)
         if self.normalize:

@@ -43,6 +43,7 @@ class Hierarchy(Structure):
     """
 
     potential_names = ("scores",)
+    has_slack_oracle = True
 
     def __init__(self, parents: Sequence[int], *, normalize: bool = True, class_weights=None,
                  allow_empty: bool = True):

@@ -153,7 +153,7 @@ class MixtureSpatialTree(SpatialTree):
     def _split(self, y):
         return y[:, :self.num_nodes], y[:, self.num_nodes:]
 
-    def _type_pairs(self, types: torch.Tensor) -> torch.Tensor:
+    def type_pairs(self, types: torch.Tensor) -> torch.Tensor:
         """``(B, E)`` flat index ``t_{a(e)} T + t_e`` of each edge into a ``(T, T)`` co-occurrence table, with
         ``t_{a(e)}`` the type of the edge above e's parent (0 for edges out of the root)."""
         above = self._above.to(types.device)
@@ -161,18 +161,18 @@ class MixtureSpatialTree(SpatialTree):
         return t_above * self.num_types + types
 
     @staticmethod
-    def _typed_positions(types: torch.Tensor, at: torch.Tensor, Ks: int) -> torch.Tensor:
+    def typed_positions(types: torch.Tensor, at: torch.Tensor, Ks: int) -> torch.Tensor:
         """``(B, E)`` flat index ``t_e Ks + l`` of each edge into a ``(T, Ks)`` type score table at positions
         ``at (B, E)``; ``Ks = 1`` (a type bias) ignores the position."""
         return types * Ks + (at if Ks > 1 else torch.zeros_like(at))
 
-    def _typed_deltas(self, y, rest, dtype) -> torch.Tensor:
+    def typed_deltas(self, y, rest, dtype) -> torch.Tensor:
         """``(B, E, 4)`` ``Delta(l_c - l_p - r_{e, t_e})`` of labels ``y (B, V + E)``."""
         pos, types = self._split(y)
         E = self.num_edges
         r = rest[torch.arange(E, device=y.device), types]  # (B, E, 2)
-        par, ch = self._edges(y.device)
-        x, yy = self._xy(pos)
+        par, ch = self.edge_nodes(y.device)
+        x, yy = self.xy(pos)
         dx = (x[:, ch] - x[:, par]).to(dtype) - r[..., 0]
         dy = (yy[:, ch] - yy[:, par]).to(dtype) - r[..., 1]
         return torch.stack([dx, dx * dx, dy, dy * dy], dim=2)
@@ -198,7 +198,7 @@ class MixtureSpatialTree(SpatialTree):
         s = pot.unary.to(dt).gather(2, pos.unsqueeze(2)).squeeze(2).sum(1)
         if not self.num_edges:
             return s
-        delta = self._typed_deltas(y, self._rest(pot, dt, y.device), dt)
+        delta = self.typed_deltas(y, self._rest(pot, dt, y.device), dt)
         B, E = types.shape
         weights = pot.weights.to(dt)
         if weights.dim() == 3:
@@ -206,15 +206,15 @@ class MixtureSpatialTree(SpatialTree):
         else:
             w = weights.gather(2, types.view(B, E, 1, 1).expand(B, E, 1, 4)).squeeze(2)
         s = s - (w * delta).sum((1, 2))
-        par, ch = self._edges(y.device)
+        par, ch = self.edge_nodes(y.device)
         for scores, at in ((pot.child_scores, pos[:, ch]), (pot.parent_scores, pos[:, par])):
             if scores is not None:
-                idx = self._typed_positions(types, at, scores.shape[3])
+                idx = self.typed_positions(types, at, scores.shape[3])
                 flat = scores.reshape(B, E, -1).gather(2, idx.unsqueeze(2))
                 s = s + flat.squeeze(2).sum(1).to(dt)
         if pot.cooccurrence is not None:
             c = pot.cooccurrence.reshape(-1, E, self.num_types ** 2).expand(B, E, -1)
-            s = s + c.gather(2, self._type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(dt)
+            s = s + c.gather(2, self.type_pairs(types).unsqueeze(2)).squeeze(2).sum(1).to(dt)
         return s
 
     def _task_loss(self, y_hat, y, lengths) -> torch.Tensor:
@@ -252,20 +252,20 @@ class MixtureSpatialTree(SpatialTree):
         if needs[0]:
             out[0] = self._unary_vjp(pos, weight, pot.unary, dtype)
         if needs[1] and pot.weights is not None:
-            g = -self._typed_deltas(y, self._rest(pot, dtype, y.device), dtype) * weight.view(-1, 1, 1)
+            g = -self.typed_deltas(y, self._rest(pot, dtype, y.device), dtype) * weight.view(-1, 1, 1)
             full = torch.zeros(B, E, T, 4, dtype=dtype, device=y.device)
             full.scatter_(2, types.view(B, E, 1, 1).expand(B, E, 1, 4), g.unsqueeze(2))
             out[1] = full.sum(0) if pot.weights.dim() == 3 else full
-        par, ch = self._edges(y.device)
+        par, ch = self.edge_nodes(y.device)
         for slot, at in ((3, pos[:, ch]), (4, pos[:, par])):
             if needs[slot] and pot[slot] is not None:
                 Ks = pot[slot].shape[3]  # K, or 1 for a type bias
                 g = torch.zeros(B, E, T * Ks, dtype=dtype, device=y.device)
-                g.scatter_(2, self._typed_positions(types, at, Ks).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+                g.scatter_(2, self.typed_positions(types, at, Ks).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
                 out[slot] = g.view(B, E, T, Ks)
         if len(needs) > 5 and needs[5] and pot.cooccurrence is not None:
             g = torch.zeros(B, E, T * T, dtype=dtype, device=y.device)
-            g.scatter_(2, self._type_pairs(types).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
+            g.scatter_(2, self.type_pairs(types).unsqueeze(2), weight.view(B, 1, 1).expand(B, E, 1))
             out[5] = g.view(B, E, T, T).sum(0) if pot.cooccurrence.dim() == 3 else g.view(B, E, T, T)
         return tuple(out)
 

@@ -23,6 +23,7 @@ class Multiclass(Structure):
     """
 
     potential_names = ("scores",)
+    has_slack_oracle = has_log_partition = has_table_oracle = has_max_task_loss = True
 
     def __init__(self, num_classes: int, *, class_weights=None):
         super().__init__(num_classes, class_weights)
@@ -92,6 +93,15 @@ class Multiclass(Structure):
 
     def _log_partition(self, scores, lengths) -> torch.Tensor:
         return torch.logsumexp(scores.to(compute_dtype([scores])), dim=1)
+
+    def _labelling_table(self, scores, target):
+        labels = torch.arange(self.num_labels, device=scores.device)
+        cost = self._class_weight(target, torch.float64).unsqueeze(1)
+        return labels, scores.detach().to(torch.float64), cost * (labels.unsqueeze(0) != target.unsqueeze(1)), target
+
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        w = self._class_weight(target, torch.float64)
+        return w if self.num_labels > 1 else torch.zeros_like(w)
 
     def tensors(self, potentials):
         return (potentials,)

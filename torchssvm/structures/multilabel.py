@@ -54,6 +54,7 @@ class MultiLabel(Structure):
     """
 
     potential_names = ("unary", "pairwise")
+    has_slack_oracle = has_log_partition = has_table_oracle = has_max_task_loss = True
 
     def __init__(self, num_labels: int, edges="full", *, normalize: bool = True, class_weights=None):
         super().__init__(num_labels, class_weights)
@@ -146,12 +147,26 @@ class MultiLabel(Structure):
         """``(B, C)``: ``Delta(target, y)`` for every row of ``configs``."""
         return binary_hamming_table(self._label_costs(target, dtype), target, configs)
 
+    def label_costs(self, target: torch.Tensor, dtype) -> torch.Tensor:
+        """``(B, K)`` of ``dtype``: the cost of a mistake on each label of labellings ``target (B, K)``, so that
+        ``task_loss(y_hat, y) = sum_k c_k [y_hat_k != y_k]``. Unchecked: ``target`` as `validate` returns it."""
+        return self._label_costs(target, dtype)
+
     def _label_costs(self, target: torch.Tensor, dtype) -> torch.Tensor:
         K = self.num_labels
         w = torch.ones(target.shape, dtype=dtype, device=target.device)
         if self.class_weights is not None:
             w = w * self.class_weights.to(device=target.device, dtype=dtype)
         return w / K if self.normalize else w
+
+    def _labelling_table(self, pot, target):
+        configs = self.configurations(pot.unary.device)
+        bits = 2 ** torch.arange(self.num_labels, device=target.device)
+        return (configs, self._config_scores(pot, configs, torch.float64),
+                self._config_losses(target, configs, torch.float64), (target * bits).sum(1))
+
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        return self._label_costs(target, torch.float64).sum(1)  # every label wrong
 
     def _enumerate(self, pot, target, objective):
         """``argmax_y objective(scores, losses, rows)`` over all labellings, in chunks of examples ``rows`` (a

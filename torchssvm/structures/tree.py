@@ -81,6 +81,7 @@ class Tree(Structure):
     """
 
     potential_names = ("unary", "pairwise")
+    has_max_task_loss = True
 
     def __init__(self, parents: Sequence[int], num_labels: int, *, normalize: bool = True, class_weights=None):
         self.schedule = tree_schedule(parents)
@@ -92,7 +93,7 @@ class Tree(Structure):
         self._edge_child = torch.tensor(self.schedule.edge_child, dtype=torch.long)
         self._edge_parent = torch.tensor(self.schedule.edge_parent, dtype=torch.long)
 
-    def _edges(self, device):
+    def edge_nodes(self, device):
         """``(parent nodes (E,), child nodes (E,))`` on ``device``."""
         return self._edge_parent.to(device), self._edge_child.to(device)
 
@@ -162,6 +163,10 @@ class Tree(Structure):
         wrong = torch.ones(*target.shape, self.num_labels, dtype=torch.float64, device=target.device)
         return wrong.scatter_(2, target.unsqueeze(2), 0.0) * w.unsqueeze(2)
 
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        w = self._node_weights(target).sum(1)
+        return w if self.num_labels > 1 else torch.zeros_like(w)
+
     def _node_weights(self, y) -> torch.Tensor:
         w = self._class_weight(y, torch.float64)
         return w / self.num_nodes if self.normalize else w
@@ -173,7 +178,7 @@ class Tree(Structure):
     def _score(self, pot, y, lengths) -> torch.Tensor:
         s = pot.unary.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)
         if self.num_edges:
-            par, ch = self._edges(y.device)
+            par, ch = self.edge_nodes(y.device)
             yp, yc = y[:, par], y[:, ch]
             K = self.num_labels
             if pot.pairwise.dim() == 3:
@@ -201,7 +206,7 @@ class Tree(Structure):
         y, _ = self._check_y(y, None)
         B, K, E = y.shape[0], self.num_labels, self.num_edges
         unary = torch.zeros(B, self.num_nodes, K, dtype=dtype, device=y.device).scatter_(2, y.unsqueeze(2), 1.0)
-        par, ch = self._edges(y.device)
+        par, ch = self.edge_nodes(y.device)
         pair = torch.zeros(B, E, K * K, dtype=dtype, device=y.device)
         pair.scatter_(2, (y[:, par] * K + y[:, ch]).unsqueeze(2), 1.0)
         return TreePotentials(unary, pair.view(B, E, K, K))
@@ -226,7 +231,7 @@ class Tree(Structure):
             out[0] = self._unary_vjp(y, weight, pot.unary, dtype)
         if needs[1]:
             K, E, B = self.num_labels, self.num_edges, y.shape[0]
-            par, ch = self._edges(y.device)
+            par, ch = self.edge_nodes(y.device)
             idx = y[:, par] * K + y[:, ch]  # (B, E)
             if pot.pairwise.dim() == 3:
                 flat = (torch.arange(E, device=y.device) * (K * K) + idx).reshape(-1)
@@ -327,13 +332,16 @@ class SpatialTree(Tree):
             return torch.zeros(self.num_edges, 2, dtype=dtype, device=device)
         return pot.rest.detach().to(dtype)
 
-    def _xy(self, labels):
+    def xy(self, labels):
+        """``(x, y)``: the column and the row of flat positions ``labels`` (any shape)."""
         return labels % self.width, torch.div(labels, self.width, rounding_mode="floor")
 
-    def _deltas(self, y, rest, dtype) -> torch.Tensor:
-        """``(B, E, 4)`` ``Delta(l_c - l_p - r)`` of labellings ``y (B, V)``."""
-        par, ch = self._edges(y.device)
-        x, yy = self._xy(y)
+    def deltas(self, y, rest, dtype) -> torch.Tensor:
+        """``(B, E, 4)`` ``Delta(l_c - l_p - r)`` of labellings ``y (B, V)`` (positions in range) with rest offsets
+        ``rest (E, 2)`` of ``dtype``: the deformation part of the joint feature map (the score is
+        ``sum_v unary[v, l_v] - sum_e w_e . Delta_e``)."""
+        par, ch = self.edge_nodes(y.device)
+        x, yy = self.xy(y)
         dx = (x[:, ch] - x[:, par]).to(dtype) - rest[:, 0]
         dy = (yy[:, ch] - yy[:, par]).to(dtype) - rest[:, 1]
         return torch.stack([dx, dx * dx, dy, dy * dy], dim=2)
@@ -351,12 +359,20 @@ class SpatialTree(Tree):
         return spatial_tree_max_sum(unary, pot.weights.detach().to(dt), self._rest(pot, dt, dev), self.parents,
                                     self.height, self.width, backend=backend)
 
+    def _max_task_loss(self, target, lengths) -> torch.Tensor:
+        """Every node at its farthest position (the truncated loss is separable over nodes); Hamming: 1 (0 on a
+        one-position grid). The positions are ``target[:, :V]`` (a mixture's types follow them)."""
+        if self.loss == "hamming":
+            return torch.full((target.shape[0],), 1.0 if self.num_labels > 1 else 0.0, dtype=torch.float64,
+                              device=target.device)
+        return self._node_loss_table(target[:, :self.num_nodes], lengths).max(2).values.sum(1)
+
     def _node_loss_table(self, target, lengths) -> torch.Tensor:
         if self.loss == "hamming":
             return super()._node_loss_table(target, lengths)
         self._need_scale(lengths)
         f64 = torch.float64
-        tx, ty = self._xy(target)
+        tx, ty = self.xy(target)
         # separable: dx^2 (B, V, 1, W) + dy^2 (B, V, H, 1), exact integers in float64, one (B, V, H*W) pass
         dx = torch.arange(self.width, device=target.device, dtype=f64) - tx.unsqueeze(2).to(f64)
         dy = torch.arange(self.height, device=target.device, dtype=f64) - ty.unsqueeze(2).to(f64)
@@ -368,7 +384,7 @@ class SpatialTree(Tree):
         dt = compute_dtype(pot)  # a half unary with float32 weights (a network under autocast): float32, as the oracles
         s = pot.unary.to(dt).gather(2, y.unsqueeze(2)).squeeze(2).sum(1)
         if self.num_edges:
-            delta = self._deltas(y, self._rest(pot, dt, y.device), dt)
+            delta = self.deltas(y, self._rest(pot, dt, y.device), dt)
             s = s - (pot.weights.to(dt) * delta).sum((1, 2))
         return s
 
@@ -395,7 +411,7 @@ class SpatialTree(Tree):
             rest = torch.zeros(self.num_edges, 2, dtype=dtype, device=y.device)
         else:
             check_shape("rest", rest, (self.num_edges, 2))
-        return SpatialTreePotentials(unary, -self._deltas(y, rest.to(dtype), dtype), None)
+        return SpatialTreePotentials(unary, -self.deltas(y, rest.to(dtype), dtype), None)
 
     # -- autograd plumbing -----------------------------------------------------------------------
     def from_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> SpatialTreePotentials:
@@ -409,7 +425,7 @@ class SpatialTree(Tree):
         if needs[0]:
             out[0] = self._unary_vjp(y, weight, pot.unary, dtype)
         if needs[1]:
-            g = -self._deltas(y, self._rest(pot, dtype, y.device), dtype) * weight.view(-1, 1, 1)
+            g = -self.deltas(y, self._rest(pot, dtype, y.device), dtype) * weight.view(-1, 1, 1)
             out[1] = g.sum(0) if pot.weights.dim() == 2 else g
         return tuple(out)
 

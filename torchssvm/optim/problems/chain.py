@@ -116,7 +116,7 @@ class ChainProblem(DualProblem):
         K, T = self.K, self.T
         # Loss augmentation of the unary potentials (Hamming is decomposable): the cost of label k at
         # position t of example i, 0 at the truth and on padding. L_i(y) = sum_t aug[i, t, y_t].
-        pos_w = self.structure._position_loss_weights(self.truth, self.lengths).to(self.dtype)
+        pos_w = self.structure.position_loss_weights(self.truth, self.lengths).to(self.dtype)
         wrong = torch.ones(self.n, T, K, dtype=self.dtype, device=self.device)
         wrong.scatter_(2, self.truth.clamp_min(0).unsqueeze(2), 0.0)
         self.loss_aug = pos_w.unsqueeze(2) * wrong
@@ -236,13 +236,13 @@ class ChainProblem(DualProblem):
         """The exact error-count DP (`Chain.slack_max_oracle`); needs a Chain without class weights."""
         T = theta.unary.shape[1]
         lengths = self.lengths[idx]
-        labels, value = self.structure._slack_max_oracle(theta, lengths, self.truth[idx, :T], self._slack_backend)
+        labels, value = self.structure.unchecked.slack_max_oracle(theta, self.truth[idx, :T], lengths,
+                                                                  backend=self._slack_backend)
         loss = self.loss_aug[idx, :T].gather(2, labels.clamp_min(0).unsqueeze(2)).squeeze(2).sum(1)
         return self._pad(labels), loss, value.to(self.dtype)
 
     def decode(self, theta: ChainPotentials, idx: torch.Tensor) -> torch.Tensor:
-        labels, _ = self.structure._max_oracle(theta, self.lengths[idx], None, None, self.backend)
-        return self._pad(labels)
+        return self._pad(self.structure.unchecked.decode(theta, self.lengths[idx], backend=self.backend))
 
     def labels_score(self, theta: ChainPotentials, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return chain_labels_score(*theta, labels, self.lengths[idx], backend=self.backend, check=False)
@@ -251,7 +251,7 @@ class ChainProblem(DualProblem):
         B, C, _ = labels.shape
         truth = self.truth[idx].repeat_interleave(C, dim=0)
         lengths = self.lengths[idx].repeat_interleave(C)
-        return self.structure._task_loss(labels.reshape(B * C, self.T), truth, lengths).view(B, C)
+        return self.structure.unchecked.task_loss(labels.reshape(B * C, self.T), truth, lengths).view(B, C)
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # m(y_i) - m(y), flat (the module's layout)
@@ -373,6 +373,4 @@ class ChainProblem(DualProblem):
         return None
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
-        if self.K == 1:
-            return torch.zeros(idx.shape[0], dtype=torch.float64, device=self.device)
-        return self.structure._position_loss_weights(self.truth[idx], self.lengths[idx]).sum(1)
+        return self.structure.unchecked.max_task_loss(self.truth[idx], self.lengths[idx])  # 0 for one label

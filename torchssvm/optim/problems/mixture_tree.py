@@ -165,14 +165,14 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         s = pot.unary.gather(2, labels[..., :V].clamp_min(0).transpose(1, 2)).sum(1)  # (B, C)
         types = lab[:, V:]
         e = torch.arange(E, device=lab.device)
-        delta = self.structure._typed_deltas(lab, self.rest, self.dtype)
+        delta = self.structure.typed_deltas(lab, self.rest, self.dtype)
         edge = -(pot.weights[e, types] * delta).sum(2)  # (B C, E)
         cs = pot.child_scores  # (B, E, T, 1) a bias, or (B, E, T, H*W) with type maps
-        at = lab[:, self.structure._edge_child.to(lab.device)]
-        flat = self.structure._typed_positions(types, at, cs.shape[3]).view(B, C, E).transpose(1, 2)  # (B, E, C)
+        at = lab[:, self.structure.edge_nodes(lab.device)[1]]
+        flat = self.structure.typed_positions(types, at, cs.shape[3]).view(B, C, E).transpose(1, 2)  # (B, E, C)
         typed = cs.reshape(B, E, -1).gather(2, flat).sum(1)  # (B, C)
         if self.C:  # shared (E, T, T) scores of (type above, own type)
-            typed = typed + pot.cooccurrence.reshape(E, -1)[e, self.structure._type_pairs(types)].sum(1).view(B, C)
+            typed = typed + pot.cooccurrence.reshape(E, -1)[e, self.structure.type_pairs(types)].sum(1).view(B, C)
         return s + edge.sum(1).view(B, C) + typed
 
     def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None,
@@ -185,17 +185,17 @@ class MixtureSpatialTreeProblem(SpatialTreeProblem):
         types = labels[:, V:]
         onehot = torch.zeros(B, E, T, dtype=self.dtype, device=x.device).scatter_(2, types.unsqueeze(2),
                                                                                   self.type_scale)
-        delta = self.structure._typed_deltas(labels, self.rest, self.dtype) * self.per_pixel
+        delta = self.structure.typed_deltas(labels, self.rest, self.dtype) * self.per_pixel
         deform = torch.zeros(B, E, T, 4, dtype=self.dtype, device=x.device)
         deform.scatter_(2, types.view(B, E, 1, 1).expand(B, E, 1, 4), -delta.unsqueeze(2))
         parts = [unary, onehot.reshape(B, -1)]
         if self.M:
             maps = self.type_maps[idx] if type_maps is None else type_maps.to(self.dtype)
-            at = self.structure._typed_positions(types, labels[:, self.structure._edge_child.to(labels.device)],
+            at = self.structure.typed_positions(types, labels[:, self.structure.edge_nodes(labels.device)[1]],
                                                  maps.shape[3])
             parts.append(maps.reshape(B, E, -1).gather(2, at.unsqueeze(2)).squeeze(2))  # maps[e, t_e, l_c]
         if self.C:
             cooc = torch.zeros(B, E, T * T, dtype=self.dtype, device=x.device)
-            parts.append(cooc.scatter_(2, self.structure._type_pairs(types).unsqueeze(2), self.type_scale)
+            parts.append(cooc.scatter_(2, self.structure.type_pairs(types).unsqueeze(2), self.type_scale)
                          .reshape(B, -1))
         return torch.cat(parts + [deform.reshape(B, -1)], 1)

@@ -79,29 +79,30 @@ class MultiLabelProblem(DualProblem):
         return MultiLabelPotentials(unary, pw)
 
     def oracle(self, theta, idx):
-        truth = self.truth[idx]
+        # the structure's unchecked tier: the data were checked when the problem was built
+        fast, truth = self.structure.unchecked, self.truth[idx]
         lw = torch.ones(idx.shape[0], dtype=self.dtype, device=self.device)
-        labels, value = self.structure._max_oracle(theta, None, truth, lw, "torch")
-        H = value - self.structure._score(theta, truth, None)
-        return labels, self.structure._task_loss(labels, truth, None), H
+        labels, value = fast.max_oracle(theta, truth, loss_weight=lw, backend="torch")
+        H = value - fast.score(theta, truth)
+        return labels, fast.task_loss(labels, truth), H
 
     def slack_oracle(self, theta, idx):
-        truth = self.truth[idx]
-        labels, value = self.structure._slack_max_oracle(theta, None, truth, "torch")
-        return labels, self.structure._task_loss(labels, truth, None), value.to(self.dtype)
+        fast, truth = self.structure.unchecked, self.truth[idx]
+        labels, value = fast.slack_max_oracle(theta, truth, backend="torch")
+        return labels, fast.task_loss(labels, truth), value.to(self.dtype)
 
     def decode(self, theta, idx):
-        return self.structure._max_oracle(theta, None, None, None, "torch")[0]
+        return self.structure.unchecked.decode(theta, backend="torch")
 
     def labels_score(self, theta, idx, labels):
         B, C, K = labels.shape
         pot = MultiLabelPotentials(theta.unary.repeat_interleave(C, 0), theta.pairwise)
-        return self.structure._score(pot, labels.reshape(B * C, K).clamp_min(0), None).view(B, C)
+        return self.structure.unchecked.score(pot, labels.reshape(B * C, K).clamp_min(0)).view(B, C)
 
     def task_loss(self, idx, labels):
         B, C, K = labels.shape
         truth = self.truth[idx].repeat_interleave(C, 0)
-        return self.structure._task_loss(labels.reshape(B * C, K), truth, None).view(B, C)
+        return self.structure.unchecked.task_loss(labels.reshape(B * C, K), truth).view(B, C)
 
     def _marginals(self, y):
         m = self.structure.marginals(y, dtype=self.dtype)
@@ -152,4 +153,4 @@ class MultiLabelProblem(DualProblem):
             pw.add_(zc[:, self.K :].sum(0))
 
     def max_loss(self, idx):
-        return self.structure._label_costs(self.truth[idx], self.dtype).sum(1)
+        return self.structure.unchecked.max_task_loss(self.truth[idx]).to(self.dtype)

@@ -186,27 +186,28 @@ class SpatialTreeProblem(DualProblem):
         truth = self.truth[idx]
         scale = None if self.scale is None else self.scale[idx]
         lw = torch.ones(idx.shape[0], dtype=self.dtype, device=self.device)
-        labels, value = self.structure._max_oracle(pot, scale, truth, lw, self.backend)
-        loss = self.structure._task_loss(labels, truth, scale)
-        return labels, loss, value.to(self.dtype) - self.structure._score(pot, truth, None)
+        fast = self.structure.unchecked  # the data were checked when the problem was built, the weights just now
+        labels, value = fast.max_oracle(pot, truth, scale, loss_weight=lw, backend=self.backend)
+        loss = fast.task_loss(labels, truth, scale)
+        return labels, loss, value.to(self.dtype) - fast.score(pot, truth)
 
     def decode(self, theta: SpatialTreeTheta, idx: torch.Tensor) -> torch.Tensor:
         self._check_convex(theta.potentials)
-        return self.structure._max_oracle(theta.potentials, None, None, None, self.backend)[0]
+        return self.structure.unchecked.decode(theta.potentials, backend=self.backend)
 
     def labels_score(self, theta: SpatialTreeTheta, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, V = labels.shape
         pot = theta.potentials
         lab = labels.clamp_min(0)  # -1: an unused slot
         s = pot.unary.gather(2, lab.transpose(1, 2)).sum(1)  # (B, C)
-        delta = self.structure._deltas(lab.reshape(B * C, V), self.rest, self.dtype)
+        delta = self.structure.deltas(lab.reshape(B * C, V), self.rest, self.dtype)
         return s - (delta * pot.weights).sum((1, 2)).view(B, C)
 
     def task_loss(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         B, C, V = labels.shape
         truth = self.truth[idx].repeat_interleave(C, 0)
         scale = None if self.scale is None else self.scale[idx].repeat_interleave(C)
-        return self.structure._task_loss(labels.reshape(B * C, V).clamp_min(0), truth, scale).view(B, C)
+        return self.structure.unchecked.task_loss(labels.reshape(B * C, V).clamp_min(0), truth, scale).view(B, C)
 
     def joint_features(self, idx: torch.Tensor, labels: torch.Tensor, features: Optional[torch.Tensor] = None):
         """``phi(x_i, l) (B, d)`` of positions ``labels (B, V)`` (``features``: ``(B, V, F, H*W)``, default the
@@ -214,7 +215,7 @@ class SpatialTreeProblem(DualProblem):
         x = self.features[idx] if features is None else features.to(self.dtype)
         B = labels.shape[0]
         unary = x.gather(3, labels.view(B, self.V, 1, 1).expand(B, self.V, self.F, 1)).reshape(B, -1)
-        delta = self.structure._deltas(labels, self.rest, self.dtype) * self.per_pixel
+        delta = self.structure.deltas(labels, self.rest, self.dtype) * self.per_pixel
         return torch.cat([unary, -delta.reshape(B, -1)], 1)
 
     def corner(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -233,12 +234,9 @@ class SpatialTreeProblem(DualProblem):
         w.add_(coef.to(self.dtype) @ z)
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
-        truth = self.truth[idx, :self.V]  # positions (mixture labels carry the edge types after them)
-        if self.scale is None:
-            return torch.full((idx.shape[0],), 1.0 if self.structure.num_labels > 1 else 0.0, dtype=self.dtype,
-                              device=self.device)
-        # the truncated loss is separable over nodes: each node's farthest position
-        return self.structure._node_loss_table(truth, self.scale[idx]).max(2).values.sum(1)
+        # the truncated loss is separable over nodes: each node's farthest position; Hamming: 1
+        scale = None if self.scale is None else self.scale[idx]
+        return self.structure.unchecked.max_task_loss(self.truth[idx], scale).to(self.dtype)
 
     # -- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -261,9 +259,9 @@ class SpatialTreeProblem(DualProblem):
         for s in range(0, truth.shape[0], chunk):
             pot = self._pot(w, *(t[s:s + chunk] for t in inputs))
             self._check_convex(pot)
-            y = st._max_oracle(pot, None, None, None, self.backend)[0][:, :self.V]  # positions (without types)
+            y = st.unchecked.decode(pot, backend=self.backend)[:, :self.V]  # positions (without types)
             t, sc = truth[s:s + chunk, :self.V], scale[s:s + chunk]
-            (x1, y1), (x0, y0) = st._xy(y), st._xy(t)
+            (x1, y1), (x0, y0) = st.xy(y), st.xy(t)
             sq = ((x1 - x0) ** 2 + (y1 - y0) ** 2).to(self.dtype)
             loss.append((sq / sc.unsqueeze(1) ** 2).clamp_max(1.0).mean(1))  # the LSP loss, whatever st.loss is
             correct.append((sq.sqrt() <= pck_threshold * sc.unsqueeze(1)).to(self.dtype).mean(1))
