@@ -156,6 +156,15 @@ INSTANCES = _instances()
 IDS = [type(case[0]).__name__ for case in INSTANCES]
 
 
+def _ragged_chain():
+    """A chain batch with lengths below the padded size (labels past a length: anything; `validate` sets -1)."""
+    g = torch.Generator().manual_seed(1)
+    chain = ts.Chain(4, normalize=False)
+    pot = ts.ChainPotentials(torch.randn(5, 6, 4, generator=g, dtype=torch.float64),
+                             torch.randn(4, 4, generator=g, dtype=torch.float64))
+    return chain, pot, torch.randint(0, 4, (5, 6), generator=g), torch.tensor([6, 1, 3, 5, 2]), None
+
+
 def _brute(structure, pot, target, lengths, labs):
     """``(scores, losses)`` ``(B, N)`` of every labelling, by the checked `score` and `task_loss`."""
     B = target.shape[0]
@@ -236,7 +245,7 @@ def _same(a, b):
         assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
 
 
-@pytest.mark.parametrize("case", INSTANCES, ids=IDS)
+@pytest.mark.parametrize("case", INSTANCES + [_ragged_chain()], ids=IDS + ["ragged Chain"])
 def test_the_unchecked_tier_returns_what_the_checked_tier_returns(case):
     """(d) ``structure.unchecked.<name>`` on validated inputs returns exactly what ``structure.<name>`` returns."""
     st, pot, target, lengths, labs = case
