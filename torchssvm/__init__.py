@@ -15,6 +15,7 @@ from .losses import (
     structured_hinge_loss,
 )
 from .models import LinearChainModel, LinearMulticlassModel, TokenFeatures, joint_feature
+from .optim.solver import ConvergenceWarning
 from .structures import (
     Chain,
     ChainPotentials,
@@ -65,4 +66,5 @@ __all__ = [
     "search",
     "set_debug",
     "debug_enabled",
+    "ConvergenceWarning",
 ]

@@ -16,6 +16,9 @@ family:
   Mercer kernels.
 - ``problems/``: how a (model, dataset) pair is seen as dual blocks in marginal coordinates; add new structures
   there.
+- ``solver.py``: `Solver`, the contract every solver but `Pegasos` follows (``step`` returns the report, one ``fit``
+  loop, ``state_dict`` / ``load_state_dict`` from declared state, logging from declared report keys), and
+  `ConvergenceWarning`.
 - ``dual_solver.py``: `DualSolver`, the base of the solvers on dual blocks (BCFW, batch Frank-Wolfe, n-slack), and
   the exact block gaps that certify them; ``regularization_path.py``: the epsilon-approximate regularization path
   (`regularization_path`, `grid_search`).
@@ -38,8 +41,10 @@ from .problems import (
     make_problem,
 )
 from .regularization_path import RegularizationPath, grid_search, regularization_path
+from .solver import ConvergenceWarning, Solver
 
-__all__ = ["BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
+__all__ = ["Solver", "ConvergenceWarning",
+           "BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
            "HingeRisk", "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",
            "SlackRescaledProblem", "SpatialTreeProblem", "MixtureSpatialTreeProblem", "make_problem",

@@ -63,7 +63,8 @@ def checked_tensor(state: dict, key: str, shape: Sequence[int], like: torch.Tens
     t = state[key]
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
         got = shape_or_type(t)
-        raise ValueError(f"{name}[{key!r}] must be a tensor of shape {tuple(shape)}, got {got}")
+        raise ValueError(f"{name}[{key!r}] does not match this solver: it must be a tensor of shape {tuple(shape)}, "
+                         f"got {got}")
     check_not_nan(t, key, name)
     return t.to(like.device, like.dtype).clone()
 

@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 
 from .._validation import check_positive_float
-from ._state import box_state, check_config, checked_scalars, checked_tensor, require_keys
-from .loop import check_limits
+from ._state import box_state
 from .problems import DualProblem, make_problem, rescaling_of
+from .solver import Solver
 
 
 def _check_lam(lam) -> float:
@@ -91,7 +91,7 @@ def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell
     return gaps, hinge
 
 
-class DualSolver:
+class DualSolver(Solver):
     """Base of the dual solvers (`BCFW`, `FrankWolfe`); subclasses implement `step`.
 
     Args:
@@ -126,8 +126,8 @@ class DualSolver:
         self.steps_done = 0
         self.seconds = 0.0
         self.last_exact: Optional[dict] = None
-        # fit(gap_tol=...) sets it: a solver whose step measures the gap of w and then moves w (FrankWolfe, NSlack)
-        # keeps w in the pass that certifies the gap, so that the model holds the certified iterate
+        # fit(gap_tol=...) sets it (`Solver._fit`): a solver whose step measures the gap of w and then moves w
+        # (FrankWolfe, NSlack) keeps w in the pass that certifies the gap, so that the model holds that iterate
         self._hold_below: Optional[float] = None
         p.write_model(self.w)
 
@@ -167,48 +167,25 @@ class DualSolver:
         primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / self.n
         return {"primal": primal, "dual": self.dual_value(), "gap": float(gaps.sum()), "block_gaps": gaps}
 
-    # -- loop -----------------------------------------------------------------------------------
-    def step(self) -> dict:
-        raise NotImplementedError
+    # -- loop (`Solver`) -------------------------------------------------------------------------
+    limit_name = "max_passes"
+    report_keys = ("primal", "dual", "gap", "passes", "oracle_calls", "cache_hit_rate", "time")
+
+    def _progress(self) -> float:
+        return self.oracle_calls / self.n
 
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
             time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
-        """Call `step` until ``passes >= max_passes``, the gap is ``<= gap_tol``, ``time_budget``
-        seconds of solver time are spent, or a report says ``converged`` (a solver's own stopping rule).
-        With ``exact=True`` (default) only an exact gap stops the run (a certificate); ``exact=False``
-        also accepts the estimate (the heuristic path). Returns the list of step reports;
-        ``callback(report)`` is called after each. The pass that certifies ``gap <= gap_tol`` leaves the iterate it
-        certified in the model (`_hold_below`)."""
-        if max_passes is None and gap_tol is None and time_budget is None:
-            raise ValueError("fit needs at least one of max_passes, gap_tol, time_budget")
-        check_limits(max_passes=max_passes, gap_tol=gap_tol, time_budget=time_budget)
-        self._hold_below = gap_tol
-        try:
-            return self._fit(max_passes, gap_tol, time_budget, exact, callback)
-        finally:
-            self._hold_below = None
-
-    def _fit(self, max_passes, gap_tol, time_budget, exact, callback) -> list:
-        history = []
-        if max_passes is not None and self.oracle_calls / self.n >= max_passes:
-            return history  # max_passes counts from the start of training: already met, no step
-        while True:
-            r = self.step()
-            if gap_tol is not None and exact and not r["gap_exact"] and r["gap"] <= 0.8 * gap_tol:
-                r = {**r, **self._certify()}  # a cheap estimate says done: confirm with an exact pass
-                self._log(r)  # the certificate (and its oracle calls) at the step the estimate was logged
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if r.get("converged"):  # a solver's own stopping rule (cutting plane: no cut added)
-                break
-            if gap_tol is not None and r["gap"] <= gap_tol and (r["gap_exact"] or not exact):
-                break
-            if max_passes is not None and r["passes"] >= max_passes:
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        """Call `step` until ``passes >= max_passes`` (effective passes from the start of training), the gap is
+        ``<= gap_tol``, ``time_budget`` seconds of solver time are spent, or a report says ``converged`` (a solver's
+        own stopping rule). With ``exact=True`` (default) only an exact gap stops the run (a certificate); an
+        estimate at most ``0.8 gap_tol`` is confirmed by an exact pass (`_certify`), and ``exact=False`` also
+        accepts the estimate (the heuristic path). Returns the list of step reports; ``callback(report)`` is called
+        after each. The pass that certifies ``gap <= gap_tol`` leaves the iterate it certified in the model
+        (``_hold_below``). A limit that stops the run short of ``gap_tol`` warns (`ConvergenceWarning`). The loop
+        is `Solver._fit`."""
+        return self._fit({"max_passes": max_passes, "gap_tol": gap_tol, "time_budget": time_budget},
+                         callback=callback, exact=exact)
 
     def _certify(self) -> dict:
         """An exact gap pass counted as oracle calls (solvers with gap estimates override it)."""
@@ -219,21 +196,14 @@ class DualSolver:
         return {"primal": r["primal"], "dual": r["dual"], "gap": r["gap"], "gap_exact": True,
                 "passes": self.oracle_calls / self.n, "oracle_calls": self.oracle_calls, "time": self.seconds}
 
-    def _log(self, r: dict) -> None:
-        if self.writer is None:
-            return
-        step = self.steps_done
-        for key in ("primal", "dual", "gap", "passes", "oracle_calls", "cache_hit_rate", "time"):
-            value = r.get(key)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(f"{self.tag}/{key}", value, step)
+    def _log_extra(self, r: dict, step: int) -> None:
         if r.get("gap_exact"):
             self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], step)
         finite = self.block_gaps[torch.isfinite(self.block_gaps)]
         if finite.numel():
             self.writer.add_histogram(f"{self.tag}/block_gaps", finite.clamp_min(0), step)
 
-    # -- state ----------------------------------------------------------------------------------
+    # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("z", "ell", "v", "block_gaps")
     _state_scalars = ("oracle_calls", "steps_done", "seconds")
 
@@ -241,29 +211,15 @@ class DualSolver:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
         return {"lam": self.lam, "rescaling": rescaling_of(self.problem), "box": box_state(self.box)}
 
-    def state_dict(self) -> dict:
-        s = {k: getattr(self, k).clone() for k in self._state_tensors}
-        s.update({k: getattr(self, k) for k in self._state_scalars})
-        s.update(self._config())
-        s["last_exact"] = None if self.last_exact is None else dict(self.last_exact)
-        return s
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
-        another ``lam``, rescaling or box, raises a ValueError and leaves the solver unchanged."""
-        self._set_state(self._checked_state(state))
+    def _extra_state(self) -> dict:
+        return {"last_exact": None if self.last_exact is None else dict(self.last_exact)}
 
     def _checked_state(self, state: dict) -> dict:
-        """The attributes to set from ``state``, all checked (subclasses add theirs); nothing is set here."""
-        require_keys(state, (*self._state_tensors, *self._state_scalars))
-        check_config(state, self._config())
-        out = {k: checked_tensor(state, k, getattr(self, k).shape, getattr(self, k)) for k in self._state_tensors}
-        out.update(checked_scalars(state, {k: type(getattr(self, k)) for k in self._state_scalars}))
+        out = super()._checked_state(state)
         out["last_exact"] = None if state.get("last_exact") is None else dict(state["last_exact"])
         return out
 
     def _set_state(self, checked: dict) -> None:
-        for k, value in checked.items():
-            setattr(self, k, value)
+        super()._set_state(checked)
         self._sync_w()
         self.problem.write_model(self.w)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -23,6 +24,7 @@ from .._validation import check_positive_float, check_real
 from .dual_solver import exact_block_gaps
 from .frank_wolfe.bcfw import BCFW
 from .loop import check_limits
+from .solver import ConvergenceWarning
 
 
 class RegularizationPath:
@@ -194,7 +196,9 @@ def regularization_path(model, dataset=None, *, epsilon: float = 0.1, kappa: Opt
             break
         solver.rescale_lambda(lam_new)
         passes_before = solver.oracle_calls / solver.n
-        history = solver.fit(max_passes=passes_before + max_passes, gap_tol=kappa * epsilon, exact=not heuristic)
+        with warnings.catch_warnings():  # a breakpoint short of its gap is recorded (unfinished), not warned
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            history = solver.fit(max_passes=passes_before + max_passes, gap_tol=kappa * epsilon, exact=not heuristic)
         last = history[-1]
         if not heuristic and not last["gap_exact"]:
             last = solver._certify()
@@ -229,7 +233,9 @@ def grid_search(model, dataset=None, *, lams: Optional[Sequence[float]] = None, 
         else:
             solver.rescale_lambda(lam)
         start = solver.oracle_calls / n
-        history = solver.fit(max_passes=start + max_passes, gap_tol=epsilon)
+        with warnings.catch_warnings():  # each result reports its gap
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            history = solver.fit(max_passes=start + max_passes, gap_tol=epsilon)
         last = history[-1] if history[-1]["gap_exact"] else solver._certify()
         out.append({"lam": lam, "w": solver.w.clone(), "gap": last["gap"],
                     "passes": (calls + solver.oracle_calls) / n, "oracle_calls": calls + solver.oracle_calls,

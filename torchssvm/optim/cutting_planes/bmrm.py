@@ -29,9 +29,8 @@ from typing import Optional
 
 import torch
 
-from .._state import check_config, checked_scalars, checked_tensor, require_keys
 from ..dual_solver import _check_lam
-from ..loop import check_limits, log_scalars, run_steps
+from ..solver import Solver
 from .risks import StructuredRisk
 from .simplex_qp import simplex_qp
 
@@ -47,7 +46,7 @@ def as_risk(model, dataset=None, **kw):
     return StructuredRisk(model, dataset, **kw)
 
 
-class BMRM:
+class BMRM(Solver):
     """``solver = BMRM(risk_or_model, dataset=None, lam=1e-2, variant="qp")``; ``solver.step()`` evaluates the
     risk at the current ``w`` (one pass), adds the cut and re-solves the model QP.
 
@@ -160,33 +159,31 @@ class BMRM:
         self._log(r)
         return r
 
+    # -- loop (`Solver`) -------------------------------------------------------------------------
+    limit_name = "max_passes"
+    requires_limit = False  # `fit` with no limit runs to BMRM's own stop, ``eps_t <= eps`` (``converged``)
+    report_keys = ("primal", "dual", "gap", "eps", "passes", "oracle_calls", "cuts", "time")
+
+    def _progress(self) -> float:
+        return self.oracle_calls / self.n
+
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
             time_budget: Optional[float] = None, *, callback=None) -> list:
         """Call `step` until a report is ``converged`` (``eps_t <= eps``), the certified gap of the
-        evaluated iterate is ``<= gap_tol``, ``max_passes`` risk evaluations or ``time_budget`` seconds are
-        spent. Returns the reports; ``callback(report)`` after each. The model is left at ``w_best``, the
-        evaluated iterate of lowest primal, whose gap both stops certify (``self.w`` stays the next iterate,
-        so that `step` can go on)."""
-        check_limits(max_passes=max_passes, gap_tol=gap_tol, time_budget=time_budget)
-        if max_passes is not None and self.oracle_calls / self.n >= max_passes:
-            return []  # max_passes counts from the start of training: already met, no step
+        evaluated iterate is ``<= gap_tol``, ``max_passes`` risk evaluations (from the start of training) or
+        ``time_budget`` seconds are spent. Returns the reports; ``callback(report)`` after each. The model is left
+        at ``w_best``, the evaluated iterate of lowest primal, whose gap both stops certify (``self.w`` stays the
+        next iterate, so that `step` can go on). The loop is `Solver._fit` (a limit that stops the run short of
+        ``gap_tol`` warns: `ConvergenceWarning`)."""
+        return self._fit({"max_passes": max_passes, "gap_tol": gap_tol, "time_budget": time_budget},
+                         callback=callback)
 
-        def stop(r):
-            return (r["converged"] or (gap_tol is not None and r["gap"] <= gap_tol)
-                    or (max_passes is not None and r["passes"] >= max_passes)
-                    or (time_budget is not None and self.seconds >= time_budget))
-
-        reports = run_steps(self.step, stop, callback)
+    def _after_fit(self) -> None:
         # The stops certify the best iterate: eps_t is its gap, and gap_t = J(w_t) - J_{t-1}(w_t) >= J(w_best) -
         # J_{t-1}(w_t) bounds its gap too; the last QP's w_{t+1} was never evaluated.
         self.risk.write_model(self.w_best)
-        return reports
 
-    def _log(self, r: dict) -> None:
-        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "eps", "passes", "oracle_calls", "cuts",
-                                               "time"), self.steps_done)
-
-    # -- state ----------------------------------------------------------------------------------
+    # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("w", "w_best", "cuts", "offsets", "alpha", "age")
     _state_scalars = ("model_value", "best_primal", "qp_solved", "oracle_calls", "steps_done", "seconds",
                       "qp_seconds")
@@ -195,23 +192,10 @@ class BMRM:
         """The settings a state is bound to (`_state.check_config`): its cuts are of this objective only."""
         return {"n": self.n, "d": self.d, "lam": self.lam, "variant": self.variant}
 
-    def state_dict(self) -> dict:
-        s = {k: getattr(self, k).clone() for k in self._state_tensors}
-        s.update({k: getattr(self, k) for k in self._state_scalars})
-        s.update(self._config())
-        return s
+    def _state_shape(self, key: str, state: dict) -> tuple:
+        t = state["cuts"].shape[0] if isinstance(state["cuts"], torch.Tensor) else -1  # the saved bundle's size
+        return (self.d,) if key in ("w", "w_best") else ((t, self.d) if key == "cuts" else (t,))
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
-        another ``lam`` or variant, raises a ValueError and leaves the solver unchanged."""
-        require_keys(state, (*self._state_tensors, *self._state_scalars))
-        check_config(state, self._config())
-        t = state["cuts"].shape[0] if isinstance(state["cuts"], torch.Tensor) else -1
-        checked = {}
-        for k in self._state_tensors:
-            shape = (self.d,) if k in ("w", "w_best") else ((t, self.d) if k == "cuts" else (t,))
-            checked[k] = checked_tensor(state, k, shape, getattr(self, k))
-        checked.update(checked_scalars(state, {k: type(getattr(self, k)) for k in self._state_scalars}))
-        for k, value in checked.items():
-            setattr(self, k, value)
+    def _set_state(self, checked: dict) -> None:
+        super()._set_state(checked)
         self.risk.write_model(self.w)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Union
 
 import torch
 
@@ -68,6 +68,10 @@ class NSlackCuttingPlane(DualSolver):
     ``separation_seconds``, ``time``; ``converged`` when no cut was added and the working-set QP was already solved
     (the pass's primal is then within ``eps`` of the QP's value; a pass that adds no cut to an unsolved QP, after
     ``qp_max_iter`` ran out, solves it further instead).
+
+    `fit` is `DualSolver.fit`, which also stops at the first pass that adds no cut (``converged``); with no limit
+    given it runs until then. The pass that certifies ``gap <= gap_tol`` leaves the iterate it certified in the
+    model (each `step` reports the gap of the iterate it started from, then adds cuts and re-solves).
     """
 
     tag = "nslack"
@@ -339,20 +343,13 @@ class NSlackCuttingPlane(DualSolver):
         self._log(r)
         return r
 
-    def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
-            time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
-        """`DualSolver.fit`, which also stops at the first pass that adds no cut (``converged``); with no
-        limit given it runs until then. The pass that certifies ``gap <= gap_tol`` leaves the iterate it certified
-        in the model (each `step` reports the gap of the iterate it started from, then adds cuts and re-solves)."""
-        if max_passes is None and gap_tol is None and time_budget is None:
-            max_passes = math.inf
-        return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
+    requires_limit = False  # `fit` with no limit runs until a pass adds no cut (``converged``)
 
     _working_set = ("labels", "loss", "alpha", "used", "age")
     _state_scalars = DualSolver._state_scalars + ("cuts_added", "separation_seconds")
 
-    def state_dict(self) -> dict:
-        s = super().state_dict()
+    def _extra_state(self) -> dict:
+        s = super()._extra_state()
         s.update({k: getattr(self, k).clone() for k in self._working_set})
         s["generator"] = self.generator.get_state()
         return s

@@ -613,10 +613,10 @@ class BCFW(DualSolver):
         return out
 
     # -- state ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        if self._misses is not None and self._visits_unread:
+    def _extra_state(self) -> dict:
+        if self._misses is not None and self._visits_unread:  # before the counters are read (`Solver.state_dict`)
             self._count_misses(int(self._misses))
-        s = super().state_dict()
+        s = super()._extra_state()
         s.update({"global_gap": self.global_gap, "first_visit": self.first_visit.clone(),
                   "first_visit_pos": self.first_visit_pos, "cache_hits": self.cache_hits, "visits": self.visits,
                   "generator": self.generator.get_state(), "draws": self.draws, "seed": int(self.seed),
