@@ -12,7 +12,7 @@ from torchssvm import optim
 from torchssvm.optim import ConvergenceWarning, Solver
 
 # solvers still on their own loop (moved one family at a time)
-NOT_YET = {"GDMM", "MultiLabelGDMM", "Pragam", "MulticlassPragam", "SSG", "KernelCuttingPlane"}
+NOT_YET = {"Pragam", "MulticlassPragam", "SSG", "KernelCuttingPlane"}
 SHARED = ("_fit", "state_dict", "load_state_dict", "_checked_state", "_log")
 
 
@@ -254,3 +254,37 @@ def test_solver_logs_its_report_keys(chain):
     tags = {t for t, _, _ in s.writer.scalars}
     assert {f"fw/{k}" for k in ("primal", "dual", "gap", "passes", "oracle_calls", "time")} <= tags
     assert "fw/exact_gap" in tags and "fw/block_gaps" in tags
+
+
+# -- one regularization name: lam (C forms convert exactly) ----------------------------------------------------------
+def test_gdmm_lam_and_the_equivalent_C_give_the_same_iterates():
+    ds = ts.data.synthetic_chain("train", 8, num_labels=3, num_features=4, max_length=4, seed=1)
+    lam = 0.05
+    a = optim.GDMM(ts.LinearChainModel(4, 3), ds, lam=lam, rho=0.5, primal_every=0, engine="torch")
+    b = optim.GDMM.from_C(ts.LinearChainModel(4, 3), ds, C=1.0 / (lam * 8), rho=0.5, primal_every=0, engine="torch")
+    assert a.lam == lam and b.C == a.C and b.lam == pytest.approx(lam, rel=1e-15)
+    for _ in range(3):
+        ra, rb = a.step(), b.step()
+    assert torch.equal(a.W, b.W) and torch.equal(a.v, b.v) and ra["dual"] == pytest.approx(rb["dual"], rel=1e-14)
+    with pytest.warns(DeprecationWarning, match="lam = 1 / \\(C n\\)"):
+        c = optim.GDMM(ts.LinearChainModel(4, 3), ds, C=1.0 / (lam * 8), rho=0.5, primal_every=0, engine="torch")
+    assert c.C == a.C
+    with pytest.raises(ValueError, match="lam or C"):
+        optim.GDMM(ts.LinearChainModel(4, 3), ds, lam=lam, C=1.0)
+    default = optim.GDMM(ts.LinearChainModel(4, 3), ds, primal_every=0)
+    assert default.C == 1.0 and default.lam == 1.0 / 8  # the former default C = 1
+    with pytest.warns(ConvergenceWarning, match="max_iter before reaching infeasibility_tol"):
+        a.fit(max_iter=4, infeasibility_tol=1e-12)
+
+
+def test_multilabel_gdmm_lam_and_the_equivalent_C_give_the_same_iterates():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 3, generator=gen, dtype=torch.float64)
+    y = (x @ torch.randn(3, 3, generator=gen, dtype=torch.float64) > 0).long()
+    problem = optim.MultiLabelProblem(x, y, ts.MultiLabel(3, edges="full", normalize=False))
+    a = optim.GDMM(problem, lam=0.1, primal_every=0)
+    b = optim.GDMM.from_C(problem, C=1.0 / (0.1 * 12), primal_every=0)
+    assert type(a) is type(b) is optim.MultiLabelGDMM and a.C == b.C
+    for _ in range(2):
+        a.step(), b.step()
+    assert torch.equal(a.a, b.a) and torch.equal(a.W, b.W)

@@ -53,10 +53,10 @@ import torch
 
 from ..._validation import check_positive_float, check_real, check_seed
 from ...kernels import project_shifted_simplex
-from .._state import check_not_nan, checked_generator_state, checked_scalars
+from .._state import checked_generator_state, checked_scalars, require_keys
 from ..frank_wolfe.box_qp import box_qp
-from ..loop import check_limits
 from ..problems import ChainProblem, make_problem
+from ..solver import Solver
 from .factor_oracles import BigramIndex, bigram_fmo
 from .shifted_simplex_qp import block_hessian_chain, shifted_simplex_qp
 
@@ -81,15 +81,19 @@ def chain_w_from_tables(problem: ChainProblem, W: torch.Tensor, v: torch.Tensor)
     return w
 
 
-class GDMM:
-    """``solver = GDMM(model, dataset, C=1.0, rho=0.1, eta=1.0, fmo="exact")``; ``solver.step()`` runs one
+class GDMM(Solver):
+    """``solver = GDMM(model, dataset, lam=1e-2, rho=0.1, eta=1.0, fmo="exact")``; ``solver.step()`` runs one
     outer iteration and returns a report; `fit` loops; `state_dict` / `load_state_dict` resume.
 
     Args:
         model: a `LinearChainModel` (dense or sparse features) whose parameters receive ``w``; or a
             `MultiLabelProblem` (then ``dataset`` is None and the solver is a `MultiLabelGDMM`).
         dataset: its training `SequenceDataset`.
-        C: the SSVM's ``C`` (``1/2 ||w||^2 + C sum_i H_i``); reports use ``lam = 1 / (C n)`` (DESIGN.md).
+        lam: the regularization ``lam > 0`` of ``lam/2 ||w||^2 + (1/n) sum_i H_i`` (every solver's), over the n
+            training examples (sequences). The algorithm runs on the paper's ``1/2 ||w||^2 + C sum_i H_i``, the
+            same objective times ``1 / lam``, with ``C = 1 / (lam n)``: the same iterates ``w``. Default (neither
+            ``lam`` nor ``C``): ``C = 1``, i.e. ``lam = 1 / n``.
+        C: deprecated keyword (a DeprecationWarning): the paper's ``C``; `GDMM.from_C` is the C form.
         rho: the augmented-Lagrangian penalty (note 002: 0.1 on POS, 1-10 on ChineseOCR).
         eta: the multiplier step (1 in every run of the paper); 0 gives Soft-BCFW.
         fmo: ``"exact"`` or ``"sampled"`` unigram oracle; ``nu``: its number of label blocks.
@@ -133,9 +137,25 @@ class GDMM:
                     return super().__new__(variant)
         return super().__new__(cls)
 
-    def _check_args(self, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update) -> None:
-        """Validate and store ``C, rho, eta``; check the rest (shared by the chain and multi-label solvers)."""
-        self.C = check_positive_float("C", C)
+    @classmethod
+    def from_C(cls, model, dataset=None, C: float = 1.0, **kwargs):
+        """The solver of the paper's ``1/2 ||w||^2 + C sum_i H_i`` (``lam = 1 / (C n)``, n training examples):
+        ``GDMM.from_C(model, dataset, C=1.0, rho=...)``; the other arguments are those of `GDMM`."""
+        solver = cls.__new__(cls, model)  # GDMM(problem) may build a variant: its __init__ runs
+        solver._C_form = True
+        solver.__init__(model, dataset, C=C, **kwargs)
+        return solver
+
+    def _check_args(self, lam, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update) -> None:
+        """Validate and store ``lam`` or ``C`` (`_set_regularization` converts once n is known), ``rho, eta``;
+        check the rest (shared by the chain and multi-label solvers)."""
+        if lam is not None and C is not None:
+            raise ValueError("pass lam or C, not both (lam = 1 / (C n))")
+        if C is not None and not getattr(self, "_C_form", False):
+            warnings.warn("GDMM(C=...) is deprecated: pass lam = 1 / (C n) (n training examples), or use "
+                          "GDMM.from_C(model, dataset, C, ...)", DeprecationWarning, stacklevel=3)
+        self._lam_arg = None if lam is None else check_positive_float("lam", lam)
+        self.C = check_positive_float("C", 1.0 if C is None else C)
         self.rho = check_positive_float("rho", rho)
         try:
             self.eta = float(eta)
@@ -157,11 +177,12 @@ class GDMM:
             # a dropped entry's value leaves alpha but not the primal tables (W, v): beyond rounding they disagree
             raise ValueError(f"drop_tol must be in [0, {_MAX_DROP_TOL}] (a rounding threshold), got {drop_tol}")
 
-    def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
+    def __init__(self, model, dataset=None, lam: Optional[float] = None, *, C: Optional[float] = None,
+                 rho: float = 0.1, eta: float = 1.0,
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
                  structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
                  backend: str = "auto", engine: str = "auto", bigram_update: str = "step"):
-        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
+        self._check_args(lam, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
         if bigram_search not in BIGRAM_SEARCHES:
             raise ValueError(f"bigram_search must be one of {BIGRAM_SEARCHES}, got {bigram_search!r}")
         if engine not in ENGINES:
@@ -180,7 +201,7 @@ class GDMM:
         self.K, self.n, self.device = p.K, p.n, p.device
         if nu > self.K:  # the label blocks are a split of the K labels: an empty block has no argmax
             raise ValueError(f"nu must be <= K = {self.K} (nu label blocks split the labels), got {nu}")
-        self.lam = 1.0 / (self.C * self.n)
+        self._set_regularization()
         K, dev, f64 = self.K, self.device, torch.float64
         self.bigram_search = ("brute" if K <= _BRUTE_MAX_K else "index") if bigram_search == "auto" else bigram_search
         self.engine = self._resolve_engine(engine)
@@ -222,6 +243,13 @@ class GDMM:
         self.last_primal: Optional[float] = None
         self._x_numba = None
         self._write_model()
+
+    def _set_regularization(self) -> None:
+        """``lam`` and ``C = 1 / (lam n)`` from the one given (``C``: ``lam = 1 / (C n)``)."""
+        if self._lam_arg is None:
+            self.lam = 1.0 / (self.C * self.n)
+        else:
+            self.lam, self.C = self._lam_arg, 1.0 / (self._lam_arg * self.n)
 
     def _features(self, p, valid, seq, pos, last) -> None:
         """Token features ``x_t`` with the model's bias / first / last indicators appended (rows of ``W``
@@ -612,53 +640,49 @@ class GDMM:
         self._log(r)
         return r
 
+    # -- loop (`Solver`) -------------------------------------------------------------------------
+    limit_integer = True
+    report_keys = ("primal", "dual", "gap", "lagrangian", "infeasibility", "active_unigram", "active_bigram",
+                   "visits_unigram", "visits_bigram", "inner_bigram", "time")
+
+    def _progress(self) -> int:
+        return self.iterations
+
+    def _log_step(self, r: dict) -> int:
+        return self.iterations
+
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *,
             infeasibility_tol: Optional[float] = None, callback=None) -> list:
-        """Call `step` until ``max_iter`` iterations, ``time_budget`` solver seconds, or (with
-        ``infeasibility_tol``) an iterate whose infeasibility is at most that and whose gap, when computed,
-        is at most ``infeasibility_tol`` too. Returns the reports; ``callback(report)`` after each."""
-        if max_iter is None and time_budget is None and infeasibility_tol is None:
-            raise ValueError("fit needs at least one of max_iter, time_budget, infeasibility_tol")
-        check_limits(max_iter=max_iter, time_budget=time_budget, infeasibility_tol=infeasibility_tol,
-                     integer=("max_iter",))
-        history = []
-        if max_iter is not None and self.iterations >= max_iter:
-            return history  # max_iter counts from the start of training: already met, no step
-        while True:
-            r = self.step()
-            history.append(r)
-            if callback is not None:
-                callback(r)
-            if infeasibility_tol is not None and r["infeasibility"] <= infeasibility_tol and (
-                    r["gap"] is None or r["gap"] <= infeasibility_tol):
-                break
-            if max_iter is not None and self.iterations >= max_iter:
-                break
-            if time_budget is not None and self.seconds >= time_budget:
-                break
-        return history
+        """Call `step` until ``max_iter`` iterations (from the start of training), ``time_budget`` solver seconds,
+        or (with ``infeasibility_tol``) an iterate whose infeasibility is at most that and whose gap, when computed,
+        is at most ``infeasibility_tol`` too. Returns the reports; ``callback(report)`` after each. The loop is
+        `Solver._fit` (a limit that stops the run short of ``infeasibility_tol`` warns: `ConvergenceWarning`)."""
+        return self._fit({"max_iter": max_iter, "time_budget": time_budget, "infeasibility_tol": infeasibility_tol},
+                         callback=callback)
 
-    def _log(self, r: dict) -> None:
-        if self.writer is None:
-            return
-        for key in ("primal", "dual", "gap", "lagrangian", "infeasibility", "active_unigram", "active_bigram",
-                    "visits_unigram", "visits_bigram", "inner_bigram", "time"):
-            value = r.get(key)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(f"{self.tag}/{key}", value, self.iterations)
+    def _done(self, r: dict, limits: dict, exact: bool) -> bool:
+        tol = limits.get("infeasibility_tol")
+        return super()._done(r, limits, exact) or (tol is not None and r["infeasibility"] <= tol and (
+            r["gap"] is None or r["gap"] <= tol))
 
-    # -- state ----------------------------------------------------------------------------------
+    # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("uidx", "uval", "bidx", "bval", "W", "v", "lam_L", "lam_R")
+    _state_scalars = ("iterations",)
     _sparse_state = ("uidx", "uval", "bidx", "bval")  # padded active sets: their width may differ
     _block_orders = ("label_blocks",)  # random partitions of the sampled oracle, saved as one permutation
 
-    def state_dict(self) -> dict:
-        s = {k: getattr(self, k).clone() for k in self._state_tensors}
-        s.update(iterations=self.iterations, seconds=self.seconds, fmo_calls=dict(self.fmo_calls),
-                 fmo_visits=dict(self.fmo_visits), inner=dict(self.inner), generator=self.generator.get_state(),
-                 C=self.C, rho=self.rho, eta=self.eta)
+    def _extra_state(self) -> dict:
+        # C, rho and eta are state, not configuration: a loaded state brings its own (`load_state_dict`)
+        s = dict(seconds=self.seconds, fmo_calls=dict(self.fmo_calls), fmo_visits=dict(self.fmo_visits),
+                 inner=dict(self.inner), generator=self.generator.get_state(), C=self.C, rho=self.rho, eta=self.eta)
         s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
         return s
+
+    def _state_shape(self, key: str, state: dict) -> tuple:
+        cur, new = getattr(self, key), state[key]
+        if key in self._sparse_state and isinstance(new, torch.Tensor) and new.dim() == cur.dim():
+            return (cur.shape[0], *new.shape[1:])  # the active sets' saved width
+        return tuple(cur.shape)
 
     def _checked_blocks(self, name: str, order) -> tuple:
         cur = torch.cat(getattr(self, name))
@@ -667,32 +691,23 @@ class GDMM:
             raise ValueError(f"state_dict[{name!r}] is not a permutation of this problem's {cur.numel()} ids")
         return order.to(cur.device).tensor_split(self.nu)
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a `state_dict` (its C, rho and eta too). Everything is checked before anything is set."""
-        missing = [k for k in (*self._state_tensors, "iterations", "generator") if k not in state]
-        if missing:
-            raise ValueError(f"state_dict is missing {missing}")
-        tensors = {}
-        for k in self._state_tensors:
-            cur, new = getattr(self, k), state[k]
-            if not isinstance(new, torch.Tensor) or new.dim() != cur.dim() or (
-                    k not in self._sparse_state and new.shape != cur.shape) or (
-                    new.shape[0] != cur.shape[0]):
-                raise ValueError(f"state_dict[{k!r}] does not match this problem (shape {tuple(cur.shape)})")
-            check_not_nan(new, k)
-            tensors[k] = new.to(cur.device, cur.dtype).clone()
-        blocks = {k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state}
-        C = check_positive_float("state_dict['C']", state.get("C", self.C))
-        rho = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
-        scalars = checked_scalars({"eta": self.eta, "seconds": 0.0, **state},
-                                  {"eta": float, "iterations": int, "seconds": float})
-        counters = {k: dict(state.get(k, getattr(self, k))) for k in ("fmo_calls", "fmo_visits", "inner")}
-        generator = checked_generator_state(state)
-        for k, v in {**tensors, **blocks, **scalars, **counters}.items():
-            setattr(self, k, v)
-        self.C, self.rho = C, rho
-        self.lam = 1.0 / (self.C * self.n)
-        self.generator.set_state(generator)
+    def _checked_state(self, state: dict) -> dict:
+        """Also the state's C, rho and eta (restored with it), counters, block orders and generator."""
+        require_keys(state, ("generator",))
+        out = super()._checked_state(state)
+        out.update({k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state})
+        out["C"] = check_positive_float("state_dict['C']", state.get("C", self.C))
+        out["rho"] = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
+        out.update(checked_scalars({"eta": self.eta, "seconds": 0.0, **state}, {"eta": float, "seconds": float}))
+        out.update({k: dict(state.get(k, getattr(self, k))) for k in ("fmo_calls", "fmo_visits", "inner")})
+        out["_generator"] = checked_generator_state(state)
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        self.generator.set_state(checked.pop("_generator"))
+        if checked["C"] != self.C:  # the state's C (else lam stays as given, without a round trip through C)
+            self.lam = 1.0 / (checked["C"] * self.n)
+        super()._set_state(checked)
         if self.index is not None:
             self.index = BigramIndex(self.v)
         self._write_model()

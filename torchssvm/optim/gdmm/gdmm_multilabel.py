@@ -1,6 +1,7 @@
 """GDMM for multi-label problems: a pairwise binary MRF over K labels (note 002 section 2.4, "Multilabel").
 
-`GDMM` builds this solver when its model is a `MultiLabelProblem` (``GDMM(problem, C=..., rho=...)``). Every
+`GDMM` builds this solver when its model is a `MultiLabelProblem` (``GDMM(problem, lam=..., rho=...)``; ``lam = 1 /
+(C n)`` with the paper's C and the n examples, `GDMM.from_C` takes C). Every
 example i has one unigram factor per label k (2 states) and one pairwise factor per edge e = (k, l) of the
 structure (4 states 00, 01, 10, 11; "full" is the fully connected model of the paper). The scores are
 ``<W_k, x_i> + b_k`` for ``y_k = 1`` and ``v_e`` for ``(y_k, y_l) = (1, 1)``; every other state scores 0.
@@ -50,6 +51,8 @@ the relaxed SSVM, whose value is at least the exact optimum (and at least the ex
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..._validation import check_seed
@@ -68,7 +71,8 @@ _SIDE2 = (-1.0, 1.0, -1.0, 1.0)
 class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
     """GDMM on a `MultiLabelProblem` (use ``GDMM(problem, ...)``, which returns this class).
 
-    Args: those of `GDMM`; ``model`` is the `MultiLabelProblem` (dataset None). ``bigram_search`` must stay
+    Args: those of `GDMM` (``lam = 1 / (C n)`` over the n examples); ``model`` is the `MultiLabelProblem` (dataset
+    None). ``bigram_search`` must stay
     ``"auto"`` (pairwise factors have 4 states); ``structure`` comes from the problem.
     bigram_update: ``"step"`` (``pair_steps`` projected steps, each with its exact line search) or
         ``"exact"`` (the exact block minimization of each pairwise factor, `shifted_simplex_qp`).
@@ -79,7 +83,8 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
     factors visited per example and pass.
     """
 
-    def __init__(self, model, dataset=None, C: float = 1.0, *, rho: float = 0.1, eta: float = 1.0,
+    def __init__(self, model, dataset=None, lam: Optional[float] = None, *, C: Optional[float] = None,
+                 rho: float = 0.1, eta: float = 1.0,
                  fmo: str = "exact", nu: int = 1, batch_size: int = 1, bigram_search: str = "auto",
                  structure=None, primal_every: int = 1, drop_tol: float = 1e-12, seed: int = 0, writer=None,
                  backend: str = "auto", bigram_update: str = "step", pair_steps: int = 1):
@@ -98,7 +103,7 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
         if bigram_search != "auto":
             raise ValueError(f"bigram_search={bigram_search!r} applies to chains only; pairwise multi-label "
                              "factors have 4 states")
-        self._check_args(C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
+        self._check_args(lam, C, rho, eta, fmo, nu, batch_size, primal_every, drop_tol, bigram_update)
         self.bigram_update = bigram_update
         p = self.problem = model
         if p.structure.class_weights is not None:
@@ -112,7 +117,7 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
         self.fmo, self.nu, self.batch_size = fmo, nu, batch_size
         self.primal_every, self.drop_tol, self.writer = primal_every, float(drop_tol), writer
         self.K, self.n, self.device, self.E = p.K, p.n, p.device, p.E
-        self.lam = 1.0 / (self.C * self.n)
+        self._set_regularization()
         f64, dev = torch.float64, self.device
         self.x = p.x.to(f64)
         self.x_sqnorm = (self.x * self.x).sum(1) + (1.0 if p.bias else 0.0)
