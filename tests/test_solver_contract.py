@@ -12,7 +12,7 @@ from torchssvm import optim
 from torchssvm.optim import ConvergenceWarning, Solver
 
 # solvers still on their own loop (moved one family at a time)
-NOT_YET = {"Pragam", "MulticlassPragam", "SSG", "KernelCuttingPlane"}
+NOT_YET = {"KernelCuttingPlane"}
 SHARED = ("_fit", "state_dict", "load_state_dict", "_checked_state", "_log")
 
 
@@ -288,3 +288,37 @@ def test_multilabel_gdmm_lam_and_the_equivalent_C_give_the_same_iterates():
     for _ in range(2):
         a.step(), b.step()
     assert torch.equal(a.a, b.a) and torch.equal(a.W, b.W)
+
+
+# -- Pragam, SSG ----------------------------------------------------------------------------------------------------
+def _xy(n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    y = torch.where(x[:, 0] + 0.3 * torch.randn(n, generator=g, dtype=torch.float64) > 0, 1, -1)
+    return x, y
+
+
+def test_pragam_runs_the_shared_loop():
+    x, y = _xy()
+    s = optim.Pragam(x, y, 0.1)
+    assert type(s).fit is Solver.fit
+    hist = _no_warning(lambda: s.fit(max_iter=500, gap_tol=1e-2))
+    assert hist[-1]["gap"] <= 1e-2 and s.fit(max_iter=1) == []
+    with pytest.warns(ConvergenceWarning, match="max_iter before reaching gap_tol"):
+        s.fit(max_iter=s.iteration + 1, gap_tol=1e-14)
+    with pytest.raises(TypeError, match="max_iter must be an int"):
+        s.fit(max_iter=2.5)
+    t = optim.Pragam(x, y, 0.1)
+    t.load_state_dict(s.state_dict())
+    assert t.step()["gap"] == s.step()["gap"]
+
+
+def test_ssg_limit_counts_from_the_call_and_its_state_round_trips(chain):
+    a = optim.SSG(_model(chain), chain, lam=0.1, seed=0, backend="torch")
+    assert len(a.fit(2)) == 2 and len(a.fit(1)) == 1 and a.steps_done == 3  # max_passes more passes
+    assert a.fit(0) == []
+    with pytest.raises(ValueError, match="max_passes must be >= 0"):
+        a.fit(-1)
+    b = optim.SSG(_model(chain), chain, lam=0.1, seed=5, backend="torch")
+    b.load_state_dict(a.state_dict())
+    assert a.step()["primal"] == b.step()["primal"]

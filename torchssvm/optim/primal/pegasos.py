@@ -7,6 +7,12 @@ Step t (from 1): ``w <- w - eta_t (lam w + grad)`` with ``eta_t = 1 / (lam t)``,
 ``loss.backward()`` left in ``.grad``. Optional projection onto the ball of radius ``1 / sqrt(lam)``
 (Pegasos' projection step, which holds the optimum when the loss is at most 1 at ``w = 0``) and the
 running average of the iterates ``avg <- avg + (w - avg) / t`` (read with `averaged`).
+
+Why it is a ``torch.optim.Optimizer`` and not a `torchssvm.optim.Solver`: it owns no problem and no loop. The
+user's loop computes any loss on any model (a network's outputs included), calls ``backward()`` and then
+``step()``; the optimizer only updates parameters from their ``.grad``, with PyTorch's ``state_dict``, param groups
+and schedulers. A `Solver` owns its problem (an oracle over the training set), so that its reports can carry a
+primal / dual / gap and its ``fit`` can stop on them; `SSG` is the same Pegasos schedule in that form.
 """
 
 from __future__ import annotations

@@ -44,9 +44,8 @@ from typing import Optional
 import torch
 
 from ..._validation import shape_or_type
-from .._state import check_config, checked_scalars, checked_tensor, require_keys
 from ..dual_solver import _check_lam
-from ..loop import check_limits, log_scalars, run_steps
+from ..solver import Solver
 
 # Safety factor on the Lanczos estimate of sigma_max(X)^2: the Ritz value is a lower bound that 50 steps bring
 # to ~1e-8 relative on the data we tried (Gaussian 2000 x 1000 included); 1% on top makes L an upper bound.
@@ -80,7 +79,7 @@ def best_bias(scores: torch.Tensor, y: torch.Tensor):
     return float(b), float((r - y * b).clamp_min(0).mean())
 
 
-class Pragam:
+class Pragam(Solver):
     """``solver = Pragam(X, y, lam)``; ``solver.step()`` runs one iteration of Algorithm 1 and returns its report.
 
     Args:
@@ -332,29 +331,18 @@ class Pragam:
         """The report of the current iterate (as the last `step` returned it; after construction, iterate 0)."""
         return dict(self.last_report)
 
-    def fit(self, max_iter: Optional[int] = None, gap_tol: Optional[float] = None,
-            time_budget: Optional[float] = None, callback=None) -> list:
-        """Call `step` until ``iteration >= max_iter``, ``gap <= gap_tol`` (exact, a certificate) or ``time_budget``
-        seconds of solver time are spent. Returns the list of step reports; ``callback(report)`` after each."""
-        if max_iter is None and gap_tol is None and time_budget is None:
-            raise ValueError("fit needs at least one of max_iter, gap_tol, time_budget")
-        check_limits(max_iter=max_iter, gap_tol=gap_tol, time_budget=time_budget, integer=("max_iter",))
-        if max_iter is not None and self.iteration >= max_iter:
-            return []
+    # -- loop (`Solver`): Solver.fit(max_iter, gap_tol, time_budget, callback) ------------------------------------
+    limit_integer = True
+    report_keys = ("primal", "dual", "gap", "bound", "mu", "passes", "time")
 
-        def stop(r):
-            return ((max_iter is not None and self.iteration >= max_iter)
-                    or (gap_tol is not None and r["gap"] <= gap_tol)
-                    or (time_budget is not None and self.seconds >= time_budget))
+    def _progress(self) -> int:
+        return self.iteration
 
-        return run_steps(self.step, stop, callback)
+    def _log_step(self, r: dict) -> int:
+        return r["iteration"]
 
-    def _log(self, r: dict) -> None:
-        if self.writer is None:
-            return
-        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "bound", "mu", "passes", "time"),
-                    r["iteration"])
-        self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], r["iteration"])
+    def _log_extra(self, r: dict, step: int) -> None:
+        self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], step)
 
     # -- prediction -----------------------------------------------------------------------------
     def _check_new_X(self, X) -> torch.Tensor:
@@ -374,23 +362,26 @@ class Pragam:
         f = self.decision_function(X)
         return torch.where(f >= 0, 1, -1).to(torch.int64)
 
-    # -- state ----------------------------------------------------------------------------------
+    # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("alpha", "w", "w_hat", "Xw")
     _state_scalars = ("iteration", "passes", "seconds", "L", "b")
 
-    def state_dict(self) -> dict:
-        s = {k: getattr(self, k).clone() for k in self._state_tensors}
-        s.update({k: getattr(self, k) for k in self._state_scalars})
-        s.update(lam=self.lam, bias=self.bias, n=self.n, d=self.d, last_report=dict(self.last_report))
-        return s
+    def _config(self) -> dict:
+        """A state is bound to the same X, y, lam and bias (lam and bias are checked; the sizes by the tensors)."""
+        return {"lam": self.lam, "bias": self.bias}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict` (same X, y, lam and bias): the run continues the same trajectory. A state of
-        other sizes, lam or bias raises a ValueError and leaves the solver unchanged."""
-        require_keys(state, (*self._state_tensors, *self._state_scalars))
-        check_config(state, {"lam": self.lam, "bias": self.bias})
-        tensors = {k: checked_tensor(state, k, getattr(self, k).shape, getattr(self, k)) for k in self._state_tensors}
-        scalars = checked_scalars(state, {"iteration": int, "passes": int, "seconds": float, "L": float, "b": float})
-        for k, value in {**tensors, **scalars}.items():
-            setattr(self, k, value)
-        self.last_report = dict(state["last_report"]) if state.get("last_report") else self._report()
+    def _scalar_types(self) -> dict:
+        return {"iteration": int, "passes": int, "seconds": float, "L": float, "b": float}
+
+    def _extra_state(self) -> dict:
+        return {"n": self.n, "d": self.d, "last_report": dict(self.last_report)}
+
+    def _set_state(self, checked: dict) -> None:
+        last = checked.pop("last_report")
+        super()._set_state(checked)
+        self.last_report = last if last else self._report()
+
+    def _checked_state(self, state: dict) -> dict:
+        out = super()._checked_state(state)
+        out["last_report"] = dict(state["last_report"]) if state.get("last_report") else None
+        return out

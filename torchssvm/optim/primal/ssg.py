@@ -16,13 +16,13 @@ from typing import Optional
 
 import torch
 
-from .._state import box_state, check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
+from .._state import box_state, checked_generator_state, require_keys
 from ..dual_solver import _check_lam, parse_box
-from ..loop import check_limits
 from ..problems import make_problem, rescaling_of
+from ..solver import Solver
 
 
-class SSG:
+class SSG(Solver):
     """``SSG(model, dataset, lam, averaging=True, seed=0)``; `step` runs n iterations (one pass)."""
 
     tag = "ssg"
@@ -77,10 +77,7 @@ class SSG:
         primal = self.primal() if self.eval_every and self.steps_done % self.eval_every == 0 else None
         r = {"primal": primal, "dual": None, "gap": None, "gap_exact": False, "passes": self.oracle_calls / self.n,
              "oracle_calls": self.oracle_calls, "time": self.seconds}
-        if self.writer is not None:
-            for key in ("primal", "passes", "oracle_calls", "time"):
-                if r[key] is not None:
-                    self.writer.add_scalar(f"{self.tag}/{key}", r[key], self.steps_done)
+        self._log(r)
         return r
 
     @torch.no_grad()
@@ -88,31 +85,39 @@ class SSG:
         """Exact ``P(w)`` of the output iterate (or of ``w``) by a full oracle pass (not counted)."""
         return self.problem.primal(self.output if w is None else w, self.lam)
 
-    def fit(self, max_passes: int) -> list:
-        """``max_passes`` more calls of `step` (one pass each). Returns the reports."""
-        check_limits(max_passes=max_passes, integer=("max_passes",))
-        return [self.step() for _ in range(max_passes)]
+    # -- loop (`Solver`) -------------------------------------------------------------------------
+    limit_name = "max_passes"
+    limit_integer = True
+    limit_relative = True  # fit(max_passes): this many more passes
+    report_keys = ("primal", "passes", "oracle_calls", "time")
+
+    def _progress(self) -> int:
+        return self.steps_done
+
+    def fit(self, max_passes: int, time_budget: Optional[float] = None, *, callback=None) -> list:
+        """``max_passes`` more calls of `step` (one pass each), or fewer when ``time_budget`` seconds of solver time
+        are spent. Returns the reports; ``callback(report)`` after each. The loop is `Solver._fit`."""
+        return self._fit({"max_passes": max_passes, "time_budget": time_budget}, callback=callback)
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
         return {"n": self.n, "lam": self.lam, "rescaling": rescaling_of(self.problem), "box": box_state(self.box),
                 "averaging": self.averaging}
 
-    def state_dict(self) -> dict:
-        return {"w": self.w.clone(), "w_avg": self.w_avg.clone(), "k": self.k, "oracle_calls": self.oracle_calls,
-                "steps_done": self.steps_done, "seconds": self.seconds, "generator": self.generator.get_state(),
-                **self._config()}
+    # -- state (`Solver`) ------------------------------------------------------------------------
+    _state_tensors = ("w", "w_avg")
+    _state_scalars = ("k", "oracle_calls", "steps_done", "seconds")
 
-    def load_state_dict(self, s: dict) -> None:
-        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved with
-        another ``lam``, rescaling, box or ``averaging``, raises a ValueError and leaves the solver unchanged."""
-        require_keys(s, ("w", "w_avg", "k", "oracle_calls", "steps_done", "seconds", "generator"))
-        check_config(s, self._config())
-        w, w_avg = (checked_tensor(s, k, self.w.shape, self.w) for k in ("w", "w_avg"))
-        scalars = checked_scalars(s, {"k": int, "oracle_calls": int, "steps_done": int, "seconds": float})
-        generator = checked_generator_state(s)
-        self.w, self.w_avg = w, w_avg
-        for k, value in scalars.items():
-            setattr(self, k, value)
-        self.generator.set_state(generator)
+    def _extra_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def _checked_state(self, state: dict) -> dict:
+        require_keys(state, ("generator",))
+        out = super()._checked_state(state)
+        out["_generator"] = checked_generator_state(state)
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        self.generator.set_state(checked.pop("_generator"))
+        super()._set_state(checked)
         self.problem.write_model(self.output)
