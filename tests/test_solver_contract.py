@@ -12,7 +12,7 @@ from torchssvm import optim
 from torchssvm.optim import ConvergenceWarning, Solver
 
 # solvers still on their own loop (moved one family at a time)
-NOT_YET = {"KernelCuttingPlane"}
+NOT_YET = set()
 SHARED = ("_fit", "state_dict", "load_state_dict", "_checked_state", "_log")
 
 
@@ -322,3 +322,20 @@ def test_ssg_limit_counts_from_the_call_and_its_state_round_trips(chain):
     b = optim.SSG(_model(chain), chain, lam=0.1, seed=5, backend="torch")
     b.load_state_dict(a.state_dict())
     assert a.step()["primal"] == b.step()["primal"]
+
+
+# -- KernelCuttingPlane ---------------------------------------------------------------------------------------------
+def test_kernel_cutting_plane_lam_and_the_equivalent_C_give_the_same_iterates():
+    x, y = _xy()
+    a = optim.KernelCuttingPlane(x, y, lam=0.25, gamma=0.5, sampling="exact", eps=1e-3)
+    b = optim.KernelCuttingPlane.from_C(x, y, 4.0, gamma=0.5, sampling="exact", eps=1e-3)
+    assert a.C == b.C == 4.0 and a.lam == b.lam == 0.25
+    ha, hb = a.fit(max_iter=5), b.fit(max_iter=5)
+    assert torch.equal(a.alpha, b.alpha) and [r["dual"] for r in ha] == [r["dual"] for r in hb]
+    with pytest.warns(DeprecationWarning, match="lam = 1 / C"):
+        c = optim.KernelCuttingPlane(x, y, 4.0, gamma=0.5, sampling="exact")
+    assert c.C == 4.0 and c.lam == 0.25
+    with pytest.raises(ValueError, match="lam or C"):
+        optim.KernelCuttingPlane(x, y, 4.0, lam=0.25)
+    assert optim.KernelCuttingPlane(x, y, gamma=0.5).C == 1.0  # the former default
+    assert a.fit(max_iter=a.steps_done) == []  # already met

@@ -1,4 +1,5 @@
-"""What the solvers outside `DualSolver` share: the `fit` loop and the TensorBoard scalars."""
+"""The pieces of `Solver`'s loop and logging (`solver.py`): the checks of a ``fit``'s limits, the TensorBoard
+scalars."""
 
 from __future__ import annotations
 
@@ -18,18 +19,6 @@ def check_limits(*, integer: tuple = (), **limits) -> None:
             raise TypeError(f"{name} must be {'an int' if name in integer else 'a number'} or None, got {value!r}")
         if not value >= 0:
             raise ValueError(f"{name} must be >= 0, got {value!r}")
-
-
-def run_steps(step, stop, callback=None) -> list:
-    """Call ``step()`` until ``stop(report)`` is true; ``callback(report)`` after each. Returns the reports."""
-    history = []
-    while True:
-        r = step()
-        history.append(r)
-        if callback is not None:
-            callback(r)
-        if stop(r):
-            return history
 
 
 def log_scalars(writer, tag: str, report: dict, keys, step: int) -> None:

@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Optional
 
 import torch
 
 from ..._validation import check_positive_int, check_seed
-from .._state import check_config, checked_generator_state, checked_scalars, checked_tensor, require_keys
+from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
 from ..cutting_planes.simplex_qp import simplex_qp
-from ..loop import check_limits, log_scalars, run_steps
+from ..solver import Solver
 from .mercer import MercerKernel
 
 SAMPLINGS = ("exact", "linear", "constant", "hybrid")
@@ -116,8 +117,8 @@ class CutCache:
         return self.buf[:, idx, :][self.slot]
 
 
-class KernelCuttingPlane:
-    """``solver = KernelCuttingPlane(x, y, C=..., kernel="rbf", gamma=..., sampling="linear", r=400)``;
+class KernelCuttingPlane(Solver):
+    """``solver = KernelCuttingPlane(x, y, lam=..., kernel="rbf", gamma=..., sampling="linear", r=400)``;
     ``solver.step()`` makes one cut and re-solves the QP; `fit` runs to the paper's stopping rule.
 
     Args:
@@ -125,7 +126,12 @@ class KernelCuttingPlane:
             QP, the scores and the cache).
         y: ``(N,)``: ``-1/+1`` (binary, also when only one of them occurs) or ``0..K-1`` (multiclass, ``num_classes``
             or ``max + 1`` classes).
-        C: the average-slack C of OP1 (> 0).
+        lam: the regularization ``lam > 0`` of ``lam/2 ||w||^2 + (1/N) sum_i H_i`` (every solver's). The algorithm
+            runs on OP1, the same objective times ``1 / lam``, with ``C = 1 / lam``: the same iterates ``w``; the
+            reports' ``primal`` / ``dual`` / ``gap`` are OP1's (``lam`` times them are the ``lam`` form's).
+            Default (neither ``lam`` nor ``C``): ``C = 1``.
+        C: deprecated (a DeprecationWarning; positional or keyword): the average-slack C of OP1 (> 0);
+            `KernelCuttingPlane.from_C` is the C form.
         kernel, gamma: `MercerKernel` (``"rbf"`` with ``exp(-gamma ||x - x'||^2)``, or ``"linear"``).
         sampling: ``"exact"``, ``"linear"``, ``"constant"`` or ``"hybrid"``.
         r: draws per sampled cut (constant-time draws in ``"hybrid"``).
@@ -147,7 +153,17 @@ class KernelCuttingPlane:
 
     tag = "kernel_cp"
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, C: float = 1.0, *, kernel: str = "rbf",
+    @classmethod
+    def from_C(cls, x: torch.Tensor, y: torch.Tensor, C: float = 1.0, **kwargs):
+        """The solver of seed 004's OP1 with average-slack ``C`` (``lam = 1 / C``); the other arguments are those
+        of `KernelCuttingPlane`."""
+        solver = cls.__new__(cls)
+        solver._C_form = True
+        solver.__init__(x, y, C, **kwargs)
+        return solver
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, C: Optional[float] = None, *, lam: Optional[float] = None,
+                 kernel: str = "rbf",
                  gamma: Optional[float] = None, num_classes: Optional[int] = None, sampling: str = "linear",
                  r: int = 400, r_linear: Optional[int] = None, eps: float = 1e-3, inactive_after: int = 20,
                  patience: int = 4, max_resample: int = 100, qp_tol: float = 1e-3, seed: int = 0, chunk: int = 4096,
@@ -166,6 +182,16 @@ class KernelCuttingPlane:
         seed = check_seed(seed)
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        if lam is not None and C is not None:
+            raise ValueError("pass lam or C, not both (lam = 1 / C)")
+        if C is not None and not getattr(self, "_C_form", False):
+            warnings.warn("KernelCuttingPlane(x, y, C) is deprecated: pass lam = 1 / C, or use "
+                          "KernelCuttingPlane.from_C(x, y, C, ...)", DeprecationWarning, stacklevel=2)
+        if lam is not None:
+            if not (isinstance(lam, (int, float)) and not isinstance(lam, bool) and lam > 0 and math.isfinite(lam)):
+                raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
+            C = 1.0 / lam
+        C = 1.0 if C is None else C
         for name, value in (("C", C), ("eps", eps), ("qp_tol", qp_tol)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
                     and math.isfinite(value)):
@@ -192,6 +218,7 @@ class KernelCuttingPlane:
         self.kernel = MercerKernel(kernel, gamma)
         self.kernel.fit_scale(x)
         self.C, self.sampling, self.r, self.r_linear, self.eps = float(C), sampling, r, r_linear, float(eps)
+        self.lam = float(lam) if lam is not None else 1.0 / self.C
         # the cut oracle in use: "hybrid" starts constant-time and switches to linear-time (`_switch_to_linear`)
         self.mode = "constant" if sampling == "hybrid" else sampling
         self.inactive_after, self.patience, self.max_resample = inactive_after, patience, max_resample
@@ -529,26 +556,23 @@ class KernelCuttingPlane:
         self._log(r)
         return r
 
+    # -- loop (`Solver`) -------------------------------------------------------------------------
+    limit_integer = True
+    requires_limit = False  # `fit` with no limit runs to the sampling scheme's stopping rule (``converged``)
+    report_keys = ("primal", "dual", "gap", "violation", "cuts", "train_error", "kernel_evaluations", "time")
+
+    def _progress(self) -> int:
+        return self.steps_done
+
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None) -> list:
         """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations in all
-        (none when ``steps_done`` is already there) or ``time_budget`` seconds. Returns the reports.
+        (none when ``steps_done`` is already there) or ``time_budget`` seconds. Returns the reports (the loop is
+        `Solver._fit`).
 
         Each report certifies the iterate its step started from; a step that adds a cut then re-solves the QP. So
         after a stop on ``max_iter`` or ``time_budget`` the last report's gap is not the returned model's:
         `duality_gap` gives that one (a ``converged`` stop added no cut, and its report is the model's)."""
-        check_limits(max_iter=max_iter, time_budget=time_budget, integer=("max_iter",))
-        if max_iter is not None and self.steps_done >= max_iter:
-            return []
-
-        def stop(r):
-            return (r["converged"] or (max_iter is not None and self.steps_done >= max_iter)
-                    or (time_budget is not None and self.seconds >= time_budget))
-
-        return run_steps(self.step, stop, callback)
-
-    def _log(self, r: dict) -> None:
-        log_scalars(self.writer, self.tag, r, ("primal", "dual", "gap", "violation", "cuts", "train_error",
-                                               "kernel_evaluations", "time"), self.steps_done)
+        return self._fit({"max_iter": max_iter, "time_budget": time_budget}, callback=callback)
 
     # -- state ----------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -557,17 +581,16 @@ class KernelCuttingPlane:
         return {"N": self.N, "num_states": self.S, "kernel": self.kernel.name, "gamma": self.kernel.gamma,
                 "C": self.C, "sampling": self.sampling}
 
-    def state_dict(self) -> dict:
-        sizes = torch.tensor([b.numel() for b in self.basis], dtype=torch.long)
+    _state_tensors = ("coef", "offsets", "alpha", "age", "G")
+    _state_scalars = ("quiet", "sampled_cuts", "steps_done", "seconds")
+    _kept = ("basis", "diffs", "sizes", "cache", "mode", "kernel_evaluations", "generator")
+
+    def _extra_state(self) -> dict:
         cat = (lambda xs, shape: torch.cat(xs) if xs else torch.zeros(shape))  # noqa: E731
         return {"basis": cat(self.basis, (0,)).long(), "diffs": cat(self.diffs, (0, self.F.shape[1])).double(),
-                "sizes": sizes, "coef": self.coef.clone(), "offsets": self.offsets.clone(),
-                "alpha": self.alpha.clone(), "age": self.age.clone(), "G": self.G.clone(),
-                "cache": self.cache, "cache_layout": self._cache_layout(), "mode": self.mode, "quiet": self.quiet,
-                "sampled_cuts": self.sampled_cuts,
-                "steps_done": self.steps_done,
-                "seconds": self.seconds, "kernel_evaluations": self.kernel.evaluations,
-                "generator": self.generator.get_state(), **self._config()}
+                "sizes": torch.tensor([b.numel() for b in self.basis], dtype=torch.long), "cache": self.cache,
+                "cache_layout": self._cache_layout(), "mode": self.mode, "kernel_evaluations": self.kernel.evaluations,
+                "generator": self.generator.get_state()}
 
     def _cache_layout(self) -> torch.Tensor:
         """The cache's layout as one long tensor ``[capacity, T, slot (T), free...]``."""
@@ -590,19 +613,20 @@ class KernelCuttingPlane:
                              f"{rows} rows (capacity, count, then a permutation of the slots)")
         return capacity, slot.to(device), free.tolist()
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict`: the run continues the same trajectory. A state of another training-set size,
-        kernel, scale, C or sampling raises a ValueError and leaves the solver unchanged."""
-        require_keys(state, ("basis", "diffs", "sizes", "coef", "offsets", "alpha", "age", "G", "cache", "mode",
-                             "quiet", "sampled_cuts", "steps_done", "seconds", "kernel_evaluations", "generator"))
-        check_config(state, self._config())
-        dev, S1 = self.x.device, self.F.shape[1]
+    def _state_shape(self, key: str, state: dict) -> tuple:
+        t = state["sizes"].numel()  # the saved number of cuts (`_checked_state` checked the sizes first)
+        return (t, t) if key == "G" else (t,)
+
+    def _checked_state(self, state: dict) -> dict:
+        """Also the cuts' basis and rows (by the saved sizes), the cache and its layout, the mode, the kernel's
+        count and the generator."""
+        require_keys(state, (*self._state_tensors, *self._state_scalars, *self._kept))
         sizes = state["sizes"]
         if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.is_floating_point() or (sizes < 0).any():
             raise ValueError("state_dict['sizes'] must be a 1-D integer tensor of basis sizes >= 0")
+        out = super()._checked_state(state)
+        dev, S1 = self.x.device, self.F.shape[1]
         t, m = sizes.numel(), int(sizes.sum())
-        checked = {k: checked_tensor(state, k, (t,), getattr(self, k)) for k in ("coef", "offsets", "alpha", "age")}
-        checked["G"] = checked_tensor(state, "G", (t, t), self.G)
         basis = checked_tensor(state, "basis", (m,), torch.zeros(0, dtype=torch.long, device=dev))
         if m and (int(basis.min()) < 0 or int(basis.max()) >= self.N):
             raise ValueError(f"state_dict['basis'] must hold example indices in [0, {self.N})")
@@ -610,19 +634,21 @@ class KernelCuttingPlane:
         cache = state["cache"]
         rows = cache.shape[0] if isinstance(cache, torch.Tensor) and cache.dim() == 3 and cache.shape[0] in (0, t) \
             else t
-        cache = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
-        layout = self._checked_layout(state.get("cache_layout"), rows, dev)
+        out["_cache"] = checked_tensor(state, "cache", (rows, self.N, S1), self.F)
+        out["_layout"] = self._checked_layout(state.get("cache_layout"), rows, dev)
         if state["mode"] not in ("exact", "linear", "constant"):
             raise ValueError(f"state_dict['mode'] must be 'exact', 'linear' or 'constant', got {state['mode']!r}")
-        checked.update(checked_scalars(state, {"quiet": int, "steps_done": int, "sampled_cuts": int,
-                                               "seconds": float, "kernel_evaluations": int}))
-        generator = checked_generator_state(state)
+        out["mode"] = state["mode"]
+        out["_kernel_evaluations"] = checked_scalars(state, {"kernel_evaluations": int})["kernel_evaluations"]
+        out["_generator"] = checked_generator_state(state)
+        out["basis"] = list(basis.split(sizes.tolist())) if t else []
+        out["diffs"] = list(diffs.split(sizes.tolist())) if t else []
+        return out
+
+    def _set_state(self, checked: dict) -> None:
+        cache, layout = checked.pop("_cache"), checked.pop("_layout")
+        self.kernel.evaluations = checked.pop("_kernel_evaluations")
+        self.generator.set_state(checked.pop("_generator"))
         self._cat = None
-        self.basis = list(basis.split(sizes.tolist())) if t else []
-        self.diffs = list(diffs.split(sizes.tolist())) if t else []
-        self.kernel.evaluations = checked.pop("kernel_evaluations")
-        for k, value in checked.items():
-            setattr(self, k, value)
+        super()._set_state(checked)
         self._cache.set(cache, layout)
-        self.mode = state["mode"]
-        self.generator.set_state(generator)
