@@ -21,11 +21,6 @@ STRUCTURES = PACKAGE / "structures"
 HOOKS = {"has_slack_oracle": "_slack_max_oracle", "has_log_partition": "_log_partition",
          "has_table_oracle": "_labelling_table", "has_max_task_loss": "_max_task_loss"}
 
-#: calls of structure hooks in modules this change does not own (the optim rewrite in progress), each with the public
-#: name that replaces it; the scan allows these and nothing else
-PENDING = {("optim/gdmm/gdmm.py", "_position_loss_weights"): "Chain.position_loss_weights",
-           ("optim/gdmm/gdmm_multilabel.py", "_label_costs"): "MultiLabel.label_costs"}
-
 
 def _structure_classes():
     out, stack = [], [Structure]
@@ -66,8 +61,6 @@ def test_no_private_structure_name_is_used_outside_structures():
             if not (isinstance(node, ast.Attribute) and node.attr in names):
                 continue
             if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
-                continue
-            if (rel, node.attr) in PENDING:
                 continue
             found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "private structure names used outside torchssvm/structures:\n" + "\n".join(found)

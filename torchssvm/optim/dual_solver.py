@@ -1,6 +1,6 @@
 """What every dual SSVM solver shares: blocks, the primal ``w(alpha)``, box constraints, the exact gap.
 
-State, in float64 (note 001 section 1.3, in the marginal coordinates of `torchssvm.optim.problems`):
+State, in float64 (Osokin et al., 2016, in the marginal coordinates of `torchssvm.optim.problems`):
 
 - ``z (n, m)``: block i's ``m(y_i) - mu_i``; ``w_i = Phi_i z_i / (lam n)``.
 - ``ell (n,)``: ``l_i = (1/n) sum_y alpha_i(y) L_i(y)``.
@@ -78,7 +78,7 @@ def parse_box(box, problem: DualProblem):
 @torch.no_grad()
 def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell: torch.Tensor, chunk: int = 1024):
     """Exact block gaps ``g_i`` and hinge terms ``max_y H_i(y; w)`` by one oracle call per block:
-    ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (note 001 eq. 7 in marginal coordinates)."""
+    ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (Osokin et al., 2016, in marginal coordinates)."""
     n = problem.n
     gaps = torch.empty(n, dtype=torch.float64, device=problem.device)
     hinge = torch.empty_like(gaps)
@@ -101,7 +101,7 @@ class DualSolver(Solver):
         box: box constraints on ``w`` (`parse_box`), or None.
         writer: a TensorBoard ``SummaryWriter`` (scalars per step, histogram of block gaps), or None.
         structure, backend: passed to the problem (task loss, oracle backend).
-        rescaling: ``"margin"`` (default) or ``"slack"``: the slack-rescaled SSVM (seed 000) through
+        rescaling: ``"margin"`` (default) or ``"slack"``: the slack-rescaled SSVM (Choi et al., 2016) through
             `SlackRescaledProblem` (corners ``L(y) psi(y) / (lam n)``, losses ``L(y) / n``); needs a
             problem with an exact slack oracle (chains without class weights, feature tables).
     """

@@ -1,8 +1,8 @@
-"""The epsilon-approximate regularization path of "Minding the gaps" (note 001 section 2.8, Alg. 6 / 7).
+"""The epsilon-approximate regularization path of "Minding the gaps" (Osokin et al., 2016, Alg. 6 / 7).
 
 Breakpoints ``lam_0 > lam_1 > ... > lam_J`` with weights ``w_j`` such that ``w_j`` is epsilon-approximate
 (primal suboptimality <= its certified gap <= epsilon) for every ``lam`` in ``[lam_{j+1}, lam_j]``, and
-``(lam_0 / lam) w_0`` for ``lam >= lam_0``. Corrections of the note applied: ``lam_inf`` uses ``1 / (kappa
+``(lam_0 / lam) w_0`` for ``lam >= lam_0``. Corrections applied: ``lam_inf`` uses ``1 / (kappa
 eps)`` (Alg. 6), and the induction stops when ``Delta <= tau`` (Alg. 7's branch is inverted in the paper).
 Moving between breakpoints keeps the primal and rescales the duals (Prop. 1, `BCFW.rescale_lambda`), so
 the gap grows by exactly ``(1 - rho) Delta`` and the step ``rho = 1 - tau / Delta`` brings it to epsilon.

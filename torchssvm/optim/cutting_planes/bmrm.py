@@ -1,4 +1,4 @@
-"""Bundle methods for regularized risk minimization (BMRM; seed 003, section 1.1, eq. 3-4).
+"""Bundle methods for regularized risk minimization (BMRM; Zhang et al., 2010, eq. 3-4).
 
     J(w) = lam/2 ||w||^2 + R(w),     J_t(w) = lam/2 ||w||^2 + max_{k <= t} (c_k - <w, g_k>),
 
@@ -15,7 +15,7 @@ Two forms:
 - ``variant="ls"`` (ls-bmrm): a line search between the current model and the newest cut. The cuts so
   far are aggregated into one, ``(c_bar, g_bar) = sum_k alpha_k (c_k, g_k)``, and only ``alpha`` on the
   segment [aggregate, new cut] is optimized, in closed form: memory ``O(d)``, and in the adjoint the
-  Frank-Wolfe step with exact line search (for an SSVM: batch Frank-Wolfe on the dual, note 001).
+  Frank-Wolfe step with exact line search (for an SSVM: batch Frank-Wolfe on the dual, Osokin et al., 2016).
 
 Cuts are dense ``(d,)`` vectors (the bundle is ``t x d``). One `step` is one risk evaluation (for an
 SSVM: one oracle pass over the n examples) and one QP.

@@ -1,4 +1,4 @@
-"""The n-slack cutting-plane SSVM solver (SVM-struct's n-slack algorithm; seed 000 and seed 004, section 2).
+"""The n-slack cutting-plane SSVM solver (SVM-struct's n-slack algorithm; Yu & Joachims, 2008).
 
 Each example i keeps a working set ``W_i`` of labellings (cuts; the truth is slot 0, its cut is the
 constraint ``xi_i >= 0``). A pass separates every example at the current ``w``: it finds a labelling with
@@ -12,7 +12,7 @@ restricted to the working sets, a product of simplices (one per example) in the 
 
 with ``c_i(y)`` the problem's corner (``m(y_i) - m(y)``; loss-scaled under slack rescaling), i.e. the
 BCFW dual of `DualSolver` on a subset of corners, solved by block-coordinate descent with the coordinated
-mini-batch step of DESIGN.md (`_solve_qp`). The partial derivative is ``-H_i(y; w) / n``, so a gradient is
+mini-batch step of docs/design.md (`_solve_qp`). The partial derivative is ``-H_i(y; w) / n``, so a gradient is
 one batched scoring of the cuts, and the restricted QP has a Frank-Wolfe gap that stops it.
 
 Why block moves (measured, see docs/benchmarks/slack.md): a full-gradient accelerated method (FISTA with
@@ -25,7 +25,7 @@ moves between cuts reach the same optimum 10x or more faster on the tests' probl
 Cuts whose weight stayed 0 for ``inactive_after`` consecutive passes are removed (SVM-struct's rule).
 Separation is ``"exact"`` (the problem's oracle: exact loss-augmented decoding, or the exact slack oracle
 under ``rescaling="slack"``) or a callable ``separation(problem, theta, idx, xi) -> labels (B, width)``,
-e.g. a slack-rescaling search of `torchssvm.search` over lambda-oracles (seed 000's Table 1). The
+e.g. a slack-rescaling search of `torchssvm.search` over lambda-oracles (Choi et al., 2016, Table 1). The
 duality gap after a pass is exact when separation is exact (the oracle pass gives the primal at the
 iterate); `duality_gap` certifies any iterate.
 """
@@ -198,7 +198,7 @@ class NSlackCuttingPlane(DualSolver):
 
         Blocks are visited in random mini-batches of ``qp_batch``. Each block's move is either a pairwise
         move (``qp_step="pairwise"``: all the weight of its least violated active cut to its most violated
-        cut, the BCPFW direction of note 001 restricted to the working set), or towards the minimizer of
+        cut, the BCPFW direction of Osokin et al. (2016) restricted to the working set), or towards the minimizer of
         its own QP with the others fixed (``"projected"``, `_block_minimize`: FISTA on the block-simplex
         kernel with the block's ``C x C`` Hessian ``Q_i = G_i / (lam n^2)``, ``G_i`` the Gram matrix of its
         cuts). The step lengths ``gamma in [0, 1]^B`` of the mini-batch minimize the quadratic

@@ -1,15 +1,15 @@
-"""The 1-slack cutting plane of SVM-struct (seed 004, Alg. 1; Joachims, Finley & Yu 2009).
+"""The 1-slack cutting plane of SVM-struct (Yu & Joachims, 2008, Alg. 1; Joachims, Finley & Yu, 2009).
 
 One slack ``xi`` for the whole training set; a cut ``(c, g)`` is the average over the examples of the
 loss-augmented labellings' losses and joint-feature differences (`risks.StructuredRisk.cut`). The
-working-set QP (OP3, in our ``lam`` convention; ``C = 1 / lam`` of seed 004's average-slack form)
+working-set QP (OP3, in our ``lam`` convention; ``C = 1 / lam`` of Yu & Joachims's (2008) average-slack form)
 
     min_{w, xi >= 0}  lam/2 ||w||^2 + xi    s.t.  c_k - <w, g_k> <= xi  for every cut k in the working set,
 
 is solved in its adjoint (OP2): ``max sum_k alpha_k c_k - 1/(2 lam) ||sum_k alpha_k g_k||^2`` over
 ``alpha >= 0, sum alpha <= 1`` (`simplex_qp` with ``inequality=True``; the slack coordinate is the cut
 ``xi >= 0``). A new cut enters only when ``c - <w, g> > xi + eps`` (the exit test of Alg. 1), and cuts
-whose weight stayed 0 for ``inactive_after`` iterations leave (seed 004, section 2.5: 20). The QP's
+whose weight stayed 0 for ``inactive_after`` iterations leave (Yu & Joachims, 2008: 20). The QP's
 value at ``w`` is a lower bound of the SSVM optimum, so every report's ``gap`` is a certificate.
 """
 

@@ -1,17 +1,17 @@
 """Empirical risks as cutting-plane oracles: the value of ``R(w)`` and a cut that is tight at ``w``.
 
-Bundle methods (seed 003, eq. 3) and the 1-slack cutting plane (seed 004, Alg. 1) see the risk only
+Bundle methods (Zhang et al., 2010, eq. 3) and the 1-slack cutting plane (Yu & Joachims, 2008, Alg. 1) see the risk only
 through this oracle. A cut is a pair ``(c, g)`` with
 
     R(v) >= c - <v, g>  for every v,     R(w) = c - <w, g>  at the query point,
 
 i.e. ``-g`` is a subgradient of ``R`` at ``w`` and ``c = R(w) + <w, g>`` (BMRM's ``a = -g``, ``b = c``).
 For a margin-rescaled SSVM (`StructuredRisk`) ``c = (1/n) sum_i L_i(y^_i)`` and ``g = (1/n) sum_i
-psi_i(y^_i)``, the 1-slack cut of seed 004 (section 1.2) in our ``psi = phi(y_i) - phi(y)`` sign.
+psi_i(y^_i)``, the 1-slack cut of Yu & Joachims (2008) in our ``psi = phi(y_i) - phi(y)`` sign.
 
 - `StructuredRisk`: any `DualProblem` (chains, multiclass, multi-label, feature tables), one oracle pass.
 - `HingeRisk`: the binary hinge ``(1/n) sum_i max(0, 1 - y_i <x_i, w>)``, two matrix-vector products.
-- `MaxOfLinearRisk`: ``max_i <a_i, w> + b_i``, the lower-bound instance of seed 003 (section 1.3).
+- `MaxOfLinearRisk`: ``max_i <a_i, w> + b_i``, the lower-bound instance of Zhang et al. (2010).
 
 Each has ``d``, ``n``, ``device``, ``calls`` (oracle passes so far) and ``write_model(w)``.
 """
@@ -101,7 +101,7 @@ class HingeRisk(_ParameterVectorRisk):
 
 class MaxOfLinearRisk(_ParameterVectorRisk):
     """``R(w) = max_i <a_i, w> + b_i`` for ``a (k, d)`` and ``b (k,)`` (ties: the first index). With
-    ``a = H_d / sqrt(d)`` and ``b = 0`` it is the corrected lower-bound instance of seed 003 (note 003,
+    ``a = H_d / sqrt(d)`` and ``b = 0`` it is the corrected lower-bound instance of Zhang et al. (2010) (
     section 1.3), where exact BMRM needs ``1 / (2 lam eps)`` iterations."""
 
     def __init__(self, a: torch.Tensor, b=None):

@@ -2,8 +2,8 @@
 
     min_x  f(x) = 1/2 x^T Q x - c^T x    s.t.  x >= 0,  sum_i x_i = r     (or <= r with ``inequality=True``)
 
-with ``Q (t, t)`` positive semi-definite. It is the dual of the 1-slack working-set QP (seed 004, OP2,
-with ``Q = G / lam``, ``G`` the Gram matrix of the cuts and ``c`` their offsets), of qp-bmrm (seed 003,
+with ``Q (t, t)`` positive semi-definite. It is the dual of the 1-slack working-set QP (Yu & Joachims, 2008, OP2,
+with ``Q = G / lam``, ``G`` the Gram matrix of the cuts and ``c`` their offsets), of qp-bmrm (Zhang et al., 2010,
 eq. 10) and of the kernel SSVM (``r = C``). ``t`` is the number of cuts: tens to a few hundred.
 
 Solvers (``method``):

@@ -1,4 +1,4 @@
-"""Explicit sparse duals per block: the active set and the cache in one store (note 001, 2.3, 2.5, 2.6).
+"""Explicit sparse duals per block: the active set and the cache in one store (Osokin et al., 2016).
 
 Block i holds up to ``capacity`` atoms, each a labelling (identified by its labels, ``width`` long
 entries padded with -1), its task loss ``L_i(y)`` (not scaled) and its dual weight ``alpha_i(y)``.

@@ -1,4 +1,4 @@
-"""Batch Frank-Wolfe on the SSVM dual (note 001, App. H Alg. 8; Lacoste-Julien et al. 2013, Alg. 2).
+"""Batch Frank-Wolfe on the SSVM dual (Osokin et al., 2016, App. H Alg. 8; Lacoste-Julien et al., 2013, Alg. 2).
 
 Every step calls the oracle on all n blocks at the current ``w`` (one effective pass, batched), which
 gives the exact duality gap of that iterate, then takes the exactly line-searched step towards the

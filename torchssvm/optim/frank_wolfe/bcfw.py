@@ -1,17 +1,17 @@
 """Block-coordinate Frank-Wolfe for the SSVM dual, with the variants of "Minding the gaps".
 
-Osokin, Alayrac, Lukasewitz, Dokania, Lacoste-Julien, ICML 2016; note 001. Every combination of
+Osokin, Alayrac, Lukasewitz, Dokania, Lacoste-Julien, ICML 2016. Every combination of
 
 - sampling: ``"uniform"`` (Alg. 1) or ``"gap"`` (Alg. 2: ``P(i) ~ g_i`` with stale estimates, an exact
   refresh every ``gap_check_every`` passes counted as a pass, negative estimates clamped to 0, and the
   never-seen blocks visited first in a random order);
 - step: ``"fw"`` (Alg. 1), ``"pairwise"`` (BCPFW, Alg. 3) or ``"away"`` (BCAFW, Alg. 4, with ``w_d`` of
-  note 001 section 2.4);
+  Osokin et al., 2016);
 - a cache of labellings per block (Alg. 5: hit when ``g_hat >= max(F g_i, nu/n g_global)``; eviction of
   the lowest-scoring inactive atom, never an active atom under pairwise / away steps);
 - box constraints ``lower <= w <= upper`` (App. H, Alg. 9: the oracle runs at ``w = clip(v)``);
 - mini-batches of ``batch_size`` distinct blocks with one batched oracle call and the exact coordinated
-  box-QP step of DESIGN.md (``batch_size=1`` is the paper's algorithm step for step).
+  box-QP step of docs/design.md ("The exact mini-batch step") (``batch_size=1`` is the paper's algorithm step for step).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class BCFW(DualSolver):
 
     The initial global gap of the cache test is the exact gap at the start, ``(1/n) sum_i max_y L_i(y)``
     (free: no oracle call), between the paper's +inf (no hit before the first exact pass) and the
-    reference code's constant 1 (note 001 section 6, item 4).
+    reference code's constant 1 (Osokin et al., 2016).
     """
 
     tag = "bcfw"

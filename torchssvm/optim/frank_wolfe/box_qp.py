@@ -1,7 +1,7 @@
-"""The B x B box QP of the coordinated mini-batch step (DESIGN.md, "Mini-batches of blocks, exactly").
+"""The B x B box QP of the coordinated mini-batch step (docs/design.md, "The exact mini-batch step").
 
 ``min_gamma  f(gamma) = -c^T gamma + 1/2 gamma^T H gamma   s.t.  0 <= gamma <= upper``, with ``H``
-positive semi-definite. For ``B = 1`` the answer is the closed-form line search of note 001
+positive semi-definite. For ``B = 1`` the answer is the closed-form line search of Osokin et al. (2016)
 (section 1.5): ``clip(c / H, 0, upper)``.
 
 Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never increases):
@@ -16,7 +16,7 @@ Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never 
   Each returns the QP's optimum to ``tol`` (in 3.5 steps on average on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps.
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
-  reference of DESIGN.md.
+  reference of docs/design.md.
 """
 
 from __future__ import annotations

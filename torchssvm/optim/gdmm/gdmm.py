@@ -1,4 +1,4 @@
-"""GDMM: dual-decomposed SSVM learning with factorwise oracles (Yen et al., NIPS 2016; note 002), for chains.
+"""GDMM: dual-decomposed SSVM learning with factorwise oracles (Yen et al., NIPS 2016), for chains.
 
 (``GDMM(problem)`` with a `MultiLabelProblem` returns the pairwise multi-label solver of ``gdmm_multilabel.py``.)
 
@@ -9,9 +9,9 @@ kept sparse as active sets. They are coupled by the local-consistency constraint
 alpha_left``, ``colsum(beta_e) = alpha_right`` under an augmented Lagrangian (eq. 12, penalty ``rho``,
 scaled multipliers ``lam_L, lam_R``). With ``w = sum_t x_t alpha_t^T`` (emission and biases: start / end are
 indicator features of the first / last token) and ``v = sum_e beta_e`` (the transition table), the
-minimized dual is ``G = 1/2 ||w||^2 + 1/2 ||v||^2 + sum_t delta_t^T alpha_t`` (note 002's sign fix).
+minimized dual is ``G = 1/2 ||w||^2 + 1/2 ||v||^2 + sum_t delta_t^T alpha_t`` (with the sign of the dual fixed).
 
-One outer iteration (`GDMM.step`, Algorithm 1 with the block update of note 002 section 2.4):
+One outer iteration (`GDMM.step`, Algorithm 1 of Yen et al. (2016)):
 
 1. every unigram factor, in a random order: the factorwise oracle (FMO) ``argmax_k g_t(k)`` over the
    labels outside the active set, ``g_t = w^T x_t + delta_t - rho (m_R[left edge] + m_L[right edge])`` (the
@@ -37,7 +37,7 @@ brute-force bigram search (K <= 128) its passes run as compiled loops when numba
 faster than one factor per tensor-op batch). ``batch_size=B`` updates B factors of
 a pass at once (block-Jacobi): every proposal is computed at the same iterate and the B step sizes are
 chosen jointly by the exact B x B box QP of the Lagrangian along them (`box_qp`, the coordinated step of
-DESIGN.md): factors of one pass share no message, only ``w`` (unigram) or ``v`` (bigram), so that QP is
+docs/design.md): factors of one pass share no message, only ``w`` (unigram) or ``v`` (bigram), so that QP is
 exact, the Lagrangian never increases and ``B = 1`` is the sequential step (its line search returns 1).
 """
 
@@ -94,7 +94,7 @@ class GDMM(Solver):
             same objective times ``1 / lam``, with ``C = 1 / (lam n)``: the same iterates ``w``. Default (neither
             ``lam`` nor ``C``): ``C = 1``, i.e. ``lam = 1 / n``.
         C: deprecated keyword (a DeprecationWarning): the paper's ``C``; `GDMM.from_C` is the C form.
-        rho: the augmented-Lagrangian penalty (note 002: 0.1 on POS, 1-10 on ChineseOCR).
+        rho: the augmented-Lagrangian penalty (Yen et al., 2016, use 0.1 on POS, 1-10 on ChineseOCR).
         eta: the multiplier step (1 in every run of the paper); 0 gives Soft-BCFW.
         fmo: ``"exact"`` or ``"sampled"`` unigram oracle; ``nu``: its number of label blocks.
         batch_size: factors updated at once (1: sequential; larger: block-Jacobi with the joint step).
@@ -211,7 +211,7 @@ class GDMM(Solver):
         seq, pos = valid.nonzero(as_tuple=True)
         self.N = N = seq.numel()
         self.y = p.truth[valid]
-        self.delta = p.structure._position_loss_weights(p.truth, p.lengths)[valid].to(f64)
+        self.delta = p.structure.position_loss_weights(p.truth, p.lengths)[valid].to(f64)
         last = pos == p.lengths[seq] - 1
         left = (~last).nonzero(as_tuple=True)[0]  # edge e joins tokens left[e] and left[e] + 1
         self.E = E = left.numel()

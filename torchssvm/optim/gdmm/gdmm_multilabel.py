@@ -1,4 +1,4 @@
-"""GDMM for multi-label problems: a pairwise binary MRF over K labels (note 002 section 2.4, "Multilabel").
+"""GDMM for multi-label problems: a pairwise binary MRF over K labels (Yen et al., 2016).
 
 `GDMM` builds this solver when its model is a `MultiLabelProblem` (``GDMM(problem, lam=..., rho=...)``; ``lam = 1 /
 (C n)`` with the paper's C and the n examples, `GDMM.from_C` takes C). Every
@@ -40,7 +40,7 @@ the exact B x B box QP of the Lagrangian (as in the chain solver), so the Lagran
 
 The factorwise oracle over a factor's 2 or 4 states is exact and trivial; the search that matters is over
 factors (Alg. 3 of the paper): ``fmo="exact"`` visits every factor of an example, ``fmo="sampled"`` visits
-the active factors (nonzero dual) and one of ``nu`` random blocks of the others (note 002 section 2.5, "for
+the active factors (nonzero dual) and one of ``nu`` random blocks of the others (Yen et al., 2016, "for
 many binary factors, partition the factors and search one block"). The exact primal needs exact decoding
 (`MultiLabel` enumerates, ``K <= 16``): for larger K, ``primal_every`` must be 0; training has no such limit.
 
@@ -123,7 +123,7 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
         self.x_sqnorm = (self.x * self.x).sum(1) + (1.0 if p.bias else 0.0)
         y = p.truth
         self.sign = (2 * y - 1).to(f64)  # s_ik
-        self.cost = p.structure._label_costs(y, f64)  # c_ik (the same for every i without class weights)
+        self.cost = p.structure.label_costs(y, f64)  # c_ik (the same for every i without class weights)
         self.pairs = p.structure.edges.to(dev)
         k1, k2 = self.pairs[:, 0], self.pairs[:, 1]
         self.deg = torch.zeros(self.K, dtype=f64, device=dev)

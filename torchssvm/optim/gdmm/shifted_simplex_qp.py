@@ -4,12 +4,12 @@ For each row b (one factor, its active set ``mask[b]`` of ``m`` slots, the truth
 
     min_d  f(d) = g^T d + 1/2 d^T H d    s.t.  val + d  in  {a : a_top <= C, a_j <= 0 (j != top), sum a = 0}
 
-over the masked slots (note 002 eq. 11; ``d = 0`` off the mask). ``f`` is the augmented Lagrangian (eq. 12)
+over the masked slots (Yen et al., 2016, eq. 11; ``d = 0`` off the mask). ``f`` is the augmented Lagrangian (eq. 12)
 along the factor's own dual, which is exactly quadratic: ``g`` is its gradient at ``val`` and ``H`` its block
 Hessian. For a unigram factor ``H`` is a multiple of the identity and one projected step is exact; for a
 chain bigram factor ``H = I + rho (R^T R + K^T K)`` (``R``, ``K``: which active pairs share a row, a column)
 and for a pairwise multi-label factor ``H = e_11 e_11^T + 2 rho (M_1^T M_1 + M_2^T M_2)``, which are not,
-so "fully corrective on the active set" (note 002 section 2.4) needs this solver.
+so "fully corrective on the active set" (Yen et al., 2016) needs this solver.
 
 With ``u = cap - (val + d)`` (``cap``: C at the truth, 0 elsewhere) the set is the simplex
 ``{u >= 0, sum u = C}``, and the solver is the primal active-set method of `simplex_qp` (Nocedal & Wright,

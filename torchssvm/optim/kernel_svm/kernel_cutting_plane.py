@@ -1,15 +1,15 @@
-"""Kernel SSVM by 1-slack cutting planes with exact or sampled cuts (seed 004: Yu & Joachims 2008).
+"""Kernel SSVM by 1-slack cutting planes with exact or sampled cuts (Yu & Joachims, 2008).
 
-The primal is seed 004's OP1 with margin rescaling and the 0/1 task loss, C on the *average* slack:
+The primal is OP1 of Yu & Joachims (2008) with margin rescaling and the 0/1 task loss, C on the *average* slack:
 
     min_w  1/2 ||w||^2 + C (1/N) sum_i max_y [Delta(y_i, y) - <w, Psi(x_i, y_i) - Psi(x_i, y)>],
 
 with the joint kernel ``K((x, y), (x', y')) = k(x, x') <F_y, F_y'>``: multiclass ``F = I_K``
 (``Psi = phi(x) (x) e_y``), binary ``F_{+-1} = +-1/2`` (``Psi = y phi(x) / 2``, SVM-struct's convention: the
-hinge is ``max(0, 1 - y f(x))`` with ``f = <w, phi>``, the SVM without bias at ``C_svm = C / N``; DESIGN.md's
+hinge is ``max(0, 1 - y f(x))`` with ``f = <w, phi>``, the SVM without bias at ``C_svm = C / N``; the library's
 ``lam`` is ``1 / C``).
 
-A cut is a kernel expansion (note 004, section 2.2): basis examples ``l`` with label-difference rows
+A cut is a kernel expansion (Yu & Joachims, 2008): basis examples ``l`` with label-difference rows
 ``E_l = F_{y_l} - F_{y^_l}`` and one coefficient ``a``, ``g = a sum_l phi(x_l) (x) E_l``, and an offset ``c``;
 ``w = sum_k alpha_k g_k`` solves the working-set QP (OP2) ``max sum alpha c - 1/2 alpha^T G alpha`` over
 ``alpha >= 0, sum alpha <= C`` (`simplex_qp`, warm-started). Ways to make the cut:
@@ -31,7 +31,7 @@ A cut is a kernel expansion (note 004, section 2.2): basis examples ``l`` with l
 Exact and linear keep the paper's cache (section 4.2.1): ``A[k] (N, S)`` = ``g_k . Psi(x_i, .)`` in label
 feature space, so scoring all examples and the new Gram row cost no kernel evaluation; a new cut costs
 ``N m`` evaluations (``m`` its basis size). Constant-time scores its ``r`` draws against every cut's basis
-(``O(t r^2)``). Cuts with zero weight for ``inactive_after`` iterations are dropped (seed 004: 20).
+(``O(t r^2)``). Cuts with zero weight for ``inactive_after`` iterations are dropped (Yu & Joachims, 2008: 20).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ BLOCK_ENTRIES = 1 << 21
 
 
 class CutCache:
-    """The rows ``A[k] (N, S')`` of the cuts (note 004, section 4.2.1) in a growable buffer of slots.
+    """The rows ``A[k] (N, S')`` of the cuts (Yu & Joachims, 2008) in a growable buffer of slots.
 
     At N = 850,000 one row is 6.8 MB and a working set holds a hundred or more; adding a cut writes one row,
     dropping cuts frees their slots without moving any row, and ``sum_k alpha_k A[k]`` is one matrix-vector
@@ -136,9 +136,9 @@ class KernelCuttingPlane(Solver):
         sampling: ``"exact"``, ``"linear"``, ``"constant"`` or ``"hybrid"``.
         r: draws per sampled cut (constant-time draws in ``"hybrid"``).
         r_linear: the linear-time phase's draws per cut in ``"hybrid"`` (default: r).
-        eps: violation tolerance (seed 004: 0.001).
+        eps: violation tolerance (Yu & Joachims, 2008: 0.001).
         inactive_after: QP iterations with zero weight before a cut is dropped (0: never).
-        patience: consecutive non-violated samples that stop constant-time (seed 004: 4).
+        patience: consecutive non-violated samples that stop constant-time (Yu & Joachims, 2008: 4).
         max_resample: draws per linear-time iteration before the most violated draw is taken anyway.
         qp_tol: QP Frank-Wolfe gap, relative to ``eps C``.
         seed: sampling seed. chunk: most rows per kernel block (blocks also stop at ``BLOCK_ENTRIES`` entries,
@@ -155,8 +155,8 @@ class KernelCuttingPlane(Solver):
 
     @classmethod
     def from_C(cls, x: torch.Tensor, y: torch.Tensor, C: float = 1.0, **kwargs):
-        """The solver of seed 004's OP1 with average-slack ``C`` (``lam = 1 / C``); the other arguments are those
-        of `KernelCuttingPlane`."""
+        """The solver of OP1 of Yu & Joachims (2008) with average-slack ``C`` (``lam = 1 / C``); the other arguments
+        are those of `KernelCuttingPlane`."""
         solver = cls.__new__(cls)
         solver._C_form = True
         solver.__init__(x, y, C, **kwargs)

@@ -2,7 +2,7 @@
 
 ``k(a, b)`` for ``a (p, D)`` and ``b (q, D)`` is a ``(p, q)`` matrix:
 
-- ``"rbf"``: ``exp(-gamma ||a - b||^2)``, i.e. scikit-learn's ``gamma``; seed 004's ``sigma^2`` is
+- ``"rbf"``: ``exp(-gamma ||a - b||^2)``, i.e. scikit-learn's ``gamma``; Yu & Joachims's (2008) ``sigma^2`` is
   ``gamma = 1 / sigma^2``. The whole exponent is one GEMM over augmented rows,
   ``[a, ||a||^2, 1] . [2 gamma b, -gamma, -gamma ||b||^2]``, after centring both sides on b's mean (the
   distance is translation invariant, and centring shrinks the norms whose difference cancels), then one

@@ -1,6 +1,6 @@
 """Pegasos (Shalev-Shwartz et al.): stochastic subgradient descent on ``lam/2 ||w||^2 + mean loss``, as a
-``torch.optim`` optimizer over any parameters and any loss (margin- or slack-rescaled hinge; seed 000
-section 3 trains the slack-rescaled objective this way; note 000 section 2.8).
+``torch.optim`` optimizer over any parameters and any loss (margin- or slack-rescaled hinge; Choi et al.,
+2016, section 3, train the slack-rescaled objective this way).
 
 Step t (from 1): ``w <- w - eta_t (lam w + grad)`` with ``eta_t = 1 / (lam t)``, i.e.
 ``w <- (1 - 1/t) w - grad / (lam t)``; ``grad`` is the mini-batch subgradient of the mean loss that

@@ -1,4 +1,4 @@
-"""Pragam and Pragam-b (seed 003, note 003 sections 2.1-2.3): Nesterov's excessive-gap technique on the binary
+"""Pragam and Pragam-b (Zhang et al., 2010): Nesterov's excessive-gap technique on the binary
 hinge-loss SVM, with an exact duality gap that falls as ``O(1/k^2)``.
 
 Objective (eq. 20-22, the library's convention):
@@ -28,7 +28,7 @@ tau_k w(beta_k)``, ``alpha_{k+1} = v(beta_k)``, ``mu_{k+1} = (1-tau_k) mu_k`` fr
 4 L D2/((k+1)(k+2))`` with ``D2 = max_{Q2} ||alpha||^2/2 = 1/(2n)`` and ``L = sigma_max(X)^2 / lam`` the
 Lipschitz constant of grad D.
 
-Bookkeeping (note section 2.3): we keep ``w_hat = w(alpha_k)`` (so ``D(alpha_k) = sum alpha_k - lam/2
+Bookkeeping: we keep ``w_hat = w(alpha_k)`` (so ``D(alpha_k) = sum alpha_k - lam/2
 ||w_hat||^2``), ``X w_k`` (so ``J(w_k)`` is free) and use ``w(beta_k) = (1-tau_k) w_hat + tau_k w(alpha_mu)``:
 four passes over X per iteration, ``X^T (y alpha_mu)``, ``X w(beta_k)``, ``X^T (y alpha_{k+1})`` and
 ``X w_{k+1}``, each computed afresh (no recursively updated products), so the reported gap is exactly

@@ -1,4 +1,4 @@
-"""Pragam for the multiclass (Crammer-Singer) hinge SVM: the excessive-gap scheme of seed 003 (note 003
+"""Pragam for the multiclass (Crammer-Singer) hinge SVM: the excessive-gap scheme of Zhang et al. (2010) (
 sections 2.1-2.3) with ``Q2`` a product of simplices, as the paper's section 1 remarks for "few-piece" risks.
 
 Objective, ``W (d, K)``, labels ``y_i in {0, ..., K-1}``, 0/1 margin ``Delta_ik = [k != y_i]``:
