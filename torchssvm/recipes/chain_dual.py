@@ -12,7 +12,7 @@ from ..evaluation import evaluate_chain
 from ..logging import log_scalars, make_writer
 from ..models import LinearChainModel
 from ..structures.chain import Chain
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, should_stop
+from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass
 
 
 def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -77,11 +77,6 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         log_scalars(writer, {"error": tr["token_error"]}, k, "train")
         log_scalars(writer, {"error": te["token_error"], **({"chunk_f1": te["chunk_f1"]} if "chunk_f1" in te
                                                             else {})}, k, "test")
-        if "gap" in cert:
-            log_scalars(writer, {"duality_gap": cert["gap"]}, k, "certificate")
-        history.append(metrics)
-        if callback is not None:
-            callback(metrics)
-        if should_stop(cert, r, gap_tol, time_budget):
+        if end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget):
             break
     return TrainingRun(model, s, history, close_writer(writer))

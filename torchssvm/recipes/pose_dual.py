@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import optim
 from ..logging import log_scalars, make_writer
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, should_stop
+from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass
 
 
 def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -69,11 +69,6 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         log_scalars(writer, {"lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, k, "train")
         log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, k, "test")
         log_scalars(writer, {"min_quadratic_weight": min_quad}, k, "box")
-        if "gap" in cert:
-            log_scalars(writer, {"duality_gap": cert["gap"]}, k, "certificate")
-        history.append(metrics)
-        if callback is not None:
-            callback(metrics)
-        if should_stop(cert, r, gap_tol, time_budget):
+        if end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget):
             break
     return TrainingRun(problem, s, history, close_writer(writer))

@@ -8,6 +8,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
+from ..logging import log_scalars
+
 # called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
 Callback = Optional[Callable[[dict], None]]
 
@@ -61,9 +63,16 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
 
 
-def should_stop(cert: dict, report: dict, gap_tol: Optional[float], time_budget: Optional[float]) -> bool:
-    """A dual solver's pass loop ends here: the certified gap reached ``gap_tol`` or the solver time
-    ``time_budget`` (None: no such limit)."""
+def end_of_pass(writer, k: int, cert: dict, report: dict, metrics: dict, history: list, callback: Callback,
+                gap_tol: Optional[float], time_budget: Optional[float]) -> bool:
+    """The end of pass ``k`` of a dual solver's recipe: log the certified gap (when ``cert`` has one), keep
+    ``metrics`` in ``history``, call ``callback(metrics)``. Returns whether the loop ends here: the certified gap
+    reached ``gap_tol`` or the solver time ``time_budget`` (None: no such limit)."""
+    if "gap" in cert:
+        log_scalars(writer, {"duality_gap": cert["gap"]}, k, "certificate")
+    history.append(metrics)
+    if callback is not None:
+        callback(metrics)
     return ((gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol)
             or (time_budget is not None and report["time"] >= time_budget))
 
