@@ -33,8 +33,8 @@ from .device_sampling import sample_gap, sample_uniform
 
 SAMPLINGS = ("uniform", "gap")
 STEPS = ("fw", "pairwise", "away")
-# The smallest batch for which a device problem takes the host-free step by default: on an H200 (OCR-large, B =
-# 256 / 512 / 1024 / 4096) the host step was 4.3x / 0.94x / 0.92x / 0.49x its time per pass.
+# The smallest batch for which a device problem takes the host-free step by default: where it became the faster
+# step on an H200 (docs/benchmarks/host_free_step.md).
 HOST_FREE_MIN_BATCH = 512
 
 

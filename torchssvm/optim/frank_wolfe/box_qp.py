@@ -30,17 +30,15 @@ from .box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
 METHODS = ("newton", "sweeps")
 
 
-# Without numba, problems up to this size run the numpy twin of the iteration on the host. On CPU torch's
-# per-operation overhead dominates there (a CoNLL pass at B = 64 is 1.3x faster with it); above it numpy's OpenBLAS
-# solve goes multi-threaded, and its spinning threads compete with torch's for the cores: a CoNLL pass (pairwise
-# steps, cache) at B = 96 and 128 took 3.2x and 4x longer than with the torch iteration on 2 cores.
+# Without numba, problems up to this size run the numpy twin of the iteration on the host: on the CPU torch's
+# per-operation overhead dominates there; above it numpy's OpenBLAS solve goes multi-threaded, and its spinning
+# threads compete with torch's for the cores (docs/benchmarks/box_qp.md).
 _NUMPY_MAX_B = 64
 
-# With numba, device problems up to this size are solved on the host (one copy of (c, H, upper), one wait). The
-# compiled loop takes 0.04 ms at B = 64 and 0.83 ms at B = 256 on the 2-core CPU (docs/benchmarks/box_qp.md),
-# where the device iteration launches a few dozen small kernels per iteration (some 280 at B = 256) and reads its
-# stop flag every `_DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3) factorization grows (51 ms at
-# B = 1024) while a GPU's does not. Where the two cross on a GPU is not yet measured.
+# With numba, device problems up to this size are solved on the host (one copy of (c, H, upper), one wait): the
+# compiled loop is fast there, where the device iteration launches a few dozen small kernels per iteration and
+# reads its stop flag every `_DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3) factorization grows while
+# a GPU's does not (docs/benchmarks/box_qp.md, host_free_step.md).
 _NUMBA_DEVICE_MAX_B = 256
 
 

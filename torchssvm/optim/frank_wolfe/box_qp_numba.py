@@ -9,9 +9,9 @@ exact minimum. ``f(P(gamma + t d))`` is a piecewise quadratic in ``t`` whose pie
 reaches its bound; walking the breakpoints in order and updating the quadratic's coefficients with one column
 of ``H`` per breakpoint gives every piece's minimum in ``O(B)`` (an exact projected search, as in Moré and
 Toraldo 1989); the minimizing piece's quadratic is then solved again from fresh sums (`_piece_minimum`). An
-iteration costs one Cholesky factorization of the free block and ``O(B^2)`` besides, and no numpy call: at
-B = 64 a whole QP takes 0.04 ms instead of the numpy loop's 0.22 ms (`docs/benchmarks/box_qp.md`), and it runs
-on one thread, so it never competes with torch's threads for the cores.
+iteration costs one Cholesky factorization of the free block and ``O(B^2)`` besides, and no numpy call (timings
+against the numpy loop: `docs/benchmarks/box_qp.md`), and it runs on one thread, so it never competes with
+torch's threads for the cores.
 """
 
 from __future__ import annotations

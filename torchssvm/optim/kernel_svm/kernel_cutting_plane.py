@@ -51,8 +51,8 @@ from .mercer import MercerKernel
 
 SAMPLINGS = ("exact", "linear", "constant", "hybrid")
 # Kernel blocks are consumed block by block (kernel, then a product with the expansion's rows) so that a block
-# is still in cache when it is read again: at 2^21 float64 entries (16 MiB) the constant-time step on Checkers
-# (r = 1500 draws against about 10^4 basis points) runs 2-3x faster on the 2-core EPYC than one (r, U) block.
+# is still in cache when it is read again: 2^21 float64 entries (16 MiB), where the constant-time step's whole
+# (r, U) block (r draws against all basis points) would not stay in cache.
 BLOCK_ENTRIES = 1 << 21
 
 
