@@ -3,10 +3,11 @@ numba loop (CPU), chosen by ``backend=``.
 
 One table, `backends.FORMS`, says which operation has which forms; `backends.resolve` picks the form for a
 ``backend`` string and a device (``"auto"``: Triton on CUDA, numba on the CPU where they exist, torch otherwise)
-and refuses a form that does not exist. The dispatchers are grouped by family: `chain` (Viterbi, the scores of
-labellings and marginals, the slack-rescaled oracle), `tree` (trees with tables, pictorial structures and the
-distance transforms), `projections` (simplices, a box cut by an equality) and `step` (the mini-batch BCFW step's
-bookkeeping); each twin lives in its own ``*_torch``, ``*_triton`` or ``*_numba`` module.
+and refuses a form that does not exist. The kernels are grouped by family, one sub-package each: `chain` (Viterbi,
+the scores of labellings and marginals, the slack-rescaled oracle, the fused hinge), `tree` (trees with tables,
+pictorial structures and the distance transforms), `projections` (simplices, a box cut by an equality) and `step`
+(the mini-batch BCFW step's bookkeeping); in each, every twin is its own ``*_torch``, ``*_triton`` or ``*_numba``
+module and ``dispatch`` holds the family's dispatchers.
 
 A new Triton kernel needs a workload and an `OUTPUTS` entry in `compile_check`, which compiles every kernel
 for sm_80 and sm_90 without a GPU (the interpreter never builds one).
@@ -14,7 +15,6 @@ for sm_80 and sm_90 without a GPU (the interpreter never builds one).
 
 from __future__ import annotations
 
-from .atoms_select_torch import select_atoms_torch
 from .backends import (
     BACKENDS,
     FORMS,
@@ -24,18 +24,19 @@ from .backends import (
     resolve_backend,
     triton_available,
 )
-from .block_step_torch import apply_block_step_torch
-from .box_equality_median import box_equality_median
-from .box_equality_torch import project_box_equality_torch
-from .chain import chain_inner, chain_labels_score, chain_marginals, slack_viterbi, viterbi
-from .chain_marginals_torch import chain_marginals_torch
-from .chain_score_torch import chain_inner_torch, chain_labels_score_torch, chain_score_torch
-from .distance_transform_torch import distance_transform_1d_torch
-from .projections import project_box_equality, project_shifted_simplex, project_simplex
-from .simplex_torch import project_simplex_torch
-from .slack_chain_torch import slack_viterbi_torch
-from .step import apply_block_step, select_atoms
-from .tree import (
+from .chain.chain_marginals_torch import chain_marginals_torch
+from .chain.chain_score_torch import chain_inner_torch, chain_labels_score_torch, chain_score_torch
+from .chain.dispatch import chain_inner, chain_labels_score, chain_marginals, slack_viterbi, viterbi
+from .chain.slack_chain_torch import slack_viterbi_torch
+from .chain.viterbi_torch import viterbi_torch
+from .projections.box_equality_median import box_equality_median
+from .projections.box_equality_torch import project_box_equality_torch
+from .projections.dispatch import project_box_equality, project_shifted_simplex, project_simplex
+from .projections.simplex_torch import project_simplex_torch
+from .step.atoms_select_torch import select_atoms_torch
+from .step.block_step_torch import apply_block_step_torch
+from .step.dispatch import apply_block_step, select_atoms
+from .tree.dispatch import (
     check_quadratic_weights,
     distance_transform_1d,
     distance_transform_2d,
@@ -43,7 +44,8 @@ from .tree import (
     spatial_tree_max_sum,
     tree_max_sum,
 )
-from .tree_torch import (
+from .tree.distance_transform_torch import distance_transform_1d_torch
+from .tree.tree_torch import (
     TreeSchedule,
     cooccurrence_tree_max_sum_torch,
     mixture_tree_max_sum_torch,
@@ -51,7 +53,6 @@ from .tree_torch import (
     tree_max_sum_torch,
     tree_schedule,
 )
-from .viterbi_torch import viterbi_torch
 
 __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch", "project_box_equality",
            "project_box_equality_torch", "box_equality_median",

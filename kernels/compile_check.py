@@ -44,10 +44,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-TRITON_MODULES = ("atoms_insert_triton", "atoms_select_triton", "block_step_triton", "box_equality_triton",
-                  "chain_hinge_triton", "chain_marginals_triton",
-                  "chain_score_triton", "distance_transform_triton", "simplex_triton", "slack_chain_triton",
-                  "tree_triton", "viterbi_triton")
+TRITON_MODULES = ("step.atoms_insert_triton", "step.atoms_select_triton", "step.block_step_triton",
+                  "projections.box_equality_triton", "chain.chain_hinge_triton", "chain.chain_marginals_triton",
+                  "chain.chain_score_triton", "tree.distance_transform_triton", "projections.simplex_triton",
+                  "chain.slack_chain_triton", "tree.tree_triton", "chain.viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -171,7 +171,7 @@ def recording() -> Iterator[List[Tuple[Launch, Tuple[int, int, int]]]]:
                     value.zero_()
         g = grid(bound.arguments) if callable(grid) else grid
         g = tuple(int(x) for x in g) + (1,) * (3 - len(g))
-        launches.append((Launch(self.fn.__module__.rsplit(".", 1)[-1], self.fn.__name__, tuple(signature),
+        launches.append((Launch(self.fn.__module__.split(".kernels.", 1)[-1], self.fn.__name__, tuple(signature),
                                 tuple(constexprs), tuple(sorted(options.items()))), g))
 
     JITFunction.run = record
@@ -195,7 +195,7 @@ def _chain(B, T, K, dtype, per_position=False, start_end=True):
 
 def _viterbi(B, T, K, dtype, kernel="auto", **kw):
     def run():
-        from .viterbi_triton import viterbi_triton
+        from .chain.viterbi_triton import viterbi_triton
 
         viterbi_triton(*_chain(B, T, K, dtype, **kw), kernel=kernel)
     return run
@@ -203,7 +203,7 @@ def _viterbi(B, T, K, dtype, kernel="auto", **kw):
 
 def _slack(B, T, K, dtype, **kw):
     def run():
-        from .slack_chain_triton import slack_viterbi_triton
+        from .chain.slack_chain_triton import slack_viterbi_triton
 
         args = _chain(B, T, K, dtype, **kw)
         target = torch.zeros(B, T, dtype=torch.long)
@@ -213,7 +213,7 @@ def _slack(B, T, K, dtype, **kw):
 
 def _chain_score(B, C, T, K, dtype, start_end=True):
     def run():
-        from .chain_score_triton import chain_labels_score_triton
+        from .chain.chain_score_triton import chain_labels_score_triton
 
         unary, transition, se, _, lengths = _chain(B, T, K, dtype, start_end=start_end)
         chain_labels_score_triton(unary, transition, se, se, torch.zeros(B, C, T, dtype=torch.long), lengths)
@@ -222,7 +222,7 @@ def _chain_score(B, C, T, K, dtype, start_end=True):
 
 def _chain_inner(B, T, K, dtype, start_end=True):
     def run():
-        from .chain_score_triton import chain_inner_triton
+        from .chain.chain_score_triton import chain_inner_triton
 
         unary, transition, se, _, _ = _chain(B, T, K, dtype, start_end=start_end)
         chain_inner_triton(unary, transition, se, se, torch.zeros(B, T * K + K * K + 2 * K, dtype=f64))
@@ -232,7 +232,7 @@ def _chain_inner(B, T, K, dtype, start_end=True):
 def _chain_hinge(B, T, K, dtype, per_position=False, start_end=True, class_weights=False, lw_tensor=False,
                  unary_dtype=None):
     def run():
-        from .chain_hinge_triton import chain_hinge_grad_triton, chain_hinge_prepare_triton
+        from .chain.chain_hinge_triton import chain_hinge_grad_triton, chain_hinge_prepare_triton
 
         unary, transition, se, _, lengths = _chain(B, T, K, dtype, per_position=per_position, start_end=start_end)
         unary = unary.to(unary_dtype or dtype)
@@ -248,7 +248,7 @@ def _chain_hinge(B, T, K, dtype, per_position=False, start_end=True, class_weigh
 
 def _chain_marginals(B, T, K, minus):
     def run():
-        from .chain_marginals_triton import chain_marginals_triton
+        from .chain.chain_marginals_triton import chain_marginals_triton
 
         labels = torch.zeros(B, T, dtype=torch.long)
         chain_marginals_triton(labels, torch.full((B,), T, dtype=torch.long), K, labels if minus else None)
@@ -257,7 +257,7 @@ def _chain_marginals(B, T, K, minus):
 
 def _insert_atoms(B, n, capacity, W, keep_active):
     def run():
-        from .atoms_insert_triton import insert_atoms_triton
+        from .step.atoms_insert_triton import insert_atoms_triton
 
         store = torch.zeros(n, capacity, W, dtype=torch.int32)
         loss, alpha = torch.zeros(n, capacity, dtype=f64), torch.zeros(n, capacity, dtype=f64)
@@ -269,7 +269,7 @@ def _insert_atoms(B, n, capacity, W, keep_active):
 
 def _select_atoms(B, n, C, W, cached, away):
     def run():
-        from .atoms_select_triton import select_atoms_triton
+        from .step.atoms_select_triton import select_atoms_triton
 
         z = lambda *shape: torch.zeros(*shape, dtype=f64)  # noqa: E731
         select_atoms_triton(z(B, C), torch.ones(n, dtype=torch.long), torch.zeros(B, C, W, dtype=torch.long),
@@ -281,7 +281,7 @@ def _select_atoms(B, n, C, W, cached, away):
 
 def _block_step(B, n, m, C, step):
     def run():
-        from .block_step_triton import apply_block_step_triton
+        from .step.block_step_triton import apply_block_step_triton
 
         z, ell = torch.zeros(n, m, dtype=f64), torch.zeros(n, dtype=f64)
         rows, row = torch.zeros(B, m, dtype=f64), torch.zeros(B, dtype=f64)
@@ -294,7 +294,7 @@ def _block_step(B, n, m, C, step):
 
 def _simplex(B, M, dtype, masked):
     def run():
-        from .simplex_triton import project_simplex_triton
+        from .projections.simplex_triton import project_simplex_triton
 
         v = torch.randn(B, M, dtype=dtype)
         project_simplex_triton(v, torch.ones(B, M, dtype=torch.bool) if masked else None)
@@ -303,7 +303,7 @@ def _simplex(B, M, dtype, masked):
 
 def _box(B, n, dtype, d2):
     def run():
-        from .box_equality_triton import project_box_equality_triton
+        from .projections.box_equality_triton import project_box_equality_triton
 
         m = torch.randn(B, n, dtype=dtype)
         project_box_equality_triton(m, 0.0, 1.0, torch.ones(n, dtype=dtype), 1.0,
@@ -313,7 +313,7 @@ def _box(B, n, dtype, d2):
 
 def _tree(B, K, dtype, shared):
     def run():
-        from .tree_triton import tree_max_sum_triton
+        from .tree.tree_triton import tree_max_sum_triton
 
         parents = (-1, 0, 0, 1, 1, 2)
         unary = torch.randn(B, len(parents), K, dtype=dtype)
@@ -329,7 +329,7 @@ _POSE_PARENTS = (-1, 0, 1, 0, 3, 4, 5, 6, 0, 8, 9, 10, 11, 3, 13, 14, 15, 16, 17
 
 def _spatial(B, side, dtype):
     def run():
-        from .tree_triton import spatial_tree_max_sum_triton
+        from .tree.tree_triton import spatial_tree_max_sum_triton
 
         E = len(_POSE_PARENTS) - 1
         unary = torch.randn(B, len(_POSE_PARENTS), side * side, dtype=dtype)

@@ -126,7 +126,7 @@ def bench_roofline(device, quick=False):
     """The Triton Viterbi decode against its physical limits (see the module docstring): rows per size and
     kernel, with host-timed and device-timed seconds."""
     from torchssvm.kernels import viterbi_torch
-    from torchssvm.kernels.viterbi_triton import choose_kernel, viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import choose_kernel, viterbi_triton
 
     kw = {"min_repeats": 3, "min_seconds": 0.1} if quick else {"min_repeats": 5, "min_seconds": 0.3}
     name = torch.cuda.get_device_name(device)

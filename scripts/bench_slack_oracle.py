@@ -1,6 +1,6 @@
 """Cost of the exact slack-rescaled chain oracle against plain loss-augmented Viterbi (same machine, one run).
 
-The error-count DP (`torchssvm.kernels.slack_chain_torch`) runs Viterbi over (label, errors so far),
+The error-count DP (`torchssvm.kernels.chain.slack_chain_torch`) runs Viterbi over (label, errors so far),
 ``T + 1`` times the states; this measures what that costs at the shapes of the papers' chain data:
 OCR words (T = 14, K = 26) and CoNLL-2000 sentences (T = 40 and 78, K = 22), batches of 64 and 512,
 random float64 potentials (float32 on CUDA), median of ``--repeats`` timed calls after one warm-up. Writes

@@ -217,7 +217,7 @@ def test_float32_and_empty_batch():
 @needs_triton()
 @pytest.mark.parametrize("name", NAMES)
 def test_triton_matches_torch_twin(name):
-    from torchssvm.kernels.box_equality_triton import project_box_equality_triton
+    from torchssvm.kernels.projections.box_equality_triton import project_box_equality_triton
 
     _, m, lo, hi, s, z, d2 = CASES[NAMES.index(name)]
     rows = slice(0, 6)  # the interpreter runs one program at a time: a few rows per case
@@ -235,7 +235,7 @@ def test_triton_matches_torch_twin(name):
 
 @needs_triton()
 def test_triton_simplex_case_and_row_limit():
-    from torchssvm.kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
+    from torchssvm.kernels.projections.box_equality_triton import MAX_BLOCK, project_box_equality_triton
 
     v = torch.randn(4, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     torch.testing.assert_close(project_box_equality_triton(v, 0.0, INF, 1.0, 1.0), project_simplex(v),

@@ -136,7 +136,7 @@ def test_compiled_kernels_match_their_twins(T, backend, monkeypatch):
     """The Triton kernels and the numba twins against the torch twins: scores equal to rounding (float64 and
     float32), counts bitwise (also with the rows on threads, as for a large batch)."""
     if backend == "numba-threads":
-        from torchssvm.kernels import chain_marginals_numba
+        from torchssvm.kernels.chain import chain_marginals_numba
 
         monkeypatch.setattr(chain_marginals_numba, "_PARALLEL_MIN_WORK", 0)
         backend = "numba"
@@ -199,8 +199,8 @@ def test_bcfw_on_the_triton_kernels_follows_the_torch_twins():
 
 @needs_numba()
 def test_numba_kernels_check_what_their_loops_do_not():
-    from torchssvm.kernels.chain_marginals_numba import chain_marginals_numba
-    from torchssvm.kernels.chain_score_numba import chain_inner_numba, chain_labels_score_numba
+    from torchssvm.kernels.chain.chain_marginals_numba import chain_marginals_numba
+    from torchssvm.kernels.chain.chain_score_numba import chain_inner_numba, chain_labels_score_numba
 
     g = torch.Generator().manual_seed(0)
     B, T, K = 3, 4, 5
@@ -279,8 +279,8 @@ def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
     on CPU for float64 and keeps torch for mixed dtypes and per-position transitions."""
     import importlib
 
-    from torchssvm.kernels.chain_marginals_numba import chain_marginals_numba
-    from torchssvm.kernels.chain_score_numba import chain_labels_score_numba
+    from torchssvm.kernels.chain.chain_marginals_numba import chain_marginals_numba
+    from torchssvm.kernels.chain.chain_score_numba import chain_labels_score_numba
 
     g = torch.Generator().manual_seed(3)
     B, T, K = 4, 5, 3
@@ -312,7 +312,7 @@ def test_numba_kernels_on_odd_labels_and_what_auto_runs(monkeypatch):
     calls = []
     for module, name in (("chain_score_numba", "chain_labels_score_numba"), ("chain_score_numba", "chain_inner_numba"),
                          ("chain_marginals_numba", "chain_marginals_numba")):
-        mod = importlib.import_module(f"torchssvm.kernels.{module}")
+        mod = importlib.import_module(f"torchssvm.kernels.chain.{module}")
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     z = _flat_marginals(B, T, K, g)

@@ -14,7 +14,7 @@ from torchssvm.kernels import (
     resolve_backend,
     spatial_tree_max_sum,
 )
-from torchssvm.kernels import distance_transform_numba as dtn
+from torchssvm.kernels.tree import distance_transform_numba as dtn
 
 import torchssvm as ts
 from torchssvm.data.pose import POSE_PARENTS

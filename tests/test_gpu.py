@@ -52,7 +52,7 @@ def _device(monkeypatch):
                                                  pytest.param(4, 6, 1024, False, marks=GPU_SIZE),
                                                  pytest.param(512, 100, 45, False, marks=GPU_SIZE)])
 def test_triton_equals_torch_on_cuda(B, T, K, per_position):
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     g = torch.Generator().manual_seed(K)
     unary = torch.randint(-3, 4, (B, T, K), generator=g).float().to(DEVICE)

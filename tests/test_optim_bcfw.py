@@ -628,7 +628,7 @@ def test_batched_block_step_equals_block_by_block(step, backend, monkeypatch):
     from torchssvm.kernels import apply_block_step
 
     if backend == "numba-threads":  # this small batch on threads
-        from torchssvm.kernels import block_step_numba
+        from torchssvm.kernels.step import block_step_numba
 
         monkeypatch.setattr(block_step_numba, "_PARALLEL_MIN_WORK", 0)
         backend = "numba"
@@ -701,7 +701,7 @@ def test_bcfw_leaves_numba_to_the_oracles():
 @needs_numba()
 def test_numba_block_step_checks_blocks_and_slots_before_writing():
     from torchssvm.kernels import apply_block_step
-    from torchssvm.kernels.block_step_numba import apply_block_step_numba
+    from torchssvm.kernels.step.block_step_numba import apply_block_step_numba
 
     g = torch.Generator().manual_seed(0)
     z, ell = torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)

@@ -13,7 +13,8 @@ def test_pyproject_lists_every_subpackage():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "torchssvm").rglob("__init__.py")}
-    on_disk |= {"torchssvm.kernels"} if (ROOT / "kernels" / "__init__.py").exists() else set()
+    on_disk |= {".".join(("torchssvm",) + p.parent.relative_to(ROOT).parts)
+                for p in (ROOT / "kernels").rglob("__init__.py")}
     assert on_disk - listed == set(), f"pyproject.toml [tool.setuptools] packages misses {sorted(on_disk - listed)}"
     assert listed - on_disk == set(), f"pyproject.toml lists missing packages {sorted(listed - on_disk)}"
     assert config["package-dir"]["torchssvm.kernels"] == "kernels"

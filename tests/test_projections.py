@@ -65,7 +65,7 @@ def test_projection_is_the_euclidean_minimizer():
 @needs_triton()
 @pytest.mark.parametrize("case", range(5))
 def test_triton_projection_matches_torch_twin(case):
-    from torchssvm.kernels.simplex_triton import project_simplex_triton
+    from torchssvm.kernels.projections.simplex_triton import project_simplex_triton
 
     v, mask, radius = list(_cases())[case]
     torch.testing.assert_close(project_simplex_triton(v, mask, radius), project_simplex_torch(v, mask, radius),

@@ -78,7 +78,7 @@ def test_chain_slack_oracle_with_exact_ties():
 
 
 def test_chain_slack_oracle_in_chunks_equals_whole(monkeypatch):
-    from torchssvm.kernels import slack_chain_torch
+    from torchssvm.kernels.chain import slack_chain_torch
 
     chain = ts.Chain(4)
     pot, lengths, y = _chain_batch(9, 6, 4, 3, per_position=True)
@@ -98,7 +98,7 @@ def _slack_args(pot, lengths, y, chain):
 @pytest.mark.parametrize("K", [2, 3, 5])
 @pytest.mark.parametrize("T", [1, 2, 4, 6])
 def test_triton_slack_dp_matches_enumeration_and_torch_bitwise(K, T):
-    from torchssvm.kernels.slack_chain_triton import slack_viterbi_triton
+    from torchssvm.kernels.chain.slack_chain_triton import slack_viterbi_triton
 
     chain = ts.Chain(K)
     for seed, per_position, ends, integer in [(0, False, True, False), (1, True, True, True),

@@ -117,7 +117,7 @@ def test_schedule_levels_and_edges():
 
 
 def test_tree_max_sum_chunks_consistently(monkeypatch):
-    import torchssvm.kernels.tree_torch as tt
+    import torchssvm.kernels.tree.tree_torch as tt
 
     g = torch.Generator().manual_seed(3)
     unary, pairwise = draw(g, 9, 5, 3), draw(g, 9, 4, 3, 3)

@@ -43,7 +43,7 @@ def check_against_brute_force(labels, scores, unary, trans, s, e, lengths):
 @pytest.fixture(params=["batch_first", "batch_last"])
 def layout(request, monkeypatch):
     """Run a test under both memory layouts of the torch twin."""
-    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+    vt = importlib.import_module("torchssvm.kernels.chain.viterbi_torch")
     monkeypatch.setattr(vt, "_BATCH_LAST_MIN_B", 1 if request.param == "batch_last" else 10**9)
     return request.param
 
@@ -78,7 +78,7 @@ def test_ties_break_to_smallest_reversed_labelling(layout):
 @pytest.mark.parametrize("K", [2, 3, 4, 5])
 @pytest.mark.parametrize("per_position", [False, True])
 def test_triton_matches_brute_force(K, per_position):
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     unary, trans, s, e, _ = random_chain(6, 6, K, per_position=per_position, integer=True, seed=K)
     args = (unary, trans, s, e, torch.tensor([6, 5, 4, 3, 2, 1]))
@@ -101,7 +101,7 @@ def test_triton_matches_brute_force(K, per_position):
     ],
 )
 def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype, layout):
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K, dtype=dtype)
     a = viterbi_torch(*args)
@@ -114,7 +114,7 @@ def test_triton_equals_torch_bitwise(B, T, K, per_position, integer, dtype, layo
 @pytest.mark.parametrize("K", [5, 70])  # single tile and tiled
 @pytest.mark.parametrize("per_position", [False, True])
 def test_triton_without_start_end(K, per_position):
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     args = random_chain(4, 6, K, per_position=per_position, integer=True, start=False, end=False, seed=3)
     a, b = viterbi_torch(*args), viterbi_triton(*args)
@@ -126,7 +126,7 @@ def test_triton_without_start_end(K, per_position):
 @pytest.mark.parametrize("per_position", [False, True])
 def test_triton_single_position(K, per_position):
     """T = 1: no transitions at all (a per-position tensor of shape (B, 0, K, K))."""
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     args = random_chain(3, 1, K, per_position=per_position, integer=False, seed=4)
     a, b = viterbi_torch(*args), viterbi_triton(*args)
@@ -159,7 +159,7 @@ TRITON_KERNELS = ["sequence", "grid", "grid-steps", "legacy"]
 def test_triton_kernels_equal_torch_bitwise(kernel, B, T, K, per_position, integer, dtype, start_end):
     """Every kernel, forced by name, equals the torch twin bitwise: ragged lengths (1 to T), integer potentials
     (ties everywhere), per-position transitions, no start/end scores."""
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     if kernel == "sequence" and K > 64:
         pytest.skip("the sequence kernel is for K <= 64 (auto runs the grid kernel above)")
@@ -177,7 +177,7 @@ def test_grid_tiling_smaller_than_the_problem(tiles, per_position):
     """The grid kernel's tiling where every block is smaller than the problem: several batch blocks (the last one
     partial), several output blocks and reduction chunks (K = 37 is a multiple of none), run as many programs (one
     launch per step) and as one persistent program walking every item."""
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     args = random_chain(7, 6, 37, per_position=per_position, integer=True, seed=11)
     args[4][:] = torch.tensor([6, 1, 3, 6, 2, 5, 4])  # ragged, a length-1 sequence inside a block
@@ -191,7 +191,7 @@ def test_grid_tiling_smaller_than_the_problem(tiles, per_position):
 @pytest.mark.parametrize("kernel", TRITON_KERNELS)
 @pytest.mark.parametrize("K", [4, 100])
 def test_triton_kernels_break_ties_to_the_smallest_reversed_labelling(kernel, K):
-    from torchssvm.kernels.viterbi_triton import viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     if kernel == "sequence" and K > 64:
         pytest.skip("K <= 64")
@@ -203,7 +203,7 @@ def test_triton_kernels_break_ties_to_the_smallest_reversed_labelling(kernel, K)
 
 @needs_triton()
 def test_triton_kernel_choice_and_arguments():
-    from torchssvm.kernels.viterbi_triton import SEQUENCE_MAX_K, choose_kernel, grid_tiles, viterbi_triton
+    from torchssvm.kernels.chain.viterbi_triton import SEQUENCE_MAX_K, choose_kernel, grid_tiles, viterbi_triton
 
     cpu = torch.device("cpu")
     assert choose_kernel(512, 100, 45, cpu) == "sequence" and choose_kernel(8, 50, SEQUENCE_MAX_K, cpu) == "sequence"
@@ -223,7 +223,7 @@ def test_triton_kernel_choice_and_arguments():
 
 
 def test_large_batch_is_chunked_consistently(monkeypatch):
-    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+    vt = importlib.import_module("torchssvm.kernels.chain.viterbi_torch")
 
     args = random_chain(9, 5, 4, per_position=True, integer=True, seed=1)
     full = vt.viterbi_torch(*args)
@@ -272,7 +272,7 @@ def test_viterbi_ignores_autograd():
     integer=st.booleans(), seed=st.integers(0, 2**31 - 1), batch_last=st.booleans(),
 )
 def test_property_torch_viterbi_is_exact(B, T, K, per_position, integer, seed, batch_last):
-    vt = importlib.import_module("torchssvm.kernels.viterbi_torch")
+    vt = importlib.import_module("torchssvm.kernels.chain.viterbi_torch")
     old = vt._BATCH_LAST_MIN_B
     vt._BATCH_LAST_MIN_B = 1 if batch_last else 10**9
     try:
@@ -287,7 +287,7 @@ def test_property_torch_viterbi_is_exact(B, T, K, per_position, integer, seed, b
 
 
 def _viterbi_numba():
-    from torchssvm.kernels.viterbi_numba import viterbi_numba
+    from torchssvm.kernels.chain.viterbi_numba import viterbi_numba
 
     return viterbi_numba
 
@@ -321,7 +321,7 @@ def test_numba_viterbi_matches_brute_force(K, per_position, integer):
 )
 @pytest.mark.parametrize("parallel", [False, True])
 def test_numba_equals_torch_bitwise(B, T, K, per_position, integer, dtype, parallel, monkeypatch):
-    vn = importlib.import_module("torchssvm.kernels.viterbi_numba")
+    vn = importlib.import_module("torchssvm.kernels.chain.viterbi_numba")
     monkeypatch.setattr(vn, "_PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
     for start_end in (True, False):
         args = random_chain(B, T, K, per_position=per_position, integer=integer, seed=K + T, dtype=dtype,
@@ -357,7 +357,7 @@ def test_numba_ties_and_nan_follow_torch():
 def test_numba_viterbi_is_what_auto_runs_on_cpu(monkeypatch):
     from torchssvm.kernels import _numba, viterbi
 
-    vn = importlib.import_module("torchssvm.kernels.viterbi_numba")
+    vn = importlib.import_module("torchssvm.kernels.chain.viterbi_numba")
     with pytest.raises(ValueError, match="float32 or float64"):
         vn.viterbi_numba(torch.zeros(1, 2, 3, dtype=torch.bfloat16), torch.zeros(3, 3), None, None,
                          torch.tensor([2]))

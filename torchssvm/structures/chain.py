@@ -177,7 +177,7 @@ class Chain(Structure):
     def _hinge_forward(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
         if target is None or not self._fused(pot.unary.device, backend):
             return super()._hinge_forward(pot, lengths, target, loss_weight, backend)
-        from ..kernels.chain_hinge_triton import chain_hinge_prepare_triton
+        from ..kernels.chain.chain_hinge_triton import chain_hinge_prepare_triton
 
         dt = compute_dtype(pot)
         if isinstance(loss_weight, torch.Tensor):
@@ -193,13 +193,13 @@ class Chain(Structure):
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled():
             return super()._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
-        from ..kernels.chain_hinge_triton import chain_hinge_grad_triton
+        from ..kernels.chain.chain_hinge_triton import chain_hinge_grad_triton
 
         return chain_hinge_grad_triton(y_hat, target, lengths, weight, *tensors, needs, compute_dtype(tensors))
 
     def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend):
         """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))``, exact by the error-count DP
-        (`torchssvm.kernels.slack_chain_torch`); needs a uniform Hamming cost (no ``class_weights``)."""
+        (`torchssvm.kernels.chain.slack_chain_torch`); needs a uniform Hamming cost (no ``class_weights``)."""
         if self.class_weights is not None:
             raise ValueError("the exact slack-rescaled chain oracle needs the same cost for every wrong "
                              "position: class_weights must be None")

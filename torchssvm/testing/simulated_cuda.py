@@ -287,7 +287,7 @@ def _library_site(frame, where) -> str:
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
-            # the path inside the package: "optim/frank_wolfe/bcfw.py", "kernels/chain.py", "torchssvm/losses.py"
+            # the path in the package: "optim/frank_wolfe/bcfw.py", "kernels/chain/dispatch.py", "torchssvm/losses.py"
             inside = "kernels/" + path.rsplit("/kernels/", 1)[1] if "/kernels/" in path else \
                 path.rsplit("/torchssvm/", 1)[1]
             return f"{inside if '/' in inside else 'torchssvm/' + inside}:{where(frame)}"

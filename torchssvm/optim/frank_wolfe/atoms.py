@@ -49,7 +49,7 @@ class AtomStore:
         """``(labels (B, C, W), loss (B, C), alpha (B, C))`` of blocks ``idx``, with ``C`` the largest count among
         them (read from the host's copy when ``host_idx``, ``idx`` on the host, is given), or every slot of the
         storage with ``all_slots`` (no read: the shapes are the store's); slots past a block's count are unused
-        (`torchssvm.kernels.atoms_select_torch.used_slots`)."""
+        (`torchssvm.kernels.step.atoms_select_torch.used_slots`)."""
         if all_slots:
             return self.labels[idx].long(), self.loss[idx], self.alpha[idx]
         C = int(self.count_host[idx.cpu() if host_idx is None else host_idx].max())
@@ -154,7 +154,7 @@ class AtomStore:
     def _insert_batch_triton(self, idx, labels, loss, scores, cap, keep_active, host_idx) -> torch.Tensor:
         """`insert_batch` as one kernel launch; blocks appending past the last slot are written here after the
         store grows (rare: the store doubles). ``host_idx`` None: no host bookkeeping (``sync_free``)."""
-        from ...kernels.atoms_insert_triton import insert_atoms_triton
+        from ...kernels.step.atoms_insert_triton import insert_atoms_triton
 
         last = self.labels.shape[1]
         slot, append = insert_atoms_triton(self.labels, self.loss, self.alpha, self.count, self.alpha_valid, idx,

@@ -23,7 +23,7 @@ import torch
 
 from ..._device import host_to_device
 from ...kernels import apply_block_step, select_atoms
-from ...kernels.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
+from ...kernels.step.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
 from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
 from ..dual_solver import DualSolver
 from .atoms import AtomStore

@@ -259,7 +259,7 @@ class Pragam(Solver):
         from ...kernels import project_box_equality_torch, resolve
 
         if resolve("project_box_equality", self.backend, m.device) == "triton":  # unchecked: the arguments are ours
-            from ...kernels.box_equality_triton import MAX_BLOCK, project_box_equality_triton
+            from ...kernels.projections.box_equality_triton import MAX_BLOCK, project_box_equality_triton
 
             if self.n <= MAX_BLOCK:
                 return project_box_equality_triton(m.unsqueeze(0), 0.0, 1.0 / self.n, self.y, 0.0)[0]

@@ -10,7 +10,7 @@ import torch
 
 from torchssvm._validation import shape_or_type
 
-from .backends import resolve
+from ..backends import resolve
 from .distance_transform_torch import distance_transform_1d_torch
 from .distance_transform_torch import distance_transform_2d as distance_transform_2d_torch
 from .tree_torch import (

@@ -9,7 +9,7 @@ import torch
 
 from torchssvm._validation import shape_or_type
 
-from .backends import NUMBA_DTYPES, resolve
+from ..backends import NUMBA_DTYPES, resolve
 from .chain_marginals_torch import chain_marginals_torch
 from .chain_score_torch import chain_inner_torch, chain_labels_score_torch
 from .slack_chain_torch import slack_viterbi_torch

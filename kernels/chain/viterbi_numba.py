@@ -22,9 +22,9 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from . import _numba
-from ._numba import jit as _jit
-from ._numba import prange as _prange
+from .. import _numba
+from .._numba import jit as _jit
+from .._numba import prange as _prange
 
 # Above this much work (B T K^2 additions) a batch is split over threads; below it the threads' start costs more.
 _PARALLEL_MIN_WORK = 1 << 20

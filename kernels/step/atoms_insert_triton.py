@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chain_score_triton import label_warps
+from ..chain.chain_score_triton import label_warps
 
 
 @triton.jit

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import resolve
 from .atoms_select_torch import select_atoms_torch
-from .backends import resolve
 from .block_step_torch import STEP_TYPES, apply_block_step_torch
 
 

@@ -14,9 +14,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _numba
-from ._numba import jit as _jit
-from ._numba import prange as _prange
+from .. import _numba
+from .._numba import jit as _jit
+from .._numba import prange as _prange
 
 
 @_jit()

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _numba
-from ._numba import jit as _jit
-from ._numba import prange as _prange
+from .. import _numba
+from .._numba import jit as _jit
+from .._numba import prange as _prange
 
 
 def available() -> bool:

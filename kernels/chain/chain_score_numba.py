@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ._numba import jit as _jit
+from .._numba import jit as _jit
 
 _DTYPES = (torch.float32, torch.float64)
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from torchssvm._device import host_to_device
 
-from .chain_score_triton import label_warps
+from ..chain.chain_score_triton import label_warps
 
 
 @triton.jit

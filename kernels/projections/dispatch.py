@@ -7,7 +7,7 @@ import torch
 
 from torchssvm._validation import shape_or_type
 
-from .backends import resolve
+from ..backends import resolve
 from .box_equality_torch import project_box_equality_torch
 from .simplex_torch import project_simplex_torch
 
