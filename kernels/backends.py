@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 
@@ -131,4 +132,6 @@ def resolve(op: str, backend: str, device: torch.device, *tensors) -> str:
 def resolve_backend(backend: str, device: torch.device, has_numba: bool = False) -> str:
     """Deprecated: `resolve` names the operation. Resolves ``backend`` for an operation with torch and Triton forms,
     and a numba form when ``has_numba``."""
-    return resolve("viterbi" if has_numba else "tree_max_sum", backend, device)
+    warnings.warn("resolve_backend is deprecated: use torchssvm.kernels.resolve(op, backend, device), which names "
+                  "the operation's row of the backend table", DeprecationWarning, stacklevel=2)
+    return resolve("viterbi" if has_numba else STRUCTURE_ORACLE, backend, device)

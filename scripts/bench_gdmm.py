@@ -63,7 +63,7 @@ def make(method, args, train):
               "bigram_update": args.bigram_update}
         if method == "gdmm-sampled":
             kw.update(fmo="sampled", nu=args.nu)
-        return model, st, GDMM(model, train, C=1.0, **kw, **common)
+        return model, st, GDMM.from_C(model, train, C=1.0, **kw, **common)
     if method == "bcfw":
         return model, st, BCFW(model, train, lam=lam, gap_check_every=0, **common)
     if method == "bcfw-batched":  # the library's mini-batch BCFW (the exact coordinated step), B = --batch

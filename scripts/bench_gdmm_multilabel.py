@@ -40,7 +40,7 @@ def make(method, args, train, structure):
               "eta": 0.0 if method == "soft-bcfw" else 1.0, "bigram_update": args.bigram_update}
         if method == "gdmm-sampled":
             kw.update(fmo="sampled", nu=args.nu)
-        return problem, GDMM(problem, C=1.0, **kw)
+        return problem, GDMM.from_C(problem, C=1.0, **kw)
     if method == "bcfw":
         return problem, BCFW(problem, lam=lam, gap_check_every=0)
     if method == "bcfw-batch":

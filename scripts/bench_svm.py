@@ -199,8 +199,8 @@ def run_kernel(args):
             if sampling == "exact" and seed != args.seeds[0]:
                 continue  # exact cuts draw nothing: one run
             r_linear = args.hybrid_r_linear if sampling == "hybrid" else None
-            solver = KernelCuttingPlane(x, y, C_svm * N, kernel="rbf", gamma=gamma, sampling=sampling, r=max(r, 1),
-                                        r_linear=r_linear, eps=args.eps, seed=seed)
+            solver = KernelCuttingPlane.from_C(x, y, C_svm * N, kernel="rbf", gamma=gamma, sampling=sampling,
+                                               r=max(r, 1), r_linear=r_linear, eps=args.eps, seed=seed)
             hist = solver.fit(time_budget=args.kernel_budget)
             err = float((solver.predict(xt) != yt).double().mean())
             entry = {"sampling": sampling, "r": r, "r_linear": r_linear, "seed": seed, "code": code_version(),

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ._validation import check_loss_weight, check_loss_weight_value
-from .kernels import BACKENDS, resolve
+from .kernels import check_backend, resolve
 from .structures.base import Structure, compute_dtype, no_autocast
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -86,12 +86,6 @@ def _check_structure(structure) -> None:
         raise TypeError(f"structure must be a torchssvm Structure, got {type(structure).__name__}")
 
 
-def _check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
 def _check_reduction(reduction: str) -> str:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -151,7 +145,7 @@ class StructuredHingeLoss(nn.Module):
             self.register_buffer("loss_weight", loss_weight, persistent=False)
         else:
             self.loss_weight = loss_weight
-        self.backend = _check_backend(backend)
+        self.backend = check_backend(backend)
 
     def forward(self, potentials, target, lengths=None, *, loss_weight=None):
         return structured_hinge_loss(
@@ -289,7 +283,7 @@ class SlackRescaledHingeLoss(nn.Module):
         self.structure = structure
         self.reduction = _check_reduction(reduction)
         self.search = _check_search(search, structure)
-        self.backend = _check_backend(backend)
+        self.backend = check_backend(backend)
         _check_slack_backend(self.search, self.backend)
 
     def forward(self, potentials, target, lengths=None):
