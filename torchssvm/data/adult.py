@@ -1,15 +1,17 @@
 """Adult (UCI) in the LIBSVM "a9a" encoding: 32,561 people, 123 binary features, labels +1 (income > 50K) / -1.
 
 Read from ``adult/a9a.txt.gz`` under the data root (LIBSVM binary format: ``+1 idx:val ...`` with 1-based
-feature ids), the standard LIBSVM copy (``SHA256`` below). Only the LIBSVM training file is shipped,
-so train/test splits are drawn from it by a seeded random permutation (`split_indices`). Yu & Joachims
-(2008) train on 22,697 examples: ``test_fraction=9864 / 32561`` gives exactly that split size.
+feature ids), the standard LIBSVM copy, whose SHA-256 is ``SHA256`` (a file that fails the loader's checks
+gets its own digest and this one in the error, to tell a damaged copy from the documented one). The loader
+downloads nothing: LIBSVM serves a9a uncompressed, and that file's digest is not recorded here. Only the LIBSVM
+training file is shipped, so train/test splits are drawn from it by a seeded random permutation
+(`split_indices`). Yu & Joachims (2008) train on 22,697 examples: ``test_fraction=9864 / 32561`` gives exactly
+that split size.
 """
 
 from __future__ import annotations
 
 import functools
-import gzip
 import math
 import numbers
 import os
@@ -20,7 +22,8 @@ from typing import Optional
 import torch
 
 from .._validation import check_float_dtype, check_seed
-from .paths import locate
+from .checks import DataFileError, check_size, text_lines
+from .paths import locate, sha256
 
 RELPATH = "adult/a9a.txt.gz"
 NUM_FEATURES = 123
@@ -32,7 +35,7 @@ _LABELS = {"+1": 1, "1": 1, "-1": -1}
 _FEATURES = re.compile(r"(?:\d+:[^\s:]+(?: |$))*")  # space-joined idx:value tokens
 
 
-def _line_error(where: str, no: int, feats, num_features: int) -> ValueError:
+def _line_error(source: str, no: int, feats, num_features: int) -> DataFileError:
     """The error of a line that failed the fast path of `parse_libsvm_binary`, found token by token."""
     seen = set()
     for tok in feats:
@@ -42,24 +45,23 @@ def _line_error(where: str, no: int, feats, num_features: int) -> ValueError:
                 raise ValueError
             j, v = int(idx) - 1, float(val)
         except ValueError:
-            return ValueError(f"{where}line {no}: expected idx:value (idx a positive integer), got {tok!r}")
+            return DataFileError(source, f"line {no}: expected idx:value (idx a positive integer), got {tok!r}")
         if not 0 <= j < num_features:
-            return ValueError(f"{where}line {no}: feature id {idx} outside [1, {num_features}]")
+            return DataFileError(source, f"line {no}: feature id {idx} outside [1, {num_features}]")
         if j in seen:
-            return ValueError(f"{where}line {no}: feature id {idx} appears twice")
+            return DataFileError(source, f"line {no}: feature id {idx} appears twice")
         if not math.isfinite(v):
-            return ValueError(f"{where}line {no}: feature {idx} has non-finite value {val!r}")
+            return DataFileError(source, f"line {no}: feature {idx} has non-finite value {val!r}")
         seen.add(j)
-    return ValueError(f"{where}line {no}: malformed features {' '.join(feats)!r}")
+    return DataFileError(source, f"line {no}: malformed features {' '.join(feats)!r}")
 
 
 def parse_libsvm_binary(lines, num_features: int, *, source: str = ""):
     """``(x (n, D) float64 dense, y (n,) long in {-1, +1})`` from LIBSVM binary lines ``±1 idx:val ...``.
 
     Feature ids are 1-based and must lie in ``[1, num_features]``, once per line; values must be finite.
-    Blank lines are skipped. Errors name the line (and ``source``, when given).
+    Blank lines are skipped. Errors are `DataFileError` naming the line (and ``source``, when given).
     """
-    where = f"{source}: " if source else ""
     rows, cols, vals, ys = array("q"), array("q"), array("d"), []  # arrays: cheap to hand to torch
     for no, line in enumerate(lines, 1):
         parts = line.split()
@@ -67,7 +69,7 @@ def parse_libsvm_binary(lines, num_features: int, *, source: str = ""):
             continue
         lab = _LABELS.get(parts[0])
         if lab is None:
-            raise ValueError(f"{where}line {no}: label must be +1 or -1, got {parts[0]!r}")
+            raise DataFileError(source, f"line {no}: label must be +1 or -1, got {parts[0]!r}")
         feats = parts[1:]
         # fast path (C-level builtins): every token is digits:value, then range, duplicate and finiteness checks
         rest = " ".join(feats)
@@ -82,7 +84,7 @@ def parse_libsvm_binary(lines, num_features: int, *, source: str = ""):
             if not all(map(math.isfinite, vs)):
                 raise ValueError
         except ValueError:
-            raise _line_error(where, no, feats, num_features) from None
+            raise _line_error(source, no, feats, num_features) from None
         rows.extend([len(ys)] * len(js))
         cols.extend(js)
         vals.extend(vs)
@@ -97,11 +99,17 @@ def parse_libsvm_binary(lines, num_features: int, *, source: str = ""):
 @functools.lru_cache(maxsize=4)
 def _load_all(path: str, mtime_ns: int, size: int):
     """Parsed ``(x float64, y long)`` of the whole file, cached per (resolved path, mtime, size): a file
-    changed on disk is parsed again. Callers must not modify the returned tensors."""
-    with gzip.open(path, "rt") as f:
-        x, y = parse_libsvm_binary(f, NUM_FEATURES, source=path)
-    if x.shape[0] != SIZE:
-        raise ValueError(f"{path}: expected {SIZE:,} examples (the documented a9a size), got {x.shape[0]:,}")
+    changed on disk is parsed again. Callers must not modify the returned tensors.
+
+    Checked: every line (`parse_libsvm_binary`), the documented sizes (`SIZE` examples, `NUM_POSITIVE` of
+    them +1) and the gzip stream and text encoding (`text_lines`); errors are `DataFileError` naming ``path``."""
+    try:
+        x, y = parse_libsvm_binary(text_lines(path), NUM_FEATURES, source=path)
+        check_size(path, "examples", x.shape[0], SIZE, documented="the a9a size")
+        check_size(path, "examples labelled +1", int((y == 1).sum()), NUM_POSITIVE, documented="the a9a count")
+    except DataFileError as err:
+        raise DataFileError(path, f"{err.problem} (this file's SHA-256 is {sha256(path)}, the documented "
+                                  f"copy's {SHA256})") from err
     return x, y
 
 

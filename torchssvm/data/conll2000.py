@@ -13,7 +13,7 @@ attributes) or 1,656,908 (``min_count=3``; the papers' d is 1,643,026).
 from __future__ import annotations
 
 import functools
-import gzip
+import re
 from collections import Counter
 from typing import List, Optional, Tuple
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
+from .checks import DataFileError, check_size, text_lines
 from .paths import locate
 from .sequence_dataset import SequenceDataset
 from .token_features import TokenFeatures
@@ -29,7 +30,17 @@ URLS = {
     "train": "https://www.clips.uantwerpen.be/conll2000/chunking/train.txt.gz",
     "test": "https://www.clips.uantwerpen.be/conll2000/chunking/test.txt.gz",
 }
+# SHA-256 of the shared-task files these loaders are tested with (the original gzip files, dated 2007 in their
+# headers); a download from `URLS` must match them.
+SHA256 = {
+    "train": "160109d8a1c31381976affcb534abbfa11e0bb5acabc60d4feb5c6b0874a8858",
+    "test": "6864d222606f9deff739206a49f01d43651041b8deb94f0ea4e98ba0b14217ab",
+}
 TASKS = ("chunk", "pos")
+SIZES = {"train": 8936, "test": 2012}  # sentences
+NUM_TOKENS = {"train": 211727, "test": 47377}
+NUM_LABELS = {"chunk": 22, "pos": 44}  # distinct tags in the training split
+_CHUNK_TAG = re.compile(r"O|[BI]-[A-Z]+")  # IOB2
 
 _WORD_OFFSETS = (-2, -1, 0, 1, 2)
 _TEMPLATES: Tuple[Tuple[Tuple[int, int], ...], ...] = (
@@ -43,22 +54,35 @@ _COLUMN = ("w", "pos")
 
 
 def read_conll(path) -> List[List[Tuple[str, str, str]]]:
-    """Sentences as lists of ``(word, pos, chunk)``."""
+    """Sentences as lists of ``(word, pos, chunk)`` from a (gzipped) CoNLL file: one token a line, a blank
+    line between sentences.
+
+    Checked: three fields a line, a chunk tag in IOB2 (``O``, ``B-X`` or ``I-X``), the gzip stream and UTF-8
+    text (`text_lines`); errors are `DataFileError` naming ``path`` and the line.
+    """
     sentences, cur = [], []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields:
-                if cur:
-                    sentences.append(cur)
-                    cur = []
-                continue
-            if len(fields) != 3:
-                raise ValueError(f"{path}:{lineno}: expected 'word POS chunk', got {line.strip()!r}")
-            cur.append(tuple(fields))
+    for lineno, line in enumerate(text_lines(path), 1):
+        fields = line.split()
+        if not fields:
+            if cur:
+                sentences.append(cur)
+                cur = []
+            continue
+        if len(fields) != 3:
+            raise DataFileError(path, f"line {lineno}: expected 'word POS chunk', got {line.strip()!r}")
+        if not _CHUNK_TAG.fullmatch(fields[2]):
+            raise DataFileError(path, f"line {lineno}: chunk tag {fields[2]!r} is not IOB2 (O, B-X or I-X)")
+        cur.append(tuple(fields))
     if cur:
         sentences.append(cur)
     return sentences
+
+
+def check_split(path, split: str, sentences) -> None:
+    """The documented sizes of a split: `SIZES` sentences and `NUM_TOKENS` tokens."""
+    check_size(path, "sentences", len(sentences), SIZES[split], documented=f"the CoNLL-2000 {split} split")
+    check_size(path, "tokens", sum(map(len, sentences)), NUM_TOKENS[split],
+               documented=f"the CoNLL-2000 {split} split")
 
 
 def token_attributes(sentence: List[Tuple[str, str, str]], *, use_pos: bool = True) -> List[List[str]]:
@@ -118,6 +142,10 @@ def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] 
             long tensor ``(N, T, C)`` of word ids (and, for the chunk task, POS ids) for embedding
             layers, id 0 meaning unknown; the vocabularies are in ``dataset.meta``.
 
+    Both files are checked (`read_conll`, `check_split`: the documented numbers of sentences and tokens, and
+    22 chunk / 44 POS tags in training); a `DataFileError` names the file and what is wrong. ``download=True``
+    fetches a missing file over https and checks it against `SHA256`.
+
     Labels and the attribute vocabulary come from the training split. A test tag never seen in training
     (``I-LST``, 2 chunk tokens) is mapped to ``O`` in ``y``; ``dataset.tags`` keeps the original strings,
     so `chunk_f1` against them is the true conlleval score.
@@ -129,12 +157,16 @@ def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] 
     check_positive_int("min_count", min_count)
     if features not in ("attributes", "tokens"):
         raise ValueError(f"features must be 'attributes' or 'tokens', got {features!r}")
-    train_path = str(locate(root, "conll2000/train.txt.gz", url=URLS["train"], download=download))
+    train_path = str(locate(root, "conll2000/train.txt.gz", url=URLS["train"], download=download,
+                            digest=SHA256["train"]))
     path = train_path if split == "train" else str(
-        locate(root, "conll2000/test.txt.gz", url=URLS["test"], download=download))
+        locate(root, "conll2000/test.txt.gz", url=URLS["test"], download=download, digest=SHA256["test"]))
+    check_split(train_path, "train", _sentences(train_path))
     sentences = _sentences(path)
+    check_split(path, split, sentences)
     col = 2 if task == "chunk" else 1
     labels = sorted({tok[col] for s in _sentences(train_path) for tok in s})
+    check_size(train_path, f"{task} tags", len(labels), NUM_LABELS[task], documented="the CoNLL-2000 train split")
     label_id = {lab: i for i, lab in enumerate(labels)}
     fallback = label_id.get("O", 0) if task == "chunk" else 0
     n = len(sentences)

@@ -6,12 +6,12 @@ Read from ``yeast/yeast_{train,test}.svm.gz`` under the data root (LIBSVM multi-
 
 from __future__ import annotations
 
-import gzip
 import math
 from typing import Optional
 
 import torch
 
+from .checks import DataFileError, check_size, text_lines
 from .multilabel_dataset import MultiLabelDataset
 from .paths import locate
 
@@ -20,8 +20,12 @@ NUM_LABELS = 14
 SIZES = {"train": 1500, "test": 917}
 
 
-def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
-    """``(x (n, D) float64, y (n, K) long)`` from LIBSVM multi-label lines; errors name the line."""
+def parse_libsvm_multilabel(lines, num_features: int, num_labels: int, *, source: str = ""):
+    """``(x (n, D) float64, y (n, K) long)`` from LIBSVM multi-label lines ``l1,l2,... idx:val ...``.
+
+    Labels must be integers in ``[0, num_labels)``, feature ids integers in ``[1, num_features]`` (once per
+    line) and values finite. Errors are `DataFileError` naming the line (and ``source``, when given).
+    """
     xs, ys = [], []
     for no, line in enumerate(lines, 1):
         line = line.strip()
@@ -35,9 +39,9 @@ def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
             try:
                 k = int(lab)
             except ValueError:
-                raise ValueError(f"line {no}: label {lab!r} is not an integer") from None
+                raise DataFileError(source, f"line {no}: label {lab!r} is not an integer") from None
             if not 0 <= k < num_labels:
-                raise ValueError(f"line {no}: label {k} outside [0, {num_labels})")
+                raise DataFileError(source, f"line {no}: label {k} outside [0, {num_labels})")
             y[k] = 1
         seen = set()
         for f in feats:
@@ -45,13 +49,13 @@ def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
             try:
                 j, val = int(i) - 1, float(v if sep else "")  # float("") raises too: no ":"
             except ValueError:
-                raise ValueError(f"line {no}: {f!r} is not a feature id:value pair") from None
+                raise DataFileError(source, f"line {no}: {f!r} is not a feature id:value pair") from None
             if not 0 <= j < num_features:
-                raise ValueError(f"line {no}: feature id {i} outside [1, {num_features}]")
+                raise DataFileError(source, f"line {no}: feature id {i} outside [1, {num_features}]")
             if j in seen:
-                raise ValueError(f"line {no}: feature id {i} given twice")
+                raise DataFileError(source, f"line {no}: feature id {i} given twice")
             if not math.isfinite(val):
-                raise ValueError(f"line {no}: feature {i} has the non-finite value {v!r}")
+                raise DataFileError(source, f"line {no}: feature {i} has the non-finite value {v!r}")
             seen.add(j)
             x[j] = val
         xs.append(x)
@@ -60,12 +64,15 @@ def parse_libsvm_multilabel(lines, num_features: int, num_labels: int):
 
 
 def yeast(split: str = "train", root: Optional[str] = None, *, dtype=torch.float32) -> MultiLabelDataset:
-    """The Yeast ``split`` (``"train"`` or ``"test"``) as a `MultiLabelDataset` of ``dtype`` features."""
+    """The Yeast ``split`` (``"train"`` or ``"test"``) as a `MultiLabelDataset` of ``dtype`` features.
+
+    The file is checked: every line (`parse_libsvm_multilabel`: labels in [0, 14), feature ids in [1, 103],
+    finite values), the documented size (`SIZES`), the gzip stream and the text encoding; a `DataFileError`
+    names the file and what is wrong.
+    """
     if split not in SIZES:
         raise ValueError(f"split must be one of {tuple(SIZES)}, got {split!r}")
     path = locate(root, f"yeast/yeast_{split}.svm.gz")
-    with gzip.open(path, "rt") as f:
-        x, y = parse_libsvm_multilabel(f, NUM_FEATURES, NUM_LABELS)
-    if x.shape[0] != SIZES[split]:
-        raise ValueError(f"{path}: expected {SIZES[split]} examples in the {split} split, read {x.shape[0]}")
+    x, y = parse_libsvm_multilabel(text_lines(path), NUM_FEATURES, NUM_LABELS, source=str(path))
+    check_size(path, "examples", x.shape[0], SIZES[split], documented=f"the Yeast {split} split")
     return MultiLabelDataset(x.to(dtype), y, name=f"yeast-{split}")
