@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import torchssvm as ts
 from torchssvm.data import DataFileError, DownloadError, UnverifiedDownloadWarning
@@ -148,7 +149,11 @@ def test_ocr_letter_data_corruptions_name_the_file(tmp_path):
     cases = [
         ("upper-case letter", [good[0], "\t".join(fields[:1] + ["A"] + fields[2:]), *good[2:]],
          r"line 2: the letter must be one of a\.\.z, got 'A'"),
-        ("line missing", [good[0], *good[2:]], r"line 2: letter position 3, expected 2"),
+        ("line missing", [good[0], *good[2:]], r"line 2: id 3, but the previous line's next_id is 2"),
+        ("position skips", [good[0], "\t".join(fields[:4] + ["3"] + fields[5:]), *good[2:]],
+         r"line 2: letter position 3 follows 1"),
+        ("word id changes inside a word", [good[0], "\t".join(fields[:3] + ["7"] + fields[4:]), *good[2:]],
+         r"line 2: word id 7 inside word 1"),
         ("not an integer", [good[0], "\t".join(fields[:5] + ["x"] + fields[6:]), *good[2:]],
          r"line 2: the ids, position, fold and pixels must be integers"),
         ("pixel 2", [good[0], "\t".join(fields[:-1] + ["2"]), *good[2:]], r"line 2: pixels must be 0 or 1"),
@@ -167,7 +172,7 @@ def test_ocr_letter_data_corruptions_name_the_file(tmp_path):
     for i, (_name, data, message) in enumerate(raw):
         path = _put(tmp_path / f"raw{i}", "letter.data.gz", data)
         _expect(path, message, lambda path=path: parse_letter_data(path))
-    assert len(cases) + len(raw) == 10
+    assert len(cases) + len(raw) == 12
 
 
 # ------------------------------------------------------------------------------------------------ CoNLL-2000
@@ -357,3 +362,26 @@ def test_loader_downloads_are_https_and_checked(tmp_path, monkeypatch):
                 lambda: ts.data.ocr(root=str(tmp_path), download=True))
     assert any(issubclass(w.category, UnverifiedDownloadWarning) for w in seen)
     assert _left(tmp_path / "ocr") == ["letter.data.gz"]
+
+
+def _letter_data_of(a) -> str:
+    """Taskar's letter.data text of the npz arrays ``a`` (ids and positions from 1)."""
+    rows, idx, start = [], 1, 0
+    for w, (length, fold) in enumerate(zip(a["lengths"].tolist(), a["folds"].tolist())):
+        for p in range(length):
+            nxt = -1 if p == length - 1 else idx + 1
+            px = "\t".join(map(str, a["pixels"][start + p].tolist()))
+            rows.append(f"{idx}\t{chr(97 + int(a['labels'][start + p]))}\t{nxt}\t{w + 1}\t{p + 1}\t{fold}\t{px}\n")
+            idx += 1
+        start += length
+    return "".join(rows)
+
+
+def test_ocr_download_of_the_full_source_loads(tmp_path, monkeypatch, ocr_arrays, data_root):
+    """A good download of Taskar's file passes every check and gives the shipped npz's data, with a warning that
+    its bytes could not be verified."""
+    _serve(monkeypatch, _gz(_letter_data_of(ocr_arrays)))
+    with pytest.warns(UnverifiedDownloadWarning, match=r"letter\.data\.gz: no SHA-256 digest is known"):
+        got = ts.data.ocr("train", "small", root=str(tmp_path), download=True)
+    want = ts.data.ocr("train", "small", root=data_root)
+    assert torch.equal(got.x, want.x) and torch.equal(got.y, want.y) and torch.equal(got.lengths, want.lengths)

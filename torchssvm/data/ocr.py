@@ -82,12 +82,12 @@ def parse_letter_data(path) -> dict:
     """Parse Taskar's ``letter.data(.gz)`` (tab separated: id, letter, next_id, word_id, position, fold,
     128 pixels) into the arrays of ``letters.npz`` (pixels, labels, lengths, folds), words in file order.
 
-    Each line is checked (134 fields, integer ids, a letter a..z, 0 / 1 pixels, positions 1, 2, ... within a
-    word, one fold per word, ``next_id`` the next line's id or -1 at a word's end) and then the arrays
+    Each line is checked (134 fields, integer ids, a letter a..z, 0 / 1 pixels, ``next_id`` the next line's id
+    or -1 at a word's end, consecutive positions and one word id and fold within a word) and then the arrays
     (`check_ocr_arrays`); errors are `DataFileError` naming ``path`` and the line.
     """
     pixels, labels, lengths, folds = [], [], [], []
-    current, word_fold, expect_id = 0, None, None
+    current, word_fold, word, last_position, expect_id = 0, None, None, None, None
     for lineno, line in enumerate(checks.text_lines(path), 1):
         fields = line.split()
         if not fields:
@@ -95,7 +95,7 @@ def parse_letter_data(path) -> dict:
         if len(fields) != 6 + NUM_PIXELS:
             raise DataFileError(path, f"line {lineno}: expected 134 fields, got {len(fields)}")
         try:
-            ident, nxt, _, position, fold = (int(fields[i]) for i in (0, 2, 3, 4, 5))
+            ident, nxt, word_id, position, fold = (int(fields[i]) for i in (0, 2, 3, 4, 5))
             px = [int(v) for v in fields[6:]]
         except ValueError:
             raise DataFileError(path, f"line {lineno}: the ids, position, fold and pixels must be integers, "
@@ -105,16 +105,19 @@ def parse_letter_data(path) -> dict:
             raise DataFileError(path, f"line {lineno}: the letter must be one of a..z, got {letter!r}")
         if any(v not in (0, 1) for v in px):
             raise DataFileError(path, f"line {lineno}: pixels must be 0 or 1")
-        if position != current + 1:
-            raise DataFileError(path, f"line {lineno}: letter position {position}, expected {current + 1} "
-                                      f"(a line is missing or out of order)")
         if expect_id is not None and ident != expect_id:
-            raise DataFileError(path, f"line {lineno}: id {ident}, but the previous line's next_id is {expect_id}")
+            raise DataFileError(path, f"line {lineno}: id {ident}, but the previous line's next_id is {expect_id} "
+                                      f"(a line is missing or out of order)")
+        if current and position != last_position + 1:
+            raise DataFileError(path, f"line {lineno}: letter position {position} follows {last_position} "
+                                      f"(a line is missing or out of order)")
+        if current and word_id != word:
+            raise DataFileError(path, f"line {lineno}: word id {word_id} inside word {word}")
         if current and fold != word_fold:
             raise DataFileError(path, f"line {lineno}: fold {fold} inside a word of fold {word_fold}")
         labels.append(ord(letter) - ord("a"))
         pixels.append(px)
-        current, word_fold = current + 1, fold
+        current, word_fold, word, last_position = current + 1, fold, word_id, position
         if nxt == -1:  # last letter of a word
             lengths.append(current)
             folds.append(fold)

@@ -113,7 +113,22 @@ def download_file(url: str, path, *, digest: Optional[str] = None, timeout: floa
                                       f"was written (if the source has changed, fetch the file yourself and "
                                       f"place it here)")
         os.replace(tmp, path)
+        _fsync_folder(path.parent)  # the rename itself survives a crash
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Best effort: flush a folder's entries to disk (not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
