@@ -21,9 +21,9 @@ from .sequence_dataset import SequenceDataset
 LETTERS = [chr(ord("a") + i) for i in range(26)]
 NPZ = "ocr/letters.npz"
 SOURCE = "ocr/letter.data.gz"
-# Taskar's file; its SHA-256 is not known (the shipped letters.npz was converted from another copy), so a
-# download of it is not verified byte for byte: the content checks of `check_ocr_arrays` and the documented
-# sizes below are what vouch for it.
+# Taskar's file. Its SHA-256 is not recorded (``letters.npz`` is a conversion of the data, with a digest of its
+# own), so a download of it is not verified byte for byte and warns: the line checks of `parse_letter_data`,
+# `check_ocr_arrays` and the documented sizes below are what vouch for it.
 SOURCE_URL = "https://ai.stanford.edu/~btaskar/ocr/letter.data.gz"
 SOURCE_SHA256 = None
 NUM_PIXELS = 128  # 16 x 8
