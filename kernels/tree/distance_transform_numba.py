@@ -315,7 +315,6 @@ def distance_transform_1d_numba(f: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     arg = torch.empty(R, n, dtype=torch.long)
     if R == 0 or n == 0:
         return out, arg
-    _numba.set_threads()
     fn = f.detach().contiguous().numpy()
     _gdt_1d(fn, *_params(f, a, b, r), out.numpy(), arg.numpy())
     return out, arg
@@ -331,7 +330,6 @@ def distance_transform_2d_numba(f: torch.Tensor, ax, bx, rx, ay, by, ry):
     arg = torch.empty(R, H, W, dtype=torch.long)
     if R == 0 or H == 0 or W == 0:
         return out, arg
-    _numba.set_threads()
     fn = f.detach().contiguous().numpy()
     _gdt_2d(fn, *_params(f, ax, bx, rx, ay, by, ry), out.numpy(), arg.numpy())
     return out, arg
@@ -377,7 +375,6 @@ def mixture_tree_max_sum_numba(unary, weights, rest, parents, height: int, width
         side = (height, width) if s.shape[3] > 1 else (1, 1)
         return s.detach().to(dt).expand(B, E, T, -1).contiguous().view(B, E, T, *side).numpy()
 
-    _numba.set_threads()
     args = (unary.detach().contiguous().view(B, V, height, width).numpy(), w.numpy(),
             rest.detach().to(dt).contiguous().numpy())
     tail = (scores(child_scores), scores(parent_scores), order, np.array(sched.edge_child, dtype=np.int64),
