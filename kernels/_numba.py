@@ -3,11 +3,15 @@
 
 ``numba`` is None when it does not import; the twins' functions are then plain Python and ``available()``
 is False, so ``"auto"`` choices keep the torch code.
+
+Threads: a ``parallel=True`` kernel runs on ``min(torch.get_num_threads(), numba.get_num_threads())`` threads, and
+no call changes either setting (numba's start used to reset torch's: docs/benchmarks/contention.md).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 try:
     import numba
@@ -34,6 +38,7 @@ prange = numba.prange if numba is not None else range
 
 
 _launched = False
+_launch_lock = threading.Lock()
 
 
 def _launch() -> None:
@@ -49,13 +54,16 @@ def _launch() -> None:
         return
     import torch
 
-    threads, levels = torch.get_num_threads(), _omp_max_active_levels()
-    numba.get_num_threads()  # starts the layer
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    if levels is not None and _omp_max_active_levels() != levels:
-        _omp("omp_set_max_active_levels")(levels)
-    _launched = True
+    with _launch_lock:
+        if _launched:
+            return
+        threads, levels = torch.get_num_threads(), _omp_max_active_levels()
+        numba.get_num_threads()  # starts the layer
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        if levels is not None and _omp_max_active_levels() != levels:
+            _omp("omp_set_max_active_levels")(levels)
+        _launched = True
 
 
 def _omp(name: str):
@@ -64,7 +72,7 @@ def _omp(name: str):
 
     try:
         return getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError):
+    except Exception:  # no such symbol, or no process-wide handle (Windows)
         return None
 
 
