@@ -15,11 +15,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validation import check_positive_int, check_tensor
+from ._validation import check_bool, check_float_dtype, check_positive_int, check_tensor
 from .data.token_features import TokenFeatures, check_token_features
 from .structures.chain import ChainPotentials
 
 CHAIN_BIASES = ("ocr", "global", None)
+
+
+def _param_dtype(dtype) -> Optional[torch.dtype]:
+    """The parameters' ``dtype``: None (torch's default) or a floating-point ``torch.dtype``, else a TypeError naming
+    ``dtype`` (an integer dtype failed deep inside ``nn.Parameter``: "Only Tensors of floating point ... can require
+    gradients")."""
+    return None if dtype is None else check_float_dtype(dtype, "dtype")
+
+
+def _device(device):
+    """``device`` as torch takes it (None, a string, an int or a ``torch.device``), else a TypeError / ValueError
+    naming ``device``."""
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError, ValueError) as e:
+        if isinstance(device, (str, int)):
+            raise ValueError(f"device: {e}") from None
+        raise TypeError(f"device must be a torch.device, a device string or an index, got {device!r}") from None
 
 
 class LinearChainModel(nn.Module):
@@ -43,10 +63,11 @@ class LinearChainModel(nn.Module):
         super().__init__()
         D = check_positive_int("num_features", num_features)
         K = check_positive_int("num_labels", num_labels)
-        if bias not in CHAIN_BIASES:
+        if not (bias is None or isinstance(bias, str)) or bias not in CHAIN_BIASES:
             raise ValueError(f"bias must be one of {CHAIN_BIASES}, got {bias!r}")
-        kw = {"dtype": dtype, "device": device}
-        self.num_features, self.num_labels, self.bias_mode, self.sparse = D, K, bias, bool(sparse)
+        kw = {"dtype": _param_dtype(dtype), "device": _device(device)}
+        self.num_features, self.num_labels, self.bias_mode = D, K, bias
+        self.sparse = check_bool("sparse", sparse)
         self.emission = nn.Parameter(torch.zeros(D, K, **kw))
         self.transition = nn.Parameter(torch.zeros(K, K, **kw))
         self.bias = nn.Parameter(torch.zeros(K, **kw)) if bias is not None else None
@@ -97,7 +118,8 @@ class LinearMulticlassModel(nn.Module):
         super().__init__()
         D = check_positive_int("num_features", num_features)
         K = check_positive_int("num_classes", num_classes)
-        kw = {"dtype": dtype, "device": device}
+        bias = check_bool("bias", bias)
+        kw = {"dtype": _param_dtype(dtype), "device": _device(device)}
         self.num_features, self.num_classes = D, K
         self.weight = nn.Parameter(torch.zeros(D, K, **kw))
         self.bias = nn.Parameter(torch.zeros(K, **kw)) if bias else None
@@ -126,6 +148,9 @@ def joint_feature(model: nn.Module, x, marginals, *, per_example: bool = False) 
             marginals summed over the batch.
         per_example: return ``(B, d)`` (one row per example) instead of the batch sum ``(d,)``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    per_example = check_bool("per_example", per_example)
     params = [p for p in model.parameters() if p.requires_grad]
     if per_example:
         mus = _as_tuple(marginals)
