@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -27,7 +28,11 @@ def set_debug(enabled: bool = True) -> bool:
     Outside debug mode a device call does not read these values (each read makes the host wait for the device):
     a chain's lengths are clamped to ``[1, T]`` before a kernel indexes with them, torch's indexing asserts on the
     device on a label out of range, and the chain hinge's fused Triton kernels clamp what they index and make the
-    loss of an example with a bad label, length or loss weight NaN. (The other structures' checks still read.)"""
+    loss of an example with a bad label, length or loss weight NaN. (The other structures' checks still read.)
+
+    The same read gives the potentials' largest magnitudes to the overflow guard (`torchssvm.structures.base`,
+    "numerics at the dtype's limits"): in debug mode a device `Chain` is guarded as on the CPU (float64 sums where
+    float32 ones could overflow, or an OverflowError); outside it, it is not."""
     global _debug
     previous, _debug = _debug, bool(enabled)
     return previous
@@ -75,15 +80,77 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple, what: str = "") -> Non
         raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {tuple(t.shape)}")
 
 
-def check_finite(named: dict) -> None:
-    """Raise if any tensor holds NaN or Inf. One device sync for all of them."""
+def check_finite(named: dict) -> dict:
+    """Raise if any tensor holds NaN or Inf; return ``{name: max |entry|}`` (a float, 0.0 for an empty tensor). One
+    device sync for all of them: the largest magnitudes come with the same read (`collect_magnitudes` hands them to
+    the overflow guard of `torchssvm.structures.base`)."""
     tensors = [(k, v) for k, v in named.items() if v is not None]
     if not tensors:
-        return
-    flags = torch.stack([torch.isfinite(v).all() for _, v in tensors]).cpu()
-    for (k, _), ok in zip(tensors, flags.tolist()):
-        if not ok:
+        return {}
+    flags = torch.stack([_abs_max(v) for _, v in tensors]).cpu()
+    out = {}
+    for (k, _), m in zip(tensors, flags.tolist()):
+        if not math.isfinite(m):
             raise ValueError(f"{k} contains NaN or Inf")
+        out[k] = m
+    if _collectors:
+        _collectors[-1].update(out)
+    return out
+
+
+def _abs_max(t: torch.Tensor) -> torch.Tensor:
+    """``max |t|`` as a float64 scalar (NaN if ``t`` holds one, inf if it holds one): no copy of ``t``."""
+    if not t.numel():
+        return torch.zeros((), dtype=torch.float64, device=t.device)
+    t = t.detach()
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    if t.is_complex():
+        return t.abs().amax().to(torch.float64)
+    lo, hi = torch.aminmax(t)
+    return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
+
+
+_collectors: list = []
+
+
+@contextlib.contextmanager
+def collect_magnitudes():
+    """``with collect_magnitudes() as mags:`` every `check_finite` inside the block adds its ``{name: max |entry|}``
+    to the dict ``mags``. A structure's ``validate`` checks its potentials with `check_finite` (on CPU tensors, and on
+    device tensors in debug mode), so that the callers learn the magnitudes that bound the scores without a second
+    read. Empty where nothing was read (device tensors outside debug mode)."""
+    mags: dict = {}
+    _collectors.append(mags)
+    try:
+        yield mags
+    finally:
+        _collectors.remove(mags)
+
+
+def check_fits(what: str, value: torch.Tensor, dtype: torch.dtype, hint: str = "pass float64 potentials",
+               shift: int = 0) -> None:
+    """Raise an OverflowError unless every entry of ``value * 2**shift`` (``value`` computed in a wider dtype, or
+    scaled down by ``2**-shift``) fits ``dtype``: the result would otherwise become inf when cast down. Reads
+    ``value`` (callers only call it where they read values: `reads_values`)."""
+    if not value.numel() or not value.is_floating_point():
+        return
+    big = float(_abs_max(value))
+    limit = torch.finfo(dtype).max
+    if not big <= math.ldexp(limit, -shift):
+        flat = value.detach().reshape(-1).abs()
+        i = int(torch.nan_to_num(flat, nan=math.inf).argmax())
+        where = f" of example {i}" if value.dim() == 1 else ""
+        x = float(value.reshape(-1)[i])
+        shown = f"{x:.3e}" if not shift else f"{x:.3e} * 2**{shift}"
+        if dtype == torch.float64:
+            hint = "rescale the potentials"
+        raise OverflowError(f"{what}{where} is {shown}, beyond {_dtype_name(dtype)}'s range (|x| <= {limit:.3e}); "
+                            f"{hint}")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def shape_or_type(x) -> object:

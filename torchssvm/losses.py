@@ -13,6 +13,13 @@ with respect to every potential tensor is the difference of one-hot factor margi
 
 Each loss validates its inputs once (`Structure.validate_hinge` / `Structure.validate`, and the capability it needs:
 `Structure.require`), then calls the structure's unchecked tier (``structure.unchecked``).
+
+Numerics: no loss gives NaN or a wrong finite value for finite potentials. The magnitudes that the finiteness check
+reads bound every sum the oracles form; where that bound does not fit the compute dtype (float32 potentials near
+1e38), the loss is computed in float64 and cast back, and a loss that float32 cannot hold (6e38) is an OverflowError
+naming it rather than an inf; float64 potentials whose sums could pass 1.8e308 are an OverflowError naming the
+potentials (`torchssvm.structures.base`, "numerics at the dtype's limits"). On device tensors outside debug mode the
+values are not read, so a `Chain` there is not guarded (docs/gpu.md: a read makes the host wait for the device).
 """
 
 from __future__ import annotations
@@ -20,20 +27,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._validation import check_loss_weight, check_loss_weight_value
+from ._validation import (
+    check_bool,
+    check_fits,
+    check_loss_weight,
+    check_loss_weight_value,
+    collect_magnitudes,
+    reads_values,
+)
 from .kernels import check_backend, resolve
-from .structures.base import Structure, compute_dtype, no_autocast
+from .structures.base import Structure, compute_dtype, lw_magnitude, no_autocast, scaled
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
 class _StructuredHinge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, structure, target, lengths, loss_weight, backend, *tensors):
-        pot = structure.from_tensors(tensors)
+    def forward(ctx, structure, target, lengths, loss_weight, backend, plan, *tensors):
+        pot = structure.from_tensors(_widened(tensors, plan))
+        if plan[1]:  # potentials scaled by 2**-shift: the loss weight too (the hinge is homogeneous in both)
+            loss_weight = loss_weight * 2.0 ** -plan[1]
         with no_autocast():  # the oracle and the gold score in compute_dtype, not autocast's half precision
             loss, y_hat, target, lengths = structure.unchecked.hinge_forward(pot, target, lengths,
                                                                              loss_weight=loss_weight, backend=backend)
+        loss = _narrowed(loss, tensors, plan, "structured_hinge_loss: the loss")
         ctx.structure, ctx.backend = structure, backend
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -43,12 +60,39 @@ class _StructuredHinge(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_y_hat):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         fast = ctx.structure.unchecked
-        grads = fast.marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[5:],
+        grads = fast.marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[6:],
                                          ctx.backend)
         grad_lw = None
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
-        return (None, None, None, grad_lw, None) + grads
+        return (None, None, None, grad_lw, None, None) + grads
+
+
+def _widened(tensors, plan):
+    """The potential tensors as the overflow guard's ``plan`` ``(wide, shift)`` asks (`Unchecked.overflow_plan`):
+    unchanged, in float64, or in float64 times ``2**-shift``."""
+    wide, shift = plan
+    return scaled(tensors, shift) if wide else tensors
+
+
+def _narrowed(loss: torch.Tensor, tensors, plan, what: str) -> torch.Tensor:
+    """A loss computed as the guard's ``plan`` says, back in the potentials' `compute_dtype` (and scaled back): an
+    OverflowError naming ``what`` where it does not fit (an inf would hide the loss, and NaN follow in a mean or a
+    gradient step)."""
+    wide, shift = plan
+    if not wide:
+        return loss
+    dt = compute_dtype(tensors)
+    check_fits(what, loss, dt, shift=shift)
+    if shift:
+        loss = torch.ldexp(loss, torch.tensor(shift, dtype=loss.dtype, device=loss.device))
+    return loss.to(dt)
+
+
+def _check_target(target) -> None:
+    """``target`` must be a tensor: a clear TypeError rather than an AttributeError deep in a structure."""
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor of labels, got {type(target).__name__}")
 
 
 def _refuse_vmap(*inputs) -> None:
@@ -74,11 +118,29 @@ def _tensor_leaves(x):
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
+    """The batch ``"mean"`` or ``"sum"`` of per-example losses. Where values are read (CPU tensors, debug mode:
+    `torchssvm._validation.reads_values`) it accumulates in float64, so that float32 losses near 3.4e38 do not sum
+    to inf (their mean is finite, and so is a sum that float32 holds; a sum it cannot hold is an OverflowError), and
+    a float64 mean near 1.8e308 is taken at a power-of-two scale (the checks read the result: on the CPU only). On
+    a device outside debug mode: in the loss's dtype, as before (no extra launch)."""
+    if reduction == "none":
+        return loss
+    if not reads_values(loss.device) or not loss.is_floating_point():
+        return loss.mean() if reduction == "mean" else loss.sum()
+    dt = loss.dtype
+    out = loss.mean(dtype=torch.float64) if reduction == "mean" else loss.sum(dtype=torch.float64)
+    if loss.device.type != "cpu":  # debug mode on a device: the wide sum, without a read of its own
+        return out.to(dt)
+    if loss.numel() and not bool(torch.isfinite(out)) and bool(torch.isfinite(loss).all()):
+        if reduction == "sum":
+            raise OverflowError(f"the sum of the losses overflows {str(dt).replace('torch.', '')}; use "
+                                "reduction='mean' or 'none'")
+        k = max(1, (loss.numel() - 1).bit_length())  # 2**k >= B: the scaled entries sum below float64's max
+        two = torch.tensor(k, dtype=torch.float64, device=loss.device)
+        out = torch.ldexp(torch.ldexp(loss.to(torch.float64), -two).mean(), two)
+    if dt != torch.float64:
+        check_fits(f"the {reduction} of the losses", out.detach(), dt, hint="use reduction='mean' or 'none'")
+    return out.to(dt)
 
 
 def _check_structure(structure) -> None:
@@ -118,17 +180,20 @@ def structured_hinge_loss(
     """
     _check_structure(structure)
     _check_reduction(reduction)
+    _check_target(target)
     _refuse_vmap(potentials, target, lengths, loss_weight)
-    pot, lengths, target = structure.validate_hinge(potentials, lengths, target, backend=backend)
+    with collect_magnitudes() as mags:
+        pot, lengths, target = structure.validate_hinge(potentials, lengths, target, backend=backend)
     tensors = structure.tensors(pot)
     if isinstance(loss_weight, torch.Tensor):
         lw = check_loss_weight(loss_weight, tensors[0].shape[0], tensors[0].device, torch.float64)
     else:  # a number stays one (no tensor filled per call)
         check_loss_weight_value(loss_weight)
         lw = float(loss_weight)
-    loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, *tensors)
+    plan = structure.unchecked.overflow_plan(tensors, mags, loss_weight=lw_magnitude(lw), homogeneous=True)
+    loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, plan, *tensors)
     loss = _reduce(loss, reduction)
-    return (loss, y_hat) if return_argmax else loss
+    return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
 
 
 class StructuredHingeLoss(nn.Module):
@@ -164,13 +229,14 @@ class StructuredHingeLoss(nn.Module):
 
 class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, structure, target, lengths, backend, search, *tensors):
-        pot = structure.from_tensors(tensors)
+    def forward(ctx, structure, target, lengths, backend, search, plan, *tensors):
+        pot = structure.from_tensors(_widened(tensors, plan))
         with no_autocast():
             if search == "exact":
                 y_hat, value = structure.unchecked.slack_max_oracle(pot, target, lengths, backend=backend)
             else:
                 y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
+        value = _narrowed(value, tensors, plan, "slack_rescaled_hinge_loss: the loss")
         ctx.structure, ctx.backend = structure, backend
         ctx.save_for_backward(y_hat, target, lengths, *tensors)
         ctx.mark_non_differentiable(y_hat)
@@ -183,9 +249,9 @@ class _SlackRescaledHinge(torch.autograd.Function):
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
         with no_autocast():
             weight = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
-        grads = fast.marginal_difference(y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[5:],
+        grads = fast.marginal_difference(y_hat, target, lengths, weight, tensors, ctx.needs_input_grad[6:],
                                          ctx.backend)
-        return (None, None, None, None, None) + grads
+        return (None, None, None, None, None, None) + grads
 
 
 SEARCHES = ("exact", "angular", "bisecting", "binary", "golden")
@@ -265,13 +331,18 @@ def slack_rescaled_hinge_loss(
     _check_reduction(reduction)
     _check_search(search, structure)
     _check_slack_backend(search, backend)
+    _check_target(target)
     _refuse_vmap(potentials, target, lengths)
-    pot, lengths, target = structure.validate(potentials, lengths, target)
+    with collect_magnitudes() as mags:
+        pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
     resolve(structure.oracle_op, backend, tensors[0].device)
-    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, *tensors)
+    # the searches call the loss-augmented oracle with weights up to a few times the largest slack ratio: bound
+    # them as the exact oracle's products
+    plan = structure.unchecked.overflow_plan(tensors, mags, slack=True)
+    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
     loss = _reduce(loss, reduction)
-    return (loss, y_hat) if return_argmax else loss
+    return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
 
 
 class SlackRescaledHingeLoss(nn.Module):
@@ -301,14 +372,19 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     hinge loss against, not a max-margin loss."""
     _check_structure(structure)
     _check_reduction(reduction)
+    _check_target(target)
     _refuse_vmap(potentials, target, lengths)
     structure.require("has_log_partition", "the CRF loss needs one")
-    pot, lengths, target = structure.validate(potentials, lengths, target)
+    with collect_magnitudes() as mags:
+        pot, lengths, target = structure.validate(potentials, lengths, target)
+    tensors = structure.tensors(pot)
+    plan = structure.unchecked.overflow_plan(tensors, mags)
     with no_autocast():
-        log_z = structure.unchecked.log_partition(pot, lengths)
-        tensors = structure.tensors(pot)
+        wpot = structure.from_tensors(_widened(tensors, plan))
+        log_z = structure.unchecked.log_partition(wpot, lengths)
         as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
         nll = log_z - structure.unchecked.score(structure.from_tensors(as_log_z), target, lengths)
+    nll = _narrowed(nll, tensors, plan, "crf_negative_log_likelihood: the loss")
     return _reduce(nll.to(compute_dtype(tensors)), reduction)  # float32 for half precision (see _StructuredHinge)
 
 

@@ -8,12 +8,21 @@ labels are integer tensors. All operations are batched over a leading dimension 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Optional, Sequence, Tuple
 
 import torch
 
 from .._device import host_to_device
-from .._validation import check_loss_weight, check_loss_weight_value, check_positive_int, check_tensor
+from .._validation import (
+    check_fits,
+    check_loss_weight,
+    check_loss_weight_value,
+    check_positive_int,
+    check_tensor,
+    collect_magnitudes,
+    reads_values,
+)
 from ..kernels.backends import STRUCTURE_ORACLE, forms, resolve
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
@@ -66,6 +75,57 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
     none = value <= 0
     mask = none.view(-1, *([1] * (target.dim() - 1)))
     return torch.where(mask, target, y_hat), value.clamp_min(0)
+
+
+# -- numerics at the dtype's limits ------------------------------------------------------------------------------
+# A score is a sum of potentials: finite float32 potentials near 1e38 overflow in it (and inf - inf gives NaN in a
+# loss), and a partial sum of Viterbi or the forward algorithm can overflow even where the labelling's score does
+# not. The checked tier and the losses therefore bound every sum an oracle forms from the potentials' largest
+# magnitudes, which the finiteness check reads anyway (`collect_magnitudes`: no extra host read), and
+#
+# - compute in the potentials' compute dtype as before where ``_HEADROOM`` times the bound fits it (always, in
+#   practice: the fast path is unchanged);
+# - else, for float16 / bfloat16 / float32 potentials, compute in float64 (a sum of float32 values cannot overflow
+#   it) and cast the result back, with an OverflowError naming the result when it does not fit (a loss of 6e38
+#   has no float32 value: inf would hide it, NaN would follow in the mean);
+# - else (float64 potentials near 1e308): no wider dtype is left. A result homogeneous in the potentials (the
+#   margin-rescaled hinge, with its loss weight; a score; the loss-augmented value) is computed on the potentials
+#   times 2**-shift (exact: a power of two) and scaled back, with an OverflowError where it does not fit float64;
+#   the others (log-partition, the CRF loss, the slack-rescaled products) raise an OverflowError naming the
+#   potentials. The bound is conservative: such an error can come where the exact result would have fit.
+#
+# The oracles' values next to their labellings (`max_oracle`, `slack_max_oracle`) become an honest +-inf where they
+# do not fit: the labelling is exact and `decode` needs no value. The losses, `score` and `log_partition` raise.
+#
+# On device tensors outside debug mode the magnitudes are not read (a read makes the host wait for the device,
+# docs/gpu.md): there a `Chain` computes in its compute dtype unguarded, as it trusts unread labels and lengths, and
+# float32 potentials whose sums pass 3.4e38 can still give an inf or NaN loss; debug mode (`torchssvm.set_debug`)
+# turns the guard on there too, its magnitudes read with the finiteness check (no extra wait). The other structures
+# read their potentials on every device, so they are guarded everywhere.
+_HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp
+
+
+def lw_magnitude(loss_weight) -> float:
+    """The largest ``loss_weight`` as a float, for the overflow guard: a number, or a tensor whose values are read
+    where `reads_values` allows (else 0.0: an unread device weight is not part of the bound, and a weight past the
+    compute dtype's range gives an honest +inf loss, never NaN: the oracles add it with ``where``)."""
+    if not isinstance(loss_weight, torch.Tensor):
+        return float(loss_weight)
+    if not loss_weight.numel() or not reads_values(loss_weight.device):
+        return 0.0
+    return float(loss_weight.detach().max())
+
+
+def scaled(tensors, shift: int):
+    """The potential tensors in float64, times ``2**-shift`` (exact: a power of two; None kept)."""
+    out = []
+    for t in tensors:
+        if t is not None:
+            t = t.to(torch.float64)
+            if shift:
+                t = torch.ldexp(t, torch.tensor(-shift, dtype=torch.float64, device=t.device))
+        out.append(t)
+    return out
 
 
 #: The capabilities a structure may declare (class attributes of `Structure`, all False there), with what each one
@@ -139,6 +199,17 @@ class Unchecked:
         """The margin-rescaled hinge per example without autograd, on what `Structure.validate_hinge` returned:
         ``(loss (B,), y_hat, target, lengths)``, the last two as `marginal_difference` takes them."""
         return self.structure._hinge_forward(potentials, lengths, target, loss_weight, backend)
+
+    def overflow_plan(self, tensors, magnitudes: dict, *, loss_weight: float = 0.0, slack: bool = False,
+                      homogeneous: bool = False):
+        """The overflow guard of the losses ("numerics at the dtype's limits"): ``(wide, shift)``, whether the potential
+        ``tensors`` must be computed in float64 so that no sum overflows, and by what power of two to scale them down
+        first (homogeneous results only: `scaled`), given ``magnitudes`` (``{name: max |entry|}``, from
+        `torchssvm._validation.collect_magnitudes` around the validation; empty: not read, ``(False, 0)``), the
+        largest ``loss_weight`` (a float) and ``slack`` (the slack-rescaled products). An OverflowError naming the
+        potentials (or the loss weight) where no plan fits."""
+        s = self.structure
+        return s._plan(tensors, magnitudes, loss_weight * s._cost_max(), slack, homogeneous)
 
     def marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where ``needs``
@@ -232,7 +303,8 @@ class Structure:
         (``Delta`` omitted when ``target`` is None). Validates (`validate`, ``backend``, ``loss_weight``),
         then calls the structure's unchecked ``_max_oracle(potentials, lengths, target, loss_weight (B,) or
         None, backend)``."""
-        pot, lengths, target = self.validate(potentials, lengths, target)
+        with collect_magnitudes() as mags:
+            pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
         resolve(self.oracle_op, backend, first.device)
         lw = None
@@ -240,8 +312,11 @@ class Structure:
             lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
         else:  # it weighs nothing here, but a bad value is not silently taken (checked without building a tensor)
             check_loss_weight_value(loss_weight)
+        aug = 0.0 if lw is None else lw_magnitude(loss_weight) * self._cost_max()
         with no_autocast():
-            return self._max_oracle(pot, lengths, target, lw, backend)
+            return self._guarded(pot, mags, lambda p, c: self._max_oracle(p, lengths, target,
+                                                                          None if lw is None else lw * c, backend),
+                                 "max_oracle: the value", aug=aug, homogeneous=True, saturate=True)
 
     def _max_oracle(self, potentials, lengths, target, loss_weight, backend):
         raise NotImplementedError
@@ -254,18 +329,24 @@ class Structure:
             raise ValueError("backend='numba': the exact slack-rescaled oracles have no numba twin; use "
                              "backend='auto' (torch on CPU, Triton on a GPU) or 'torch'")
         self.require("has_slack_oracle")
-        pot, lengths, target = self.validate(potentials, lengths, target)
+        with collect_magnitudes() as mags:
+            pot, lengths, target = self.validate(potentials, lengths, target)
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
-            return self._slack_max_oracle(pot, lengths, target, backend)
+            return self._guarded(pot, mags, lambda p, c: self._slack_max_oracle(p, lengths, target, backend),
+                                 "slack_max_oracle: the value", slack=True, saturate=True)
 
     def _slack_max_oracle(self, potentials, lengths, target, backend):
         self.require("has_slack_oracle")
         raise NotImplementedError(f"{type(self).__name__} declares has_slack_oracle but has no _slack_max_oracle")
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        """``<theta, one_hot(y)>`` per example, shape ``(B,)``."""
-        raise NotImplementedError
+        """``<theta, one_hot(y)>`` per example, shape ``(B,)``, in `compute_dtype` (float32 for half precision: a
+        float16 sum overflows at 65504), summed where it cannot overflow (`_guarded`)."""
+        with collect_magnitudes() as mags:
+            pot, lengths, y = self.validate(potentials, lengths, y, target_name="y")
+        with no_autocast():
+            return self._guarded(pot, mags, lambda p, c: self._score(p, y, lengths), "score", homogeneous=True)
 
     def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
         """``Delta(y, y_hat)`` per example, float64 ``(B,)``."""
@@ -279,9 +360,10 @@ class Structure:
         """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable (capability
         ``has_log_partition``)."""
         self.require("has_log_partition")
-        pot, lengths, _ = self.validate(potentials, lengths)
+        with collect_magnitudes() as mags:
+            pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
-            return self._log_partition(pot, lengths)
+            return self._guarded(pot, mags, lambda p, c: self._log_partition(p, lengths), "log_partition")
 
     def _log_partition(self, potentials, lengths) -> torch.Tensor:
         self.require("has_log_partition", "the CRF loss needs one")
@@ -365,6 +447,89 @@ class Structure:
         """Check potentials, lengths and target at the boundary; return them normalized (labels past a
         sequence's length set to -1)."""
         raise NotImplementedError
+
+    # -- the overflow guard (see "numerics at the dtype's limits" above) ------------------------------------------
+    def _score_bound(self, tensors, mags: dict, aug: float) -> Optional[float]:
+        """An upper bound on ``|s(y)|`` plus ``aug`` at every site of the task loss, for every labelling ``y`` and on
+        every partial sum the structure's oracles form, from the potential ``tensors``' shapes and ``mags``
+        (``{potential name: max |entry|}``, absent names 0); None: no bound known (the structure is not guarded)."""
+        return None
+
+    def _loss_sites(self, tensors) -> int:
+        """How many terms the task loss sums at most (its largest value is at most that times `_cost_max`)."""
+        return 1
+
+    def _cost_max(self) -> float:
+        """The largest cost of one mistake: the largest class weight, else 1."""
+        cw = self.class_weights
+        if cw is None or not cw.numel():
+            return 1.0
+        key = (cw._version, cw.data_ptr())
+        cached = self.__dict__.get("_cost_max_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, float(cw.max()))
+            self.__dict__["_cost_max_cache"] = cached
+        return cached[1]
+
+    def _plan(self, tensors, mags: dict, aug: float = 0.0, slack: bool = False, homogeneous: bool = False):
+        """How the oracles run so that no sum overflows: ``(wide, shift)``, ``wide`` True for float64 rather than
+        `compute_dtype`, ``shift`` > 0 to run on the potentials (and the loss weight) times ``2**-shift`` and scale the
+        result back (exact: a power of two; only for ``homogeneous`` results, the margin-rescaled hinge, the score,
+        the loss-augmented value, where float64 itself is not enough). ``(False, 0)`` where nothing was read
+        (``mags`` empty) or the structure has no bound; an OverflowError naming the potentials (or the loss weight)
+        where no plan fits."""
+        if not mags:
+            return False, 0
+        bound = self._score_bound(tensors, mags, aug)
+        if bound is None:
+            return False, 0
+        if slack:  # Delta(y) (1 + s(y) - s(y*))
+            bound = max(1.0, self._loss_sites(tensors) * self._cost_max()) * (1.0 + 2.0 * bound)
+        need = _HEADROOM * bound
+        dt = compute_dtype(tensors)
+        if need <= torch.finfo(dt).max:
+            return False, 0
+        f64 = torch.finfo(torch.float64).max
+        if need <= f64:
+            return True, 0
+        if homogeneous and not slack:
+            # the bound is linear in the potentials' magnitudes (not in the rest offsets, lengths): in a Python float
+            # it may overflow itself, so it is taken at 2**-128 of them
+            low = {k: (v if k == "rest" else math.ldexp(v, -128)) for k, v in mags.items()}
+            need_low = _HEADROOM * self._score_bound(tensors, low, math.ldexp(aug, -128))
+            if math.isfinite(need_low) and need_low > 0:
+                return True, max(1, math.ceil(math.log2(need_low) + 128 - math.log2(f64)) + 1)
+        name = str(dt).replace("torch.", "")
+        parts = ", ".join(f"|{k}| <= {v:.3e}" for k, v in mags.items() if v)
+        if aug and _HEADROOM * self._score_bound(tensors, mags, 0.0) <= f64:
+            raise OverflowError(f"loss_weight: {aug:.3e} (times the largest mistake cost) makes the loss-augmented "
+                                f"scores overflow {name} (a bound of {bound:.3e}); pass a smaller loss_weight or "
+                                "rescale the potentials")
+        raise OverflowError(f"potentials: the score of a labelling (or a sum the oracle forms) can reach {bound:.3e} "
+                            f"({parts}), which overflows float64 (|x| <= {f64:.3e} with a margin of {_HEADROOM:g}); "
+                            "rescale the potentials")
+
+    def _guarded(self, pot, mags: dict, fn, what: str, *, aug: float = 0.0, slack: bool = False,
+                 homogeneous: bool = False, saturate: bool = False):
+        """``fn(pot, c)`` (``c`` the factor by which the potentials were scaled, for the loss weight) as `_plan`
+        says, with its floating results back in `compute_dtype`: an OverflowError naming ``what`` where one does
+        not fit, or with ``saturate`` (the oracles' values, next to labellings that are exact) an honest +-inf.
+        Half-precision potentials are cast to float32 first, as the oracles do."""
+        tensors = self.tensors(pot)
+        dt = compute_dtype(tensors)
+        wide, shift = self._plan(tensors, mags, aug, slack, homogeneous)
+        if not wide:
+            return fn(self.from_tensors([None if t is None else t.to(dt) for t in tensors]), 1.0)
+        out = fn(self.from_tensors(scaled(tensors, shift)), 2.0 ** -shift)
+
+        def back(x):
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                return x
+            if not saturate:
+                check_fits(what, x, dt, shift=shift)
+            return torch.ldexp(x, torch.tensor(shift, dtype=x.dtype, device=x.device)).to(dt) if shift else x.to(dt)
+
+        return tuple(back(x) for x in out) if isinstance(out, tuple) else back(out)
 
     # -- shared helpers ------------------------------------------------------------------------
     def _check_common(self, tensors: dict, ref: torch.Tensor) -> None:

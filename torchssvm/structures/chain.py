@@ -164,6 +164,8 @@ class Chain(Structure):
     # backward too (the kernel adds the shared factors' counts atomically).
     @staticmethod
     def _fused(device, backend: str) -> bool:
+        if backend == "numba":  # no fused form: the inherited path, with numba's Viterbi
+            return False
         return _kernels.resolve("chain_hinge", backend, device) == "triton"
 
     def _hinge_inputs(self, potentials, lengths, target, backend):
@@ -227,10 +229,6 @@ class Chain(Structure):
             w = w / lengths.unsqueeze(1).to(torch.float64)
         return w
 
-    def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        pot, lengths, y = self.validate(potentials, lengths, y, target_name="y")
-        return self._score(pot, y, lengths)
-
     def _score(self, pot: ChainPotentials, y, lengths) -> torch.Tensor:
         return chain_score_torch(pot.unary, pot.transition, pot.start, pot.end, y, lengths)
 
@@ -278,8 +276,15 @@ class Chain(Structure):
         """``log sum_y exp s(y)`` per example by the forward algorithm (differentiable with autograd:
         its gradient is the expected marginals). Used by the CRF likelihood baseline; decoded in at least
         float32."""
-        pot, lengths, _ = self.validate(potentials, lengths)
-        return self._log_partition(pot, lengths)
+        return super().log_partition(potentials, lengths)
+
+    def _score_bound(self, tensors, mags, aug):
+        T = tensors[0].shape[1]
+        u, tr = mags.get("unary", 0.0), mags.get("transition", 0.0)
+        return T * (u + aug) + max(T - 1, 0) * tr + mags.get("start", 0.0) + mags.get("end", 0.0)
+
+    def _loss_sites(self, tensors) -> int:
+        return tensors[0].shape[1]
 
     def _log_partition(self, pot: ChainPotentials, lengths) -> torch.Tensor:
         dt = compute_dtype(pot)

@@ -192,9 +192,11 @@ class Hierarchy(Structure):
         return truth_unless_violated(configs[j], value, target)
 
     # -- scores, losses, marginals --------------------------------------------------------------
-    def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        scores, _, y = self.validate(potentials, lengths, y, target_name="y")
-        return self._score(scores, y, None)
+    def _score_bound(self, tensors, mags, aug):
+        return self.num_labels * (mags.get("scores", 0.0) + 2.0 * aug)  # theta + c (1 - 2 t), and sum c t
+
+    def _loss_sites(self, tensors) -> int:
+        return self.num_labels
 
     def _score(self, scores, y, lengths) -> torch.Tensor:
         return (scores * y.to(scores.dtype)).sum(1)

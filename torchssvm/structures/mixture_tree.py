@@ -150,6 +150,9 @@ class MixtureSpatialTree(SpatialTree):
             return torch.zeros(self.num_edges, self.num_types, 2, dtype=dtype, device=device)
         return pot.rest.detach().to(dtype)
 
+    def _type_score_magnitude(self, mags) -> float:
+        return sum(mags.get(k, 0.0) for k in ("child_scores", "parent_scores", "cooccurrence"))
+
     def _split(self, y):
         return y[:, :self.num_nodes], y[:, self.num_nodes:]
 

@@ -61,10 +61,6 @@ class Multiclass(Structure):
         value, y_hat = torch.where(wrong, cost * (1 + s - gold), 0.0).max(dim=1)
         return truth_unless_violated(y_hat, value, target)
 
-    def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        scores, _, y = self.validate(potentials, lengths, y, target_name="y")
-        return self._score(scores, y, None)
-
     def _score(self, scores, y, lengths) -> torch.Tensor:
         return scores.gather(1, y.unsqueeze(1)).squeeze(1)
 
@@ -88,8 +84,10 @@ class Multiclass(Structure):
 
     def log_partition(self, potentials, lengths=None) -> torch.Tensor:
         """``logsumexp_k scores[k]`` per example (softmax cross-entropy = log_partition - score)."""
-        scores, _, _ = self.validate(potentials, lengths)
-        return self._log_partition(scores, None)
+        return super().log_partition(potentials, lengths)
+
+    def _score_bound(self, tensors, mags, aug):
+        return mags.get("scores", 0.0) + aug
 
     def _log_partition(self, scores, lengths) -> torch.Tensor:
         return torch.logsumexp(scores.to(compute_dtype([scores])), dim=1)

@@ -26,7 +26,7 @@ from .._validation import (
     check_shape,
     check_tensor,
 )
-from .base import Structure, binary_hamming_table, compute_dtype, no_autocast, truth_unless_violated
+from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
 MAX_ENUMERATION_LABELS = 16
@@ -209,11 +209,6 @@ class MultiLabel(Structure):
                                        lambda s, loss, rows: loss * (1 + s - gold[rows].unsqueeze(1)))
         return truth_unless_violated(y_hat, value, target)
 
-    def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        pot, _, y = self.validate(potentials, lengths, y, target_name="y")
-        with no_autocast():
-            return self._score(pot, y, None)
-
     def _score(self, pot, y, lengths) -> torch.Tensor:
         dt = compute_dtype(pot)  # a half unary with a float32 shared pairwise (a network under autocast): float32
         yf = y.to(dt)
@@ -251,9 +246,13 @@ class MultiLabel(Structure):
 
     def log_partition(self, potentials, lengths=None) -> torch.Tensor:
         """``log sum_y exp s(y)`` by enumeration (K <= MAX_ENUMERATION_LABELS), differentiable."""
-        pot, _, _ = self.validate(potentials, lengths)
-        with no_autocast():
-            return self._log_partition(pot, None)
+        return super().log_partition(potentials, lengths)
+
+    def _score_bound(self, tensors, mags, aug):
+        return self.num_labels * (mags.get("unary", 0.0) + aug) + self.num_edges * mags.get("pairwise", 0.0)
+
+    def _loss_sites(self, tensors) -> int:
+        return self.num_labels
 
     def _log_partition(self, pot, lengths) -> torch.Tensor:
         self._check_enumerable()

@@ -171,9 +171,11 @@ class Tree(Structure):
         w = self._class_weight(y, torch.float64)
         return w / self.num_nodes if self.normalize else w
 
-    def score(self, potentials, y, lengths=None) -> torch.Tensor:
-        pot, lengths, y = self.validate(potentials, lengths, y, target_name="y")
-        return self._score(pot, y, lengths)
+    def _score_bound(self, tensors, mags, aug):
+        return self.num_nodes * (mags.get("unary", 0.0) + aug) + self.num_edges * mags.get("pairwise", 0.0)
+
+    def _loss_sites(self, tensors) -> int:
+        return self.num_nodes
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
         s = pot.unary.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)
@@ -331,6 +333,20 @@ class SpatialTree(Tree):
         if pot.rest is None:
             return torch.zeros(self.num_edges, 2, dtype=dtype, device=device)
         return pot.rest.detach().to(dtype)
+
+    def _score_bound(self, tensors, mags, aug):
+        """The score ``sum_v unary - sum_e w . Delta`` with ``|dx|, |dy| <= D = max(H, W) + |rest|``, and the
+        distance transform's envelope test, which multiplies beliefs by position differences (``4 n`` of them, n
+        the longer side) and the quadratic weight by ``n^3``."""
+        n = max(self.height, self.width)
+        D = n + mags.get("rest", 0.0)
+        w = mags.get("weights", 0.0)
+        edge = w * 2.0 * (D + D * D) + self._type_score_magnitude(mags)
+        score = self.num_nodes * (mags.get("unary", 0.0) + aug) + self.num_edges * edge
+        return 4.0 * n * score + w * float(n) ** 3
+
+    def _type_score_magnitude(self, mags) -> float:
+        return 0.0
 
     def xy(self, labels):
         """``(x, y)``: the column and the row of flat positions ``labels`` (any shape)."""

@@ -1,0 +1,380 @@
+"""Finite potentials at the limits of their dtype (float32 near +-3.4e38, float64 near +-1.8e308, float16 near 65504,
+bfloat16 near 3.4e38), for every structure, loss and CPU backend: a correct finite result (against an exact
+brute-force reference over every labelling) or a clear OverflowError; never NaN, never a wrong finite value
+(`torchssvm.structures.base`, "numerics at the dtype's limits"). Plus the clear errors of bad argument types."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+
+import mpmath
+import pytest
+import torch
+from torchssvm.kernels.backends import numba_available, triton_available
+
+import torchssvm as ts
+
+mpmath.mp.dps = 60  # sums of doubles of any exponent, exact far beyond float64's rounding
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
+CHAIN_BACKENDS = ["torch"] + (["numba"] if numba_available() else []) + (["triton"] if INTERPRET else [])
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+PATTERNS = ["positive", "negative", "mixed", "one_big"]
+
+
+# ----------------------------------------------------------------------------------------------- the structures
+def _values(shape, pattern, scale, g):
+    """float64 values of ``shape`` in ``pattern``, magnitudes up to ``scale``."""
+    u = 0.5 + 0.5 * torch.rand(shape, generator=g, dtype=torch.float64)
+    if pattern == "positive":
+        return scale * u
+    if pattern == "negative":
+        return -scale * u
+    if pattern == "mixed":
+        return scale * u * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
+    v = torch.randn(shape, generator=g, dtype=torch.float64)
+    v.view(-1)[torch.randint(0, v.numel(), (1,), generator=g)] = scale * (1 if torch.rand(1, generator=g) < .5 else -1)
+    return v
+
+
+def _chain(dtype, pattern, scale, g):
+    B, T, K = 2, 3, 2
+    pot = ts.ChainPotentials(*(_values(s, pattern, scale, g).to(dtype) for s in ((B, T, K), (K, K), (K,), (K,))))
+    y = torch.randint(0, K, (B, T), generator=g)
+    labellings = torch.tensor(list(itertools.product(range(K), repeat=T)))
+    return ts.Chain(K), pot, y, None, labellings
+
+
+def _multiclass(dtype, pattern, scale, g):
+    K = 3
+    return ts.Multiclass(K), _values((2, K), pattern, scale, g).to(dtype), torch.randint(0, K, (2,), generator=g), \
+        None, torch.arange(K)
+
+
+def _multilabel(dtype, pattern, scale, g):
+    ml = ts.MultiLabel(3)
+    pot = ts.MultiLabelPotentials(_values((2, 3), pattern, scale, g).to(dtype),
+                                  _values((ml.num_edges,), pattern, scale, g).to(dtype))
+    return ml, pot, torch.randint(0, 2, (2, 3), generator=g), None, ml.configurations()
+
+
+def _hierarchy(dtype, pattern, scale, g):
+    h = ts.Hierarchy([-1, 0, 0, -1])
+    configs = h.configurations()
+    return h, _values((2, 4), pattern, scale, g).to(dtype), configs[torch.tensor([1, 4])], None, configs
+
+
+def _tree(dtype, pattern, scale, g):
+    tree = ts.Tree([-1, 0, 0], 2)
+    pot = ts.TreePotentials(_values((2, 3, 2), pattern, scale, g).to(dtype),
+                            _values((2, 2, 2), pattern, scale, g).to(dtype))
+    return tree, pot, torch.randint(0, 2, (2, 3), generator=g), None, \
+        torch.tensor(list(itertools.product(range(2), repeat=3)))
+
+
+def _weights(shape, pattern, scale, g):
+    w = _values(shape, pattern, scale, g)
+    w[..., 1::2] = w[..., 1::2].abs()  # convex deformation costs
+    return w
+
+
+def _spatial(dtype, pattern, scale, g):
+    st = ts.SpatialTree([-1, 0], 2, 2, loss="hamming")
+    pot = ts.SpatialTreePotentials(_values((2, 2, 4), pattern, scale, g).to(dtype),
+                                   _weights((1, 4), pattern, scale / 8, g).to(dtype))
+    return st, pot, torch.randint(0, 4, (2, 2), generator=g), None, \
+        torch.tensor(list(itertools.product(range(4), repeat=2)))
+
+
+def _mixture(dtype, pattern, scale, g):
+    mt = ts.MixtureSpatialTree([-1, 0], 2, 2, 2)
+    pot = ts.MixtureTreePotentials(_values((2, 2, 4), pattern, scale, g).to(dtype),
+                                   _weights((1, 2, 4), pattern, scale / 8, g).to(dtype), None,
+                                   _values((2, 1, 2, 4), pattern, scale, g).to(dtype), None,
+                                   _values((1, 2, 2), pattern, scale, g).to(dtype))
+    y = torch.cat([torch.randint(0, 4, (2, 2), generator=g), torch.randint(0, 2, (2, 1), generator=g)], 1)
+    labellings = torch.tensor([list(p) + [t] for p in itertools.product(range(4), repeat=2) for t in range(2)])
+    return mt, pot, y, torch.full((2,), 1.5, dtype=dtype), labellings
+
+
+STRUCTURES = {"chain": _chain, "multiclass": _multiclass, "multilabel": _multilabel, "hierarchy": _hierarchy,
+              "tree": _tree, "spatial_tree": _spatial, "mixture_tree": _mixture}
+BACKENDS = {"chain": CHAIN_BACKENDS, "spatial_tree": CHAIN_BACKENDS, "mixture_tree": CHAIN_BACKENDS,
+            "tree": ["torch"] + (["triton"] if INTERPRET else [])}
+
+
+# ------------------------------------------------------------------------------------- the exact reference
+def _exact_scores(structure, pot, labellings):
+    """``(B, N)`` mpf: the exact score of every labelling for every example, ``<theta_b, marginals(y)>``."""
+    tensors = structure.tensors(pot)
+    marg = structure.marginals(labellings, dtype=torch.float64)
+    marg = (marg,) if isinstance(marg, torch.Tensor) else tuple(marg)
+    B, N = tensors[0].shape[0], labellings.shape[0]
+    out = [[mpmath.mpf(0)] * N for _ in range(B)]
+    for t, m in zip(tensors, marg):
+        if t is None or m is None:
+            continue
+        t64 = t.double()
+        for b in range(B):
+            tb = t64[b] if t64.dim() == m.dim() else t64  # per example or shared
+            for j in range(N):
+                nz = m[j].nonzero(as_tuple=True)
+                for v, w in zip(tb.expand_as(m[j])[nz].tolist(), m[j][nz].tolist()):
+                    out[b][j] += mpmath.mpf(v) * mpmath.mpf(w)
+    return out
+
+
+def _reference(structure, pot, y, lengths, labellings, lw):
+    B, N = y.shape[0], labellings.shape[0]
+    s = _exact_scores(structure, pot, labellings)
+    rep = labellings.unsqueeze(0).expand(B, *labellings.shape).reshape(B * N, *labellings.shape[1:])
+    truth = y.unsqueeze(1).expand(B, N, *y.shape[1:]).reshape(B * N, *y.shape[1:])
+    scale = None if lengths is None else lengths.repeat_interleave(N)
+    delta = structure.task_loss(rep, truth, scale).view(B, N).tolist()
+    gold = [mpmath.fsum(s[b][j] for j in range(N) if torch.equal(labellings[j], y[b])) for b in range(B)]
+    aug = [[lw * mpmath.mpf(delta[b][j]) + s[b][j] for j in range(N)] for b in range(B)]
+    return {
+        "score": gold,
+        "value": [max(a) for a in aug],
+        "augmented": aug,
+        "hinge": [max(mpmath.mpf(0), max(aug[b]) - gold[b]) for b in range(B)],
+        "slack": [max(mpmath.mpf(0), max(mpmath.mpf(delta[b][j]) * (1 + s[b][j] - gold[b]) for j in range(N)))
+                  for b in range(B)],
+        "crf": [mpmath.log(mpmath.fsum(mpmath.exp(v - max(s[b])) for v in s[b])) + max(s[b]) - gold[b]
+                for b in range(B)],
+        "log_partition": [mpmath.log(mpmath.fsum(mpmath.exp(v - max(s[b])) for v in s[b])) + max(s[b])
+                          for b in range(B)],
+    }
+
+
+def _magnitude(pot) -> float:
+    return sum(float(t.double().abs().sum()) for t in pot if t is not None) if not isinstance(pot, torch.Tensor) \
+        else float(pot.double().abs().sum())
+
+
+def _out_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check(what, run, ref, dtype, magnitude, saturate=False):
+    """``run()`` gives ``ref`` (a list of mpf, one per example) to the output dtype's rounding of sums of
+    ``magnitude``, or raises a clear OverflowError: where ``ref`` does not fit the output dtype (``saturate``: the
+    oracle's value is then +-inf), or, for float64, where the potentials' sums could pass its range. Returns
+    ``"exact"`` or ``"error"``."""
+    out = _out_dtype(dtype)
+    big = torch.finfo(out).max
+    fits = all(abs(r) <= big for r in ref)
+    try:
+        got = run()
+    except OverflowError as e:
+        msg = str(e)
+        assert not fits or out == torch.float64, f"{what}: {msg}"  # float32 widens to float64: no error if it fits
+        assert "float" in msg and ("potentials" in msg or "loss" in msg), msg
+        return "error"
+    got = got.detach()
+    assert got.dtype == out, (what, got.dtype)
+    assert not bool(got.isnan().any()), f"{what}: NaN {got} for {ref}"
+    tol = 64 * torch.finfo(out).eps * magnitude + 1e-6
+    for g, r in zip(got.tolist(), ref):
+        if abs(r) > big:
+            assert saturate, f"{what}: {g} where the exact {mpmath.nstr(r, 5)} overflows {out}: an OverflowError"
+            assert g == (float("inf") if r > 0 else -float("inf")), (what, g, r)
+        else:
+            assert abs(g - float(r)) <= tol, f"{what}: {g} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+    return "exact"
+
+
+def _scale(dtype, fraction):
+    return fraction * torch.finfo(dtype).max
+
+
+def _cases():
+    """float32: near its max (0.9) and well inside it (0.05: the fast path); float64 near its max; the half
+    dtypes (computed in float32) near their max, in two patterns."""
+    for name in STRUCTURES:
+        for dtype in DTYPES:
+            fractions = (0.9, 0.05) if dtype == torch.float32 else (0.9,)
+            patterns = PATTERNS if dtype in (torch.float32, torch.float64) else ("positive", "mixed")
+            for fraction, pattern in itertools.product(fractions, patterns):
+                yield name, dtype, fraction, pattern
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("name,dtype,fraction,pattern", CASES,
+                         ids=[f"{n}-{str(d)[6:]}-{f}-{p}" for n, d, f, p in CASES])
+def test_limits(name, dtype, fraction, pattern):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{name}-{dtype}-{fraction}-{pattern}".encode()))
+    structure, pot, y, lengths, labellings = STRUCTURES[name](dtype, pattern, _scale(dtype, fraction), g)
+    ref = _reference(structure, pot, y, lengths, labellings, 1.0)
+    mag = _magnitude(pot) + 4
+    backends = BACKENDS.get(name, ["torch"])
+    outcomes = []
+    for backend in backends:
+        def hinge(backend=backend):
+            return ts.structured_hinge_loss(structure, pot, y, lengths, reduction="none", backend=backend)
+
+        outcomes.append(_check(f"{name} hinge [{backend}]", hinge, ref["hinge"], dtype, mag))
+
+        def value(backend=backend):
+            y_hat, v = structure.max_oracle(pot, y, lengths, backend=backend)
+            # the labelling is a maximizer of the exact objective
+            for b in range(y.shape[0]):
+                j = next(j for j in range(labellings.shape[0]) if torch.equal(labellings[j], y_hat[b]))
+                assert abs(ref["augmented"][b][j] - ref["value"][b]) <= 64 * torch.finfo(_out_dtype(dtype)).eps * mag
+            return v
+
+        outcomes.append(_check(f"{name} max_oracle [{backend}]", value, ref["value"], dtype, mag, saturate=True))
+    outcomes.append(_check(f"{name} score", lambda: structure.score(pot, y, lengths), ref["score"], dtype, mag))
+    if structure.has_slack_oracle:
+        outcomes.append(_check(f"{name} slack", lambda: ts.slack_rescaled_hinge_loss(structure, pot, y, lengths,
+                                                                                    reduction="none"),
+                               ref["slack"], dtype, mag * 8))
+    if structure.has_log_partition:
+        outcomes.append(_check(f"{name} crf", lambda: ts.crf_negative_log_likelihood(structure, pot, y, lengths,
+                                                                                      reduction="none"),
+                               ref["crf"], dtype, mag))
+        outcomes.append(_check(f"{name} log_partition", lambda: structure.log_partition(pot, lengths),
+                               ref["log_partition"], dtype, mag))
+    assert outcomes
+
+
+def test_moderate_float32_potentials_stay_on_the_fast_path():
+    """The guard does not change ordinary calls: far from the limits the loss is computed in float32, bitwise as
+    before (no float64 copy)."""
+    g = torch.Generator().manual_seed(0)
+    chain, pot, y, _, _ = _chain(torch.float32, "mixed", 10.0, g)
+    tensors = chain.tensors(pot)
+    plan = chain.unchecked.overflow_plan
+    assert plan(tensors, {"unary": 10.0, "transition": 10.0}) == (False, 0)
+    assert plan(tensors, {"unary": 3e38}) == (True, 0)  # float32 potentials: sums in float64
+    t64 = tuple(t.double() for t in tensors)
+    assert plan(t64, {"unary": 1.7e308}, homogeneous=True) == (True, 5)  # 4 * 3 * 1.7e308 <= 2**4 * 1.8e308, +1
+    with pytest.raises(OverflowError, match="potentials.*overflows float64"):
+        plan(t64, {"unary": 1.7e308})
+    with pytest.raises(OverflowError, match="loss_weight"):
+        plan(t64, {"unary": 1.0}, loss_weight=1e308)
+    loss = ts.structured_hinge_loss(chain, pot, y, reduction="none")
+    assert loss.dtype == torch.float32
+
+
+def test_the_finding_hinge_crf_slack_near_1e38():
+    """The reported cases: float32 potentials near 1e38 gave [nan, inf, ...] (hinge), [inf, nan, ...] (CRF), inf or
+    0.0 (slack): now the exact loss, or an OverflowError naming it where float32 cannot hold it."""
+    big = 3e38
+    u0 = torch.tensor([big, big, -big, -big])
+    # two labels; the best labelling scores big (finite), its partial sums reach 2 big (inf in float32)
+    pot = ts.ChainPotentials(torch.stack([u0, 0.5 * u0], 1).expand(2, 4, 2).contiguous(), torch.zeros(2, 2))
+    pot64 = ts.ChainPotentials(pot.unary.double(), pot.transition.double())
+    y = torch.zeros(2, 4, dtype=torch.long)
+    chain = ts.Chain(2)
+    for loss in (ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss, ts.crf_negative_log_likelihood):
+        got = loss(chain, pot, y, reduction="none")
+        ref = loss(chain, pot64, y, reduction="none")
+        assert not bool(got.isnan().any()) and bool(got.isfinite().all())
+        torch.testing.assert_close(got, ref.float())
+    assert float(ts.structured_hinge_loss(chain, pot, y, reduction="none")[0]) == pytest.approx(big)
+    y[1] = torch.tensor([1, 1, 0, 0])  # example 1's truth scores -3e38: its loss 6e38 has no float32 value
+    for loss in (ts.structured_hinge_loss, ts.crf_negative_log_likelihood):
+        with pytest.raises(OverflowError, match="the loss of example 1 is 6.0*e\\+38.*float32.*float64"):
+            loss(chain, pot, y, reduction="none")
+    assert float(ts.structured_hinge_loss(chain, pot64, y, reduction="none")[1]) == pytest.approx(6e38)
+    with pytest.raises(OverflowError, match="the loss of example 1"):  # Delta (1 + s - s*) up to 6e38 and more
+        ts.slack_rescaled_hinge_loss(chain, pot, y, reduction="none")
+
+
+def test_a_device_chain_outside_debug_mode_reads_nothing_and_debug_mode_guards_it():
+    """On a (simulated) CUDA device the magnitudes are not read outside debug mode (no host wait); debug mode reads
+    them with the finiteness check (the same single read) and guards as on the CPU."""
+    from torchssvm.testing import simulated_cuda
+
+    big = 3e38
+    u0 = torch.tensor([big, big, -big, -big])
+    pot_cpu = ts.ChainPotentials(torch.stack([u0, 0.5 * u0], 1).expand(2, 4, 2).contiguous(), torch.zeros(2, 2))
+    y = torch.zeros(2, 4, dtype=torch.long)
+    ref = ts.structured_hinge_loss(ts.Chain(2), ts.ChainPotentials(pot_cpu.unary.double(), pot_cpu.transition.double()),
+                                   y, reduction="none", backend="torch")
+    with simulated_cuda() as mode:
+        pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot_cpu[:2]))
+        d_y = y.to("cuda", non_blocking=True)
+        syncs = mode.syncs
+        unguarded = ts.structured_hinge_loss(ts.Chain(2), pot, d_y, reduction="none", backend="torch")
+        assert mode.syncs == syncs, mode.sync_sites
+        previous = ts.set_debug(True)
+        try:
+            got = ts.structured_hinge_loss(ts.Chain(2), pot, d_y, reduction="none", backend="torch")
+        finally:
+            ts.set_debug(previous)
+        got, unguarded = got.cpu(), unguarded.cpu()
+    torch.testing.assert_close(got, ref.float())
+    print("unguarded device loss:", unguarded)
+
+
+# ------------------------------------------------------------------------------------------- the small errors
+@pytest.mark.parametrize("loss", [ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss,
+                                  ts.crf_negative_log_likelihood])
+def test_target_none_is_a_type_error_naming_target(loss):
+    pot = ts.ChainPotentials(torch.randn(2, 3, 2), torch.randn(2, 2))
+    with pytest.raises(TypeError, match="target must be a torch.Tensor"):
+        loss(ts.Chain(2), pot, None)
+    with pytest.raises(TypeError, match="target must be a torch.Tensor"):
+        loss(ts.Multiclass(3), torch.randn(2, 3), [0, 1])
+
+
+def test_modules_name_target_too():
+    pot = ts.ChainPotentials(torch.randn(2, 3, 2), torch.randn(2, 2))
+    for crit in (ts.StructuredHingeLoss(ts.Chain(2)), ts.SlackRescaledHingeLoss(ts.Chain(2)), ts.CRFLoss(ts.Chain(2))):
+        with pytest.raises(TypeError, match="target"):
+            crit(pot, None)
+
+
+@pytest.mark.parametrize("bad", [torch.int64, torch.bool, "float32", torch.complex64])
+def test_model_dtype_must_be_a_floating_torch_dtype(bad):
+    for make in (lambda: ts.LinearChainModel(3, 4, dtype=bad),
+                 lambda: ts.models.LinearMulticlassModel(3, 4, dtype=bad)):
+        with pytest.raises(TypeError, match="dtype"):
+            make()
+
+
+def test_model_constructors_name_their_other_arguments():
+    with pytest.raises(TypeError, match="sparse"):
+        ts.LinearChainModel(3, 4, sparse="yes")
+    with pytest.raises(ValueError, match="bias"):
+        ts.LinearChainModel(3, 4, bias=["ocr"])
+    with pytest.raises(TypeError, match="bias"):
+        ts.models.LinearMulticlassModel(3, 4, bias="yes")
+    with pytest.raises((TypeError, ValueError), match="device"):
+        ts.LinearChainModel(3, 4, device=1.5)
+    with pytest.raises((TypeError, ValueError), match="device"):
+        ts.models.LinearMulticlassModel(3, 4, device="nowhere")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        ts.models.joint_feature(None, torch.zeros(1, 3), torch.zeros(1, 4))
+    assert ts.LinearChainModel(3, 4, dtype=torch.float64, device="cpu").emission.dtype == torch.float64
+
+
+def test_return_argmax_must_be_a_bool():
+    with pytest.raises(TypeError, match="return_argmax"):
+        ts.structured_hinge_loss(ts.Multiclass(3), torch.randn(2, 3), torch.tensor([0, 1]), return_argmax="yes")
+
+
+def test_the_batch_mean_and_sum_accumulate_where_they_cannot_overflow():
+    """Per-example float32 losses near 3.4e38 summed to inf in float32: the mean is now exact, a sum float32 cannot
+    hold an OverflowError; a float64 mean near 1.8e308 is exact too."""
+    mc = ts.Multiclass(3)
+    s = torch.tensor([[2e38, -1e38, 0.0]] * 3, requires_grad=True)
+    t = torch.tensor([2, 2, 2])
+    loss = ts.structured_hinge_loss(mc, s, t)
+    assert loss.dtype == torch.float32 and float(loss.detach()) == pytest.approx(2e38)
+    loss.backward()
+    torch.testing.assert_close(s.grad, torch.tensor([[1 / 3, 0.0, -1 / 3]] * 3))
+    with pytest.raises(OverflowError, match="the sum of the losses is 6.0.*e\\+38.*float32"):
+        ts.structured_hinge_loss(mc, s, t, reduction="sum")
+    s64 = torch.tensor([[1.5e308, -1e308, 0.0]] * 3, dtype=torch.float64)
+    assert float(ts.structured_hinge_loss(mc, s64, t)) == pytest.approx(1.5e308)
+    with pytest.raises(OverflowError, match="potentials.*overflows float64"):  # not homogeneous: no scaling
+        ts.crf_negative_log_likelihood(mc, s64, t)
+    with pytest.raises(OverflowError, match="sum of the losses overflows float64"):
+        ts.structured_hinge_loss(mc, s64, t, reduction="sum")
