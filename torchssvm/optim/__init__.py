@@ -17,13 +17,16 @@ family:
 - ``problems/``: how a (model, dataset) pair is seen as dual blocks in marginal coordinates; add new structures
   there.
 - ``solver.py``: `Solver`, the contract every solver but `Pegasos` follows (``step`` returns the report, one ``fit``
-  loop, ``state_dict`` / ``load_state_dict`` from declared state, logging from declared report keys), and
-  `ConvergenceWarning`.
+  loop with checkpoints, ``state_dict`` / ``load_state_dict`` from declared state, checked against the data's
+  fingerprint and recomputed identities, logging from declared report keys), and `ConvergenceWarning`;
+  ``checkpoint.py``: `save_checkpoint` / `load_checkpoint`, atomic files with a digest; ``fingerprint.py``: the
+  digest of a training set that binds a state to it.
 - ``dual_solver.py``: `DualSolver`, the base of the solvers on dual blocks (BCFW, batch Frank-Wolfe, n-slack), and
   the exact block gaps that certify them; ``regularization_path.py``: the epsilon-approximate regularization path
   (`regularization_path`, `grid_search`).
 """
 
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .cutting_planes import BMRM, HingeRisk, MaxOfLinearRisk, NSlackCuttingPlane, OneSlackCuttingPlane, StructuredRisk
 from .dual_solver import DualSolver
 from .frank_wolfe import BCFW, FrankWolfe
@@ -43,7 +46,7 @@ from .problems import (
 from .regularization_path import RegularizationPath, grid_search, regularization_path
 from .solver import ConvergenceWarning, Solver
 
-__all__ = ["Solver", "ConvergenceWarning",
+__all__ = ["Solver", "ConvergenceWarning", "CheckpointError", "save_checkpoint", "load_checkpoint",
            "BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
            "HingeRisk", "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",

@@ -3,7 +3,8 @@
 A state is checked whole before anything is set, so a rejected state leaves the solver as it was. A state saved
 under other settings of the objective (``lam``, the rescaling, the box, the number of examples) is rejected rather
 than adopted: its blocks, cuts or bounds would certify an objective the solver is not minimizing. A state of another
-data set with the same sizes cannot be told apart from this one's.
+data set with the same sizes is told apart by its fingerprint (`torchssvm.optim.fingerprint`), and a state whose
+tensors disagree with each other by each solver's `_check_consistency` (`check_close` and `check_range` here).
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ def check_config(state: dict, config: dict) -> None:
 
 def checked_tensor(state: dict, key: str, shape: Sequence[int], like: torch.Tensor,
                    name: str = "state_dict") -> torch.Tensor:
-    """``state[key]`` as a copy with ``like``'s dtype and device, after checking it is a tensor of ``shape``."""
+    """``state[key]`` as a copy on ``like``'s device, after checking it is a tensor of ``shape`` and of ``like``'s
+    dtype (a state converted to a lower precision would certify with its rounding errors: refused, not converted)."""
     t = state[key]
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
         got = shape_or_type(t)
         raise ValueError(f"{name}[{key!r}] does not match this solver: it must be a tensor of shape {tuple(shape)}, "
                          f"got {got}")
+    if t.dtype != like.dtype:
+        raise ValueError(f"{name}[{key!r}] is {t.dtype}; this solver keeps it in {like.dtype}")
     check_not_nan(t, key, name)
-    return t.to(like.device, like.dtype).clone()
+    return t.to(like.device).clone()
 
 
 def check_not_nan(t: torch.Tensor, key: str, name: str = "state_dict") -> None:
@@ -97,3 +101,32 @@ def checked_scalars(state: dict, types: dict, name: str = "state_dict") -> dict:
         if kind is int and out[key] != state[key]:  # int(2.7) would load a count of 2
             raise ValueError(f"{name}[{key!r}] must be an int, got {state[key]!r}")
     return out
+
+
+def check_close(key: str, saved: torch.Tensor, recomputed: torch.Tensor, scale: float, rtol: float = 1e-7,
+                what: str = "", name: str = "state_dict") -> None:
+    """``saved`` must equal ``recomputed`` to within ``rtol * scale`` entrywise (rounding of the incremental updates
+    that built it), else a ValueError naming ``key`` and ``what`` it was recomputed from."""
+    if saved.numel() == 0:
+        return
+    err = float((saved.to(recomputed.dtype) - recomputed).abs().max())
+    if not err <= rtol * max(scale, 1e-300):  # NaN fails
+        raise ValueError(f"{name}[{key!r}] disagrees with {what or 'the rest of the state'} by {err:.3g} (rounding "
+                         f"allows {rtol * scale:.3g}): the state is corrupt or was edited")
+
+
+def check_range(key: str, t: torch.Tensor, lower, upper, tol: float = 0.0, what: str = "",
+                name: str = "state_dict") -> None:
+    """Every entry of ``t`` in ``[lower - tol, upper + tol]`` (bounds are numbers or tensors of ``t``'s shape), else
+    a ValueError naming ``key``, the worst entry and ``what`` the bound is."""
+    if t.numel() == 0:
+        return
+    lo = torch.as_tensor(lower, dtype=t.dtype, device=t.device)
+    up = torch.as_tensor(upper, dtype=t.dtype, device=t.device)
+    below, above = (lo - tol - t).clamp_min(0), (t - up - tol).clamp_min(0)
+    worst = torch.maximum(below, above)
+    i = int(worst.reshape(-1).argmax())
+    if float(worst.reshape(-1)[i]) > 0:
+        raise ValueError(f"{name}[{key!r}] has entry {i} = {float(t.reshape(-1)[i]):.6g} outside "
+                         f"[{float(lo.expand_as(t).reshape(-1)[i]):.6g}, {float(up.expand_as(t).reshape(-1)[i]):.6g}]"
+                         f"{' (' + what + ')' if what else ''}: the state is corrupt or was edited")

@@ -10,23 +10,31 @@ A solver implements `Solver.step` (one iteration or pass; returns its report, a 
   stopping rule, a report's ``converged``);
 - ``report_keys``: the report entries logged as TensorBoard scalars under ``tag`` (`_log`); `_log_step` and
   `_log_extra` for the step number and anything beyond scalars (a histogram);
-- ``_state_tensors``, ``_state_scalars`` and `_config` (the settings of the objective a state is bound to): the
-  `state_dict` / `load_state_dict` pair; `_extra_state`, `_checked_state`, `_set_state` extend them with what a
-  solver adds;
+- ``_state_tensors``, ``_state_scalars``, `_config` (the settings of the objective a state is bound to) and `_data`
+  (the training data it is bound to, recorded as a fingerprint): the `state_dict` / `load_state_dict` pair;
+  `_extra_state`, `_checked_state`, `_set_state` extend them with what a solver adds, and `_check_consistency`
+  recomputes from a loaded state what can be recomputed without an oracle (a state is checked, not trusted);
 - optionally `_certify` (an exact gap pass, for solvers whose reports carry gap estimates), `_done` (a solver's own
   stopping rule beyond ``converged`` and ``gap_tol``) and `_after_fit` (what the model holds after a fit).
 
 The base owns the loop (`_fit`, behind each family's `fit` signature): the argument checks, "the limit is already
-met: no step", the step, the certifying exact pass when an estimate says done, the callback, the stops, and a
-`ConvergenceWarning` when a tolerance was asked for and a limit or the time budget stopped the run short of it.
+met: no step", the step, the certifying exact pass when an estimate says done, the callback, the stops, a
+`ConvergenceWarning` when a tolerance was asked for and a limit or the time budget stopped the run short of it, and
+checkpoints (``fit(checkpoint=PATH)``: resume from PATH when it exists, write it atomically every
+``checkpoint_every`` steps and at the end; `torchssvm.optim.checkpoint`).
 """
 
 from __future__ import annotations
 
+import os
 import warnings
-from typing import Optional
+from typing import Optional, Union
+
+import torch
 
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
+from .checkpoint import load_checkpoint, save_checkpoint
+from .fingerprint import fingerprint
 from .loop import check_limits, log_scalars
 
 
@@ -49,7 +57,7 @@ class Solver:
     report_keys: tuple = ()
     _state_tensors: tuple = ()
     _state_scalars: tuple = ()
-    writer = None
+    _writer = None
     seconds = 0.0
     # fit(gap_tol=...) sets it: a solver whose step measures the gap of w and then moves w keeps w in the pass that
     # certifies the gap, so that the model holds the certified iterate (the dual solvers read it)
@@ -82,14 +90,17 @@ class Solver:
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self, max_iter: Optional[int] = None, gap_tol: Optional[float] = None,
-            time_budget: Optional[float] = None, callback=None, *, exact: bool = True) -> list:
+            time_budget: Optional[float] = None, callback=None, *, exact: bool = True,
+            checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: int = 1) -> list:
         """Call `step` until ``max_iter`` iterations (from the start of training), a gap ``<= gap_tol`` (exact:
         a certificate, unless ``exact=False``), ``time_budget`` seconds of solver time, or the solver's own
-        stopping rule. Returns the reports; ``callback(report)`` after each. See `_fit`."""
+        stopping rule. Returns the reports; ``callback(report)`` after each. ``checkpoint``: a file to resume from
+        when it exists and to write every ``checkpoint_every`` steps and at the end. See `_fit`."""
         return self._fit({"max_iter": max_iter, "gap_tol": gap_tol, "time_budget": time_budget},
-                         callback=callback, exact=exact)
+                         callback=callback, exact=exact, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
-    def _fit(self, limits: dict, *, callback=None, exact: bool = True) -> list:
+    def _fit(self, limits: dict, *, callback=None, exact: bool = True,
+             checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: int = 1) -> list:
         """The one loop behind every `fit`. ``limits`` maps the public keywords of the solver's `fit`, in order, to
         their values: ``limit_name`` (the progress limit), ``"gap_tol"``, ``"time_budget"`` and any tolerance the
         solver's `_done` reads.
@@ -99,7 +110,13 @@ class Solver:
         ``0.8 gap_tol`` (and ``exact``), the exact pass `_certify` replaces it; the callback; then the stops, in
         this order: `_done` (``converged``, the tolerances), the progress limit, the time budget. A run that a
         limit or the time budget stopped while a tolerance was given warns (`ConvergenceWarning`). While it runs,
-        ``_hold_below`` is ``gap_tol``."""
+        ``_hold_below`` is ``gap_tol``.
+
+        ``checkpoint`` (a path): when the file exists, the run first resumes from it (`load_checkpoint`, then
+        `load_state_dict`: a file of another run, data or configuration is refused, naming why); the state is then
+        written to it atomically after every ``checkpoint_every`` steps and when the loop ends. Limits count from the
+        start of training, so the same ``fit`` call, run again after the process was killed, resumes and ends where
+        the uninterrupted run ends (bitwise on the CPU), having lost at most ``checkpoint_every`` steps."""
         names = tuple(limits)
         if self.requires_limit and all(v is None for v in limits.values()):
             raise ValueError(f"fit needs at least one of {', '.join(names)}")
@@ -107,7 +124,16 @@ class Solver:
         limit, gap_tol, budget = limits.get(self.limit_name), limits.get("gap_tol"), limits.get("time_budget")
         tolerances = [k for k, v in limits.items() if v is not None and k not in (self.limit_name, "time_budget")]
         if limit is not None and self.limit_relative:
-            limit = self._progress() + limit
+            limit = self._progress() + limit  # from this call (before a resume: the run's own count)
+        if checkpoint is not None:
+            if not isinstance(checkpoint, (str, os.PathLike)):
+                raise TypeError(f"checkpoint must be a path (str or os.PathLike), got {type(checkpoint).__name__}")
+            if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+                raise ValueError(f"checkpoint_every must be an int >= 1 (steps), got {checkpoint_every!r}")
+            if os.path.isdir(checkpoint):
+                raise ValueError(f"checkpoint must be a file path, got the folder {os.fspath(checkpoint)!r}")
+            if os.path.exists(checkpoint):
+                self.load_state_dict(load_checkpoint(checkpoint))
         history = []
         if limit is not None and self._progress() >= limit:
             return history  # the limit counts from the start of training: already met, no step
@@ -115,6 +141,8 @@ class Solver:
         done = False
         try:
             while True:
+                if checkpoint is not None and history and len(history) % checkpoint_every == 0:
+                    save_checkpoint(self.state_dict(), checkpoint)  # before the next step: the last one's report
                 r = self.step()
                 if gap_tol is not None and exact and not r.get("gap_exact") and r.get("gap") is not None \
                         and r["gap"] <= 0.8 * gap_tol:
@@ -135,6 +163,8 @@ class Solver:
         finally:
             self._hold_below = None
         self._after_fit()
+        if checkpoint is not None and history:
+            save_checkpoint(self.state_dict(), checkpoint)
         if tolerances and not done:
             which = " and ".join(f"{k} = {limits[k]!r}" for k in tolerances)
             by = self.limit_name if limit is not None and self._progress() >= limit else "time_budget"
@@ -144,6 +174,19 @@ class Solver:
         return history
 
     # -- logging ----------------------------------------------------------------------------------
+    @property
+    def writer(self):
+        """The TensorBoard ``SummaryWriter`` the reports are logged to, or None; checked when set, so that a wrong
+        object fails at construction rather than at the end of the first pass."""
+        return self._writer
+
+    @writer.setter
+    def writer(self, value) -> None:
+        if value is not None and not callable(getattr(value, "add_scalar", None)):
+            raise TypeError(f"writer must be a TensorBoard SummaryWriter (an object with add_scalar) or None, got "
+                            f"{type(value).__name__} {value!r}")
+        self._writer = value
+
     def _log(self, report: dict) -> None:
         """The finite ``report_keys`` entries of ``report`` as scalars ``{tag}/{key}`` at `_log_step`, then
         `_log_extra`; nothing without a ``writer``."""
@@ -159,10 +202,33 @@ class Solver:
     def _log_extra(self, report: dict, step: int) -> None:
         """What a solver logs beyond the scalars of ``report_keys``."""
 
-    # -- state ------------------------------------------------------------------------------------
+    # -- state ----------------------------------------------------------------------------------------
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
         return {}
+
+    def _data(self) -> dict:
+        """The training data a state is bound to, ``{name: tensor}`` (fingerprinted in `state_dict`; `{}`: none)."""
+        return {}
+
+    def _fingerprint(self) -> Optional[str]:
+        """The `fingerprint` of `_data` (None without data), kept while the data's tensors are unchanged."""
+        data = self._data()
+        if not data:
+            return None
+        flat = [t for v in data.values() for t in (v if isinstance(v, (tuple, list)) else (v,))
+                if isinstance(t, torch.Tensor)]
+        key = tuple((id(t), t._version) for t in flat)
+        memo = getattr(self, "_fingerprint_memo", None)
+        if memo is None or memo[0] != key:
+            memo = self._fingerprint_memo = (key, fingerprint(data))
+        return memo[1]
+
+    def _sealed(self) -> tuple:
+        """The state tensors that `_check_consistency` cannot recompute from the rest of the state: `state_dict`
+        records their SHA-256 digests under ``"seal"`` and `load_state_dict` refuses a state whose tensors no longer
+        match them (an edit is detected; a forgery that also rewrites the seal is not). Default: none."""
+        return ()
 
     def _extra_state(self) -> dict:
         """Entries a solver adds to `state_dict` beyond the declared ones. Called first: a solver may settle
@@ -170,19 +236,30 @@ class Solver:
         return {}
 
     def state_dict(self) -> dict:
-        """The declared state tensors (copies) and scalars, the configuration `_config`, and `_extra_state`."""
+        """The declared state tensors (copies) and scalars, the configuration `_config`, the data's
+        ``"fingerprint"`` (solvers with `_data`) and `_extra_state`."""
         extra = self._extra_state()
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update({k: getattr(self, k) for k in self._state_scalars})
         s.update(self._config())
+        data = self._fingerprint()
+        if data is not None:
+            s["fingerprint"] = data
+        sealed = self._sealed()
+        if sealed:
+            s["seal"] = {k: fingerprint({k: s[k]}) for k in sealed}
         s.update(extra)
         return s
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict`: the run continues the same trajectory. A state of other sizes, or saved under
-        another configuration (`_config`), raises a ValueError and leaves the solver unchanged: everything is
-        checked (`_checked_state`) before anything is set (`_set_state`)."""
-        self._set_state(self._checked_state(state))
+        """Resume from `state_dict`: the run continues the same trajectory. A state is checked, not trusted: one of
+        other sizes or dtypes, saved under another configuration (`_config`) or on other data (its fingerprint),
+        with a negative counter, or whose tensors disagree with each other beyond rounding (`_check_consistency`)
+        raises a ValueError naming what is wrong and leaves the solver unchanged: everything is checked
+        (`_checked_state`, `_check_consistency`) before anything is set (`_set_state`)."""
+        checked = self._checked_state(state)
+        self._check_consistency(checked)
+        self._set_state(checked)
 
     def _state_shape(self, key: str, state: dict) -> tuple:
         """The shape state tensor ``key`` must have (default: the current one's)."""
@@ -193,13 +270,39 @@ class Solver:
         return {k: type(getattr(self, k)) for k in self._state_scalars}
 
     def _checked_state(self, state: dict) -> dict:
-        """The attributes to set from ``state``, all checked (subclasses add theirs); nothing is set here."""
+        """The attributes to set from ``state``, all checked (subclasses add theirs); nothing is set here. Counts
+        (the int scalars) and ``seconds`` must be ``>= 0``."""
         require_keys(state, (*self._state_tensors, *self._state_scalars))
         check_config(state, self._config())
         out = {k: checked_tensor(state, k, self._state_shape(k, state), getattr(self, k))
                for k in self._state_tensors}
-        out.update(checked_scalars(state, self._scalar_types()))
+        types = self._scalar_types()
+        out.update(checked_scalars(state, types))
+        for k, kind in types.items():
+            if (kind is int or k == "seconds") and out[k] < 0:
+                raise ValueError(f"state_dict[{k!r}] must be >= 0, got {out[k]!r}")
+        mine = self._fingerprint()
+        if mine is not None:
+            if "fingerprint" not in state:
+                raise ValueError("state_dict has no 'fingerprint' of its training data: it was saved by a torchssvm "
+                                 "that did not record one, and cannot be checked against this solver's data")
+            if state["fingerprint"] != mine:
+                raise ValueError(f"state_dict was saved on other training data (fingerprint "
+                                 f"{str(state['fingerprint'])[:12]}..., this solver's data {mine[:12]}...): its "
+                                 "blocks would certify another objective")
+        for k in self._sealed():
+            seal = state.get("seal")
+            if not isinstance(seal, dict) or k not in seal:
+                raise ValueError(f"state_dict has no seal of {k!r}, which cannot be recomputed from the rest of the "
+                                 "state: it was saved by a torchssvm that did not record one")
+            if seal[k] != fingerprint({k: state[k]}):
+                raise ValueError(f"state_dict[{k!r}] was changed after the state was saved (its SHA-256 disagrees "
+                                 "with the state's seal), and cannot be recomputed from the rest of the state")
         return out
+
+    def _check_consistency(self, checked: dict) -> None:
+        """Recompute from the checked state what can be recomputed without an oracle and raise a ValueError naming
+        the entry that disagrees beyond rounding (default: nothing to recompute)."""
 
     def _set_state(self, checked: dict) -> None:
         for k, value in checked.items():
