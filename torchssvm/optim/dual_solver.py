@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from .._validation import check_positive_float
-from ._state import box_state
+from ._state import box_state, check_close, check_range
 from .problems import DualProblem, make_problem, rescaling_of
 from .solver import Solver
 
@@ -175,17 +175,19 @@ class DualSolver(Solver):
         return self.oracle_calls / self.n
 
     def fit(self, max_passes: Optional[float] = None, gap_tol: Optional[float] = None,
-            time_budget: Optional[float] = None, *, exact: bool = True, callback=None) -> list:
+            time_budget: Optional[float] = None, *, exact: bool = True, callback=None,
+            checkpoint=None, checkpoint_every: int = 1) -> list:
         """Call `step` until ``passes >= max_passes`` (effective passes from the start of training), the gap is
         ``<= gap_tol``, ``time_budget`` seconds of solver time are spent, or a report says ``converged`` (a solver's
         own stopping rule). With ``exact=True`` (default) only an exact gap stops the run (a certificate); an
         estimate at most ``0.8 gap_tol`` is confirmed by an exact pass (`_certify`), and ``exact=False`` also
         accepts the estimate (the heuristic path). Returns the list of step reports; ``callback(report)`` is called
         after each. The pass that certifies ``gap <= gap_tol`` leaves the iterate it certified in the model
-        (``_hold_below``). A limit that stops the run short of ``gap_tol`` warns (`ConvergenceWarning`). The loop
-        is `Solver._fit`."""
+        (``_hold_below``). A limit that stops the run short of ``gap_tol`` warns (`ConvergenceWarning`).
+        ``checkpoint``: a file to resume from when it exists and to write atomically every ``checkpoint_every``
+        steps and at the end (`Solver._fit`, the loop)."""
         return self._fit({"max_passes": max_passes, "gap_tol": gap_tol, "time_budget": time_budget},
-                         callback=callback, exact=exact)
+                         callback=callback, exact=exact, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
     def _certify(self) -> dict:
         """An exact gap pass counted as oracle calls (solvers with gap estimates override it)."""
@@ -211,13 +213,108 @@ class DualSolver(Solver):
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
         return {"lam": self.lam, "rescaling": rescaling_of(self.problem), "box": box_state(self.box)}
 
+    def _data(self) -> dict:
+        return self.problem.fingerprint_data()
+
+    def _sealed(self) -> tuple:
+        # l is recomputed from the blocks where the task loss is linear in them (`DualProblem.block_losses`) or from
+        # stored labellings (n-slack); else (slack rescaling, trees) only its bounds are: sealed
+        p = self.problem
+        idx = next(iter(p.chunks(1)))
+        return () if p.block_losses(idx, self.z[idx]) is not None else ("ell",)
+
     def _extra_state(self) -> dict:
         return {"last_exact": None if self.last_exact is None else dict(self.last_exact)}
 
     def _checked_state(self, state: dict) -> dict:
         out = super()._checked_state(state)
-        out["last_exact"] = None if state.get("last_exact") is None else dict(state["last_exact"])
+        # a loaded state carries no certificate: the next exact pass makes one
+        out["last_exact"] = None
         return out
+
+    # the rounding a state's incremental updates leave in v and ell, relative to their scale (measured: below 1e-12
+    # after hundreds of passes; a corrupted or edited entry is off by far more)
+    consistency_rtol = 1e-8
+
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """The identities between the state's tensors (Osokin et al., 2016, in marginal coordinates), recomputed
+        without an oracle: ``v = w_0 + (1/(lam n)) sum_i Phi_i z_i`` (`DualProblem.accumulate`); ``0 <= l_i <=
+        max_y L_i(y) / n``; where the problem has them, ``n l_i`` = the losses the blocks imply
+        (`DualProblem.block_losses`) and each ``z_i`` a difference of marginals (`DualProblem.block_violation`)."""
+        p, n = self.problem, self.n
+        z, ell, v = c["z"], c["ell"], c["v"]
+        kw = {"dtype": torch.float64, "device": p.device}
+        v_rec = p.initial_w().to(torch.float64).clone()
+        max_loss = torch.empty(n, **kw)
+        implied = torch.empty(n, **kw)
+        violation = torch.zeros(n, **kw)
+        linear = described = True
+        for idx in p.chunks():
+            zi = z[idx]
+            p.accumulate(v_rec, idx, zi, torch.full((idx.shape[0],), 1.0 / (self.lam * n), **kw))
+            max_loss[idx] = p.max_loss(idx).to(torch.float64)
+            if linear:
+                b = p.block_losses(idx, zi)
+                linear = b is not None
+                if linear:
+                    implied[idx] = b
+            if described:
+                b = p.block_violation(idx, zi)
+                described = b is not None
+                if described:
+                    violation[idx] = b
+        scale = max(float(v.abs().max()), float(v_rec.abs().max())) if v.numel() else 0.0
+        check_close("v", v, v_rec, scale, self.consistency_rtol, "w_0 + (1/(lam n)) sum_i Phi_i z_i of the blocks z")
+        top = float(max_loss.max()) / n if n else 0.0
+        check_range("ell", ell, 0.0, max_loss / n, tol=self.consistency_rtol * top,
+                    what="l_i lies in [0, max_y L_i(y) / n]")
+        if linear:
+            check_close("ell", ell, implied / n, top, self.consistency_rtol, "the task losses the blocks z imply")
+        if described:
+            check_range("z", violation, 0.0, 0.0, tol=1e-9, what="the largest violation of block i's marginal "
+                        "constraints: z_i = m(y_i) - mu_i, mu_i in the marginal polytope")
+
+    @torch.no_grad()
+    def _check_working_set(self, c: dict, labels: torch.Tensor, loss: torch.Tensor, alpha: torch.Tensor,
+                           used: torch.Tensor, valid: torch.Tensor, name: str) -> None:
+        """Labellings stored per block with their losses and dual weights (BCFW's atoms, the n-slack working sets:
+        ``labels (n, C, width)``, ``loss`` and ``alpha (n, C)``, ``used (n, C)``) against the blocks: weights in
+        [0, 1] and 0 on unused slots, slot 0 the truth, each used slot's labels shaped as the truth (padding where
+        it pads) and in range, its loss ``L_i(y)`` recomputed (`DualProblem.task_loss`), and for the blocks whose
+        weights are ``valid``: ``sum alpha = 1``, ``z_i = sum_y alpha_i(y) corner_i(y)`` and
+        ``n l_i = sum_y alpha_i(y) L_i(y)``."""
+        p, n, tol = self.problem, self.n, self.consistency_rtol
+        check_range("alpha", alpha, 0.0, torch.where(used, 1.0, 0.0).to(alpha.dtype), tol=tol,
+                    what="dual weights of the used slots in [0, 1], 0 on the others", name=name)
+        truth = p.truth.to(labels.device).long()
+        if not (bool(used[:, 0].all()) and torch.equal(labels[:, 0].long(), truth)):
+            raise ValueError(f"{name}['labels'] slot 0 must hold each block's ground truth: the state is corrupt or "
+                             "was edited")
+        lab = torch.where(used.unsqueeze(2), labels.long(), truth.unsqueeze(1))  # unused slots: the truth
+        bad = (lab < 0) != (truth.unsqueeze(1) < 0)
+        if p.label_bound is not None:
+            bad |= lab >= p.label_bound
+        if bool(bad.any()):
+            raise ValueError(f"{name}['labels'] holds labels out of range or off the truth's padding: the state is "
+                             "corrupt or was edited")
+        top = float(torch.cat([p.max_loss(idx) for idx in p.chunks()]).max()) if n else 0.0
+        check_range("alpha", torch.where(valid, alpha.sum(1), 1.0), 1.0, 1.0, tol=1e-9,
+                    what="the sum of a block's weights", name=name)
+        for idx in p.chunks():
+            li = lab[idx]
+            try:
+                L = p.task_loss(idx, li)
+                zr = sum(alpha[idx, s].unsqueeze(1) * p.corner(idx, li[:, s]) for s in range(li.shape[1]))
+            except (IndexError, RuntimeError) as e:
+                raise ValueError(f"{name}['labels'] are not labellings of these examples ({e})") from None
+            ui, ok = used[idx], valid[idx]
+            check_close("loss", torch.where(ui, loss[idx], 0.0), torch.where(ui, L, 0.0), top, tol,
+                        "the task losses of the stored labellings", name)
+            check_close("z", c["z"][idx][ok], zr[ok], max(1.0, top), tol,
+                        f"sum_y alpha_i(y) corner_i(y) of {name}")
+            check_close("ell", c["ell"][idx][ok], (alpha[idx] * loss[idx]).sum(1)[ok] / n, top / max(n, 1), tol,
+                        f"sum_y alpha_i(y) L_i(y) / n of {name}")
 
     def _set_state(self, checked: dict) -> None:
         super()._set_state(checked)

@@ -40,7 +40,7 @@ import torch
 
 from ..._validation import check_seed
 from ...kernels import project_simplex
-from .._state import checked_generator_state, checked_tensor, require_keys
+from .._state import check_range, checked_generator_state, checked_tensor, require_keys
 from ..dual_solver import DualSolver
 from ..frank_wolfe.box_qp import box_qp
 
@@ -365,6 +365,17 @@ class NSlackCuttingPlane(DualSolver):
             out[k] = checked_tensor(state, k, (self.n, used.shape[1]) + tuple(cur.shape[2:]), cur)
         out["_generator"] = checked_generator_state(state)
         return out
+
+    def _sealed(self) -> tuple:
+        return ()  # z and l are recomputed from the working sets
+
+    def _check_consistency(self, c: dict) -> None:
+        """`DualSolver._check_consistency`, then the working sets against the blocks (each pass ends with
+        ``z`` and ``l`` rebuilt from them: `_sync_duals`), and ages ``>= 0``."""
+        super()._check_consistency(c)
+        self._check_working_set(c, c["labels"], c["loss"], c["alpha"], c["used"],
+                                torch.ones(self.n, dtype=torch.bool, device=c["used"].device), "state_dict")
+        check_range("age", c["age"], 0, torch.iinfo(torch.long).max, what="passes since a cut was last active")
 
     def _set_state(self, checked: dict) -> None:
         self.generator.set_state(checked.pop("_generator"))

@@ -17,6 +17,7 @@ Osokin, Alayrac, Lukasewitz, Dokania, Lacoste-Julien, ICML 2016. Every combinati
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import torch
@@ -124,8 +125,10 @@ class BCFW(DualSolver):
         self.sampling, self.step_type = sampling, step
         self.cache_size, self.cache_factor, self.cache_nu = cache_size, float(cache_factor), float(cache_nu)
         self.gap_check_every, self.batch_size = gap_check_every, batch_size
-        self.seed = seed
-        self.generator = torch.Generator().manual_seed(int(seed))
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
         dev = self.problem.device
         if host_free is None:
             host_free = dev.type != "cpu" and batch_size >= HOST_FREE_MIN_BATCH
@@ -648,6 +651,16 @@ class BCFW(DualSolver):
         out["_generator"] = checked_generator_state(state)
         out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
         return out
+
+    def _check_consistency(self, c: dict) -> None:
+        """`DualSolver._check_consistency`, then the atoms (the store of the cache and the active sets, `AtomStore`)
+        against the blocks (`DualSolver._check_working_set`)."""
+        super()._check_consistency(c)
+        a = c.get("_atoms")
+        if a is not None:
+            used = torch.arange(a["labels"].shape[1], device=a["count"].device).unsqueeze(0) < a["count"].unsqueeze(1)
+            self._check_working_set(c, a["labels"], a["loss"], a["alpha"], used, a["alpha_valid"],
+                                    "state_dict['atoms']")
 
     def _set_state(self, checked: dict) -> None:
         self.generator.set_state(checked.pop("_generator"))

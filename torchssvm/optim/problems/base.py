@@ -24,6 +24,10 @@ of example i. Solvers never build ``Phi_i``: they use the operations below, batc
 - ``inner(theta, z)``, ``gram(idx_a, z_a, idx_b, z_b)`` = ``<Phi_a z_a, Phi_b z_b>`` and ``sqnorm``.
 - ``accumulate(w, idx, z, coef)``: ``w += sum_b coef_b Phi_b z_b`` in place.
 - ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
+- ``block_losses(idx, z)`` and ``block_violation(idx, z)`` (optional): what blocks ``z`` imply without an oracle,
+  for checking a loaded state (`DualSolver._check_consistency`): ``sum_y alpha_i(y) L_i(y)`` where the task loss is
+  linear in the block coordinates, and how far ``z_i`` lies outside ``m(y_i) - M`` (M: the marginal polytope).
+- ``fingerprint_data()``: the data tensors a solver's state is bound to (`torchssvm.optim.fingerprint`).
 - ``slack_oracle(theta, idx)`` (optional): the exact slack-rescaled oracle ``argmax_y L_i(y) (1 + <theta_i,
   m(y) - m(y_i)>)``, its loss and ``max(0, value)``; problems that have it can be trained slack-rescaled
   (`SlackRescaledProblem`).
@@ -51,6 +55,8 @@ class DualProblem:
     truth: torch.Tensor
     dtype = torch.float64
     device = torch.device("cpu")
+    # labels are in [0, label_bound) (None: not bounded by one number); -1 is padding
+    label_bound: Optional[int] = None
 
     # -- parameters -----------------------------------------------------------------------------
     def initial_w(self) -> torch.Tensor:
@@ -123,6 +129,26 @@ class DualProblem:
 
     def slack_oracle(self, theta, idx: torch.Tensor):
         raise NotImplementedError(f"{type(self).__name__} has no exact slack-rescaled oracle")
+
+    # -- what blocks imply (checks of a loaded state) --------------------------------------------
+    def block_losses(self, idx: torch.Tensor, z: torch.Tensor) -> Optional[torch.Tensor]:
+        """``sum_y alpha_i(y) L_i(y)`` ``(B,)`` (= ``n l_i``) implied by blocks ``z (B, m)`` when the task loss is
+        linear in the marginals, ``L_i(y) = L_i(y_i) + <c_i, m(y_i) - m(y)>``: then it is ``<c_i, z_i>``
+        whatever the weights ``alpha_i``. None (the default) where the loss is not linear in the coordinates."""
+        return None
+
+    def block_violation(self, idx: torch.Tensor, z: torch.Tensor) -> Optional[torch.Tensor]:
+        """``(B,)``: the largest violation of the linear constraints that every block ``z_i = m(y_i) - mu_i``
+        satisfies (``mu_i`` in the marginal polytope: entries in [0, 1], rows summing to 1, zeros on padding); 0
+        for a block that could be a dual block. None (the default) where a problem has no such description."""
+        return None
+
+    def fingerprint_data(self) -> dict:
+        """``{name: tensor}``: the training data (features, labels, losses) a state of this problem is bound to:
+        the public tensor attributes but the model's weights (``weight``), which the solvers write."""
+        from ..fingerprint import tensor_attributes
+
+        return tensor_attributes(self, exclude=("weight",))
 
     # -- derived --------------------------------------------------------------------------------
     @torch.no_grad()

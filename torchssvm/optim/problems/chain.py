@@ -99,6 +99,7 @@ class ChainProblem(DualProblem):
         self._sparse_gram = sparse_emission_gram_numba if compiled else sparse_emission_gram
         self._add_rows = add_attribute_rows_numba if compiled else add_attribute_rows
         self.K, self.D = model.num_labels, model.num_features
+        self.label_bound = self.K
         self.sparse = model.sparse
         self.n = len(dataset)
         self.lengths = dataset.lengths.to(self.device)
@@ -374,3 +375,28 @@ class ChainProblem(DualProblem):
 
     def max_loss(self, idx: torch.Tensor) -> torch.Tensor:
         return self.structure.unchecked.max_task_loss(self.truth[idx], self.lengths[idx])  # 0 for one label
+
+    def block_losses(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # L_i(y) = sum_t aug[i, t, y_t] = <aug_i, m_unary(y)> with L_i(y_i) = 0: sum_y alpha L = -<aug_i, z_unary>
+        u = z[:, : self._cut[0]].view(-1, self.T, self.K)
+        return -(self.loss_aug[idx] * u).sum((1, 2))
+
+    def block_violation(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The unary marginals ``mu = onehot(y_i) - z_unary`` in [0, 1] with rows summing to 1 inside the length and
+        0 on padding; the transition, start and end parts summing to 0 (both labellings have ``len - 1``
+        transitions, one start and one end), each transition entry at most ``len - 1`` and each start / end entry
+        at most 1 in magnitude."""
+        B, T, K = z.shape[0], self.T, self.K
+        a, b, c = self._cut
+        truth, lengths = self.truth[idx], self.lengths[idx].to(z.dtype)
+        valid = (torch.arange(T, device=z.device).unsqueeze(0) < self.lengths[idx].unsqueeze(1)).unsqueeze(2)
+        mu = torch.where(valid, -z[:, :a].view(B, T, K), 0.0)
+        mu.scatter_add_(2, truth.clamp_min(0).unsqueeze(2), valid.to(z.dtype))
+        pad = torch.where(valid, 0.0, z[:, :a].view(B, T, K).abs()).amax((1, 2))
+        box = torch.maximum((mu - 1).clamp_min(0), (-mu).clamp_min(0)).amax((1, 2))
+        rows = torch.where(valid.squeeze(2), (mu.sum(2) - 1).abs(), 0.0).amax(1)
+        trans, start, end = z[:, a:b], z[:, b:c], z[:, c:]
+        sums = torch.stack([trans.sum(1), start.sum(1), end.sum(1)], 1).abs().amax(1)
+        big = torch.maximum((trans.abs().amax(1) - (lengths - 1)).clamp_min(0),
+                            (torch.cat([start, end], 1).abs().amax(1) - 1).clamp_min(0))
+        return torch.stack([pad, box, rows, sums, big], 1).amax(1)

@@ -47,6 +47,7 @@ class MultiLabelProblem(DualProblem):
         self.K, self.D, self.E = K, D, self.structure.num_edges
         self.bias = bool(bias)
         self.n, self.m = n, K + self.E
+        self.label_bound = 2  # each label on or off
         self.d = D * K + (K if self.bias else 0) + self.E
         self.label_width = K
         self.truth = y.long().to(self.device)

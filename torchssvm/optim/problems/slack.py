@@ -42,6 +42,7 @@ class SlackRescaledProblem(DualProblem):
         self.n, self.d, self.m = base.n, base.d, base.m
         self.label_width, self.truth = base.label_width, base.truth
         self.dtype, self.device = base.dtype, base.device
+        self.label_bound = base.label_bound
 
     def __getattr__(self, name):  # only called for attributes not found on the wrapper
         if name == "base":
@@ -57,6 +58,9 @@ class SlackRescaledProblem(DualProblem):
 
     def write_model(self, w):
         self.base.write_model(w)
+
+    def fingerprint_data(self):
+        return self.base.fingerprint_data()
 
     def parameter_slices(self):
         return self.base.parameter_slices()

@@ -46,6 +46,7 @@ class FeatureTableProblem(DualProblem):
         self.features = features.to(self.dtype)
         self.losses = losses.to(self.dtype)
         self.n, self.K, self.d, self.m = n, K, d, K
+        self.label_bound = K
         self.label_width = 1
         self.truth = truth.unsqueeze(1)
         self.weight = torch.zeros(d, dtype=self.dtype, device=self.device)
@@ -118,3 +119,14 @@ class FeatureTableProblem(DualProblem):
 
     def max_loss(self, idx):
         return self.losses[idx].max(1).values
+
+    def block_losses(self, idx, z):
+        # L_i(y) = <losses_i, e_y>: sum_y alpha(y) L_i(y) = <losses_i, e_{y_i} - z_i>
+        losses = self.losses[idx]
+        return losses.gather(1, self.truth[idx]).squeeze(1) - (losses * z).sum(1)
+
+    def block_violation(self, idx, z):
+        # mu_i = e_{y_i} - z_i in the simplex: entries in [0, 1], summing to 1 (z_i sums to 0)
+        mu = -z
+        mu[torch.arange(z.shape[0], device=z.device), self.truth[idx, 0]] += 1.0
+        return torch.maximum((mu - 1).clamp_min(0).amax(1), (-mu).clamp_min(0).amax(1)).maximum(z.sum(1).abs())
