@@ -110,3 +110,21 @@ def test_train_rejects_bad_or_ignored_flags(argv, match, capsys):
     with pytest.raises(ValueError, match=match):
         main(["train", "--logdir", "", *argv])
     assert capsys.readouterr().out == ""
+
+
+def test_train_resumes_from_its_checkpoint(tmp_path, capsys):
+    ckpt = str(tmp_path / "run.ckpt")
+    base = ["train", "--lam", "0.1", "--step", "pairwise", "--cache-size", "4", "--logdir", ""]
+    assert main(base + ["--passes", "4"]) == 0
+    whole = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass")]
+    assert main(base + ["--passes", "2", "--checkpoint", ckpt]) == 0  # stopped after 2 passes
+    capsys.readouterr()
+    assert main(base + ["--passes", "4", "--checkpoint", ckpt, "--checkpoint-every", "2"]) == 0  # resumed
+    resumed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass")]
+    assert [ln.split()[1] for ln in resumed] == ["3", "4"]
+    assert resumed[-1].split("gap ")[1].split()[0] == whole[-1].split("gap ")[1].split()[0]
+    with pytest.raises(ValueError, match="lam"):  # another objective: refused, not adopted
+        main(["train", "--lam", "0.5", "--step", "pairwise", "--cache-size", "4", "--logdir", "", "--passes", "5",
+              "--checkpoint", ckpt])
+    with pytest.raises(ValueError, match="--checkpoint is for the dual solvers"):
+        main(["train", "--solver", "torch", "--checkpoint", ckpt])

@@ -92,6 +92,10 @@ def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
     p.add_argument("--gap-check-every", type=int, default=10)
     p.add_argument("--block-batch", type=int, default=1, help="bcfw: blocks per coordinated step")
     p.add_argument("--nonneg-transition", action="store_true", help="box constraint: transition >= 0")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="dual solvers: resume from PATH when it exists; write it (atomically) as the run goes")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="dual solvers: passes between checkpoints (and one at the end)")
     p.add_argument("--rescaling", choices=("margin", "slack"), default="margin",
                    help="dual solvers: margin- or slack-rescaled hinge")
 
@@ -137,7 +141,8 @@ def _check_args(args, name: str) -> None:
     the flag), before any data are loaded."""
     at_least = {"--epochs": (args.epochs, 1), "--batch-size": (args.batch_size, 1), "--passes": (args.passes, 1),
                 "--block-batch": (args.block_batch, 1), "--gap-check-every": (args.gap_check_every, 1),
-                "--cache-size": (args.cache_size, 0), "--seed": (args.seed, 0)}
+                "--cache-size": (args.cache_size, 0), "--seed": (args.seed, 0),
+                "--checkpoint-every": (args.checkpoint_every, 1)}
     if args.command == "train":
         at_least.update({"--min-count": (args.min_count, 1), "--grid": (args.grid, 8), "--types": (args.types, 1),
                          "--limb-modes": (args.limb_modes, 1), "--num-train": (args.num_train, 1),
@@ -180,7 +185,7 @@ def _check_args(args, name: str) -> None:
     else:
         ignored += [(flag, True, "is for the dual solvers, not --solver torch (it runs --epochs)")
                     for flag in changed("passes", "gap_tol", "time_budget", "sampling", "step", "cache_size",
-                                        "gap_check_every", "block_batch")]
+                                        "gap_check_every", "block_batch", "checkpoint", "checkpoint_every")]
     if args.solver in ("fw", "ssg"):
         ignored += [(flag, True, f"is for --solver bcfw, not {args.solver!r}")
                     for flag in changed("sampling", "step", "cache_size", "gap_check_every", "block_batch")]
@@ -211,7 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dual = {"solver": args.solver, "lam": args.lam, "passes": args.passes, "gap_tol": args.gap_tol,
             "time_budget": args.time_budget, "sampling": args.sampling, "step": args.step,
             "cache_size": args.cache_size, "batch_size": args.block_batch, "gap_check_every": args.gap_check_every,
-            "backend": args.backend, "device": args.device, "logdir": logdir, "seed": args.seed}
+            "backend": args.backend, "device": args.device, "logdir": logdir, "seed": args.seed,
+            "checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every}
     hinge = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "lam": args.lam,
              "optimizer": args.optimizer, "backend": args.backend, "logdir": logdir, "seed": args.seed}
     if name == "pose" and args.solver == "torch":

@@ -12,7 +12,7 @@ from ..evaluation import evaluate_chain
 from ..logging import log_scalars, make_writer
 from ..models import LinearChainModel
 from ..structures.chain import Chain
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass
+from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
 
 
 def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -20,7 +20,7 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
                      step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
                      box=None, backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs",
                      run_name: str = "train", seed: int = 0, rescaling: str = "margin",
-                     callback: Callback = None) -> TrainingRun:
+                     callback: Callback = None, checkpoint=None, checkpoint_every: int = 1) -> TrainingRun:
     """Train a float64 `LinearChainModel` (Hamming loss, `Chain`) on fixed features with a dual solver.
 
     Args:
@@ -40,6 +40,9 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         seed: the solver's sampling seed.
         rescaling: ``"margin"`` or ``"slack"`` (the slack-rescaled SSVM: exact error-count DP oracle).
         callback: called with each pass's metrics.
+        checkpoint, checkpoint_every: a file to resume from when it exists (passes count from the start of
+            training: the run ends at ``passes`` in all) and to write, atomically, every ``checkpoint_every`` passes
+            and at the end (`optim.save_checkpoint`).
 
     Returns a `TrainingRun` (``model``: the `LinearChainModel`, holding ``w``; ``solver``: the dual solver).
     Its history holds, per pass: ``pass``, ``passes`` (effective passes), ``seconds`` (solver time),
@@ -64,7 +67,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here, got {solver!r}")
     history = []
-    for k in range(1, passes + 1):
+    done = resume(s, checkpoint)  # passes count from the start of training: a resumed run ends where it would have
+    for k in range(done + 1, passes + 1):
         r = s.step()
         cert = {"primal": r["primal"]} if solver == "ssg" else s.duality_gap()
         tr = evaluate_chain(model, structure, train, device=dev, backend=backend)
@@ -77,6 +81,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         log_scalars(writer, {"error": tr["token_error"]}, k, "train")
         log_scalars(writer, {"error": te["token_error"], **({"chunk_f1": te["chunk_f1"]} if "chunk_f1" in te
                                                             else {})}, k, "test")
-        if end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget):
+        last = end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget) or k == passes
+        save(s, checkpoint, k, checkpoint_every, last)
+        if last:
             break
     return TrainingRun(model, s, history, close_writer(writer))

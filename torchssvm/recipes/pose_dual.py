@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import optim
 from ..logging import log_scalars, make_writer
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass
+from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
 
 
 def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -16,7 +16,7 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
                     step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
                     positivity: bool = True, types: int = 1, backend: str = "auto", device: str = "cpu",
                     logdir: Optional[str] = "runs", run_name: str = "train-pose", seed: int = 0,
-                    callback: Callback = None) -> TrainingRun:
+                    callback: Callback = None, checkpoint=None, checkpoint_every: int = 1) -> TrainingRun:
     """Train `optim.SpatialTreeProblem` on `PoseDataset`s (with ``types`` T > 1 `optim.MixtureSpatialTreeProblem`,
     T K-means deformation types per edge) with a dual solver and the positivity box on the quadratic deformation
     weights (Osokin et al., 2016, App. H; ``positivity=False`` drops it, and the oracle then raises as soon as a
@@ -29,6 +29,9 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         positivity: constrain ``w_xx, w_yy >= 0`` by the box.
         types: deformation types per edge.
         callback: called with each pass's metrics.
+        checkpoint, checkpoint_every: a file to resume from when it exists (passes count from the start of
+            training: the run ends at ``passes`` in all) and to write, atomically, every ``checkpoint_every`` passes
+            and at the end (`optim.save_checkpoint`).
 
     Returns a `TrainingRun` (``model``: the problem, whose ``weight`` is ``w``, the solver's output (SSG: its
     average); ``solver``: the dual solver). Its history holds, per pass: ``pass``, ``passes``, ``seconds``,
@@ -56,7 +59,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here (train_pose_hinge: 'torch'), got {solver!r}")
     history = []
-    for k in range(1, passes + 1):
+    done = resume(s, checkpoint)  # passes count from the start of training: a resumed run ends where it would have
+    for k in range(done + 1, passes + 1):
         r = s.step()
         w = problem.weight.clone()  # the solver's output (SSG: its average)
         cert = {"primal": r["primal"]} if solver == "ssg" else s.duality_gap()
@@ -69,6 +73,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         log_scalars(writer, {"lsp_loss": tr["lsp_loss"], "pck": tr["pck"]}, k, "train")
         log_scalars(writer, {"lsp_loss": te["lsp_loss"], "pck": te["pck"]}, k, "test")
         log_scalars(writer, {"min_quadratic_weight": min_quad}, k, "box")
-        if end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget):
+        last = end_of_pass(writer, k, cert, r, metrics, history, callback, gap_tol, time_budget) or k == passes
+        save(s, checkpoint, k, checkpoint_every, last)
+        if last:
             break
     return TrainingRun(problem, s, history, close_writer(writer))

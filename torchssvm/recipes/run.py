@@ -1,13 +1,15 @@
 """What every recipe returns (`TrainingRun`) and the pieces their loops share: the device check, the torch
-optimizer by name, the dual solvers' stopping rule and the TensorBoard writer's close."""
+optimizer by name, the dual solvers' stopping rule and checkpoints, and the TensorBoard writer's close."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, List, Optional
 
 import torch
 
+from .. import optim
 from ..logging import log_scalars
 
 # called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
@@ -75,6 +77,26 @@ def end_of_pass(writer, k: int, cert: dict, report: dict, metrics: dict, history
         callback(metrics)
     return ((gap_tol is not None and cert.get("gap", float("inf")) <= gap_tol)
             or (time_budget is not None and report["time"] >= time_budget))
+
+
+def resume(solver, checkpoint) -> int:
+    """The passes already done by ``solver``: 0, or, when the file ``checkpoint`` exists, those of the state it
+    holds, which ``solver`` then takes (`optim.load_checkpoint`, then ``load_state_dict``: a checkpoint of other
+    data or settings is refused, naming why)."""
+    if checkpoint is None:
+        return 0
+    if os.path.isdir(checkpoint):
+        raise ValueError(f"checkpoint must be a file path, got the folder {os.fspath(checkpoint)!r}")
+    if os.path.exists(checkpoint):
+        solver.load_state_dict(optim.load_checkpoint(checkpoint))
+    return solver.steps_done
+
+
+def save(solver, checkpoint, k: int, every: int, last: bool) -> None:
+    """Write ``solver``'s state to ``checkpoint`` (atomically) after pass ``k`` when ``every`` divides ``k`` or the
+    run ends here (``last``); nothing without a ``checkpoint``."""
+    if checkpoint is not None and (last or k % every == 0):
+        optim.save_checkpoint(solver.state_dict(), checkpoint)
 
 
 def close_writer(writer) -> Optional[str]:
