@@ -125,6 +125,7 @@ def test_every_edit_of_a_saved_dual_state_is_refused_or_harmless(config):
         else:
             harmful.append(f"{key}:{name} -> {_certificate(target)} vs {reference}")
     assert not harmful, f"{config}: {len(harmful)} edits accepted with another certificate: {harmful[:5]}"
+    print(f"\n{config}: {len(edits)} edits, {outcomes['refused']} refused, {outcomes['harmless']} harmless")
     assert outcomes["refused"] > outcomes["harmless"]
 
 
