@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Union
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
+    """Best effort: flush a folder's entries (a rename) to the disk; not every platform can open a folder."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # a folder cannot be opened on some systems (Windows): the rename is still atomic
@@ -49,7 +50,7 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable) -> Path:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _sync_folder(folder)
+    sync_folder(folder)
     return path
 
 

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from .._atomic import sync_folder
 from .checks import DataFileError
 
 _CHUNK = 1 << 20
@@ -113,22 +114,9 @@ def download_file(url: str, path, *, digest: Optional[str] = None, timeout: floa
                                       f"was written (if the source has changed, fetch the file yourself and "
                                       f"place it here)")
         os.replace(tmp, path)
-        _fsync_folder(path.parent)  # the rename itself survives a crash
+        sync_folder(path.parent)  # the rename itself survives a crash
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
 
-
-def _fsync_folder(folder: Path) -> None:
-    """Best effort: flush a folder's entries to disk (not every platform can open a folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
