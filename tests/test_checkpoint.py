@@ -281,3 +281,21 @@ def _restore(path):
     s = _kill_problem()
     s.load_state_dict(load_checkpoint(path))
     return s
+
+
+def test_fit_raises_on_a_nan_report_instead_of_converging():
+    class Broken(optim.Solver):
+        limit_name = "max_iter"
+
+        def __init__(self):
+            self.steps_done = 0
+
+        def _progress(self):
+            return self.steps_done
+
+        def step(self):
+            self.steps_done += 1
+            return {"primal": float("nan"), "gap": float("nan"), "converged": True}
+
+    with pytest.raises(FloatingPointError, match="primal, gap = nan at step 1"):
+        Broken().fit(max_iter=5)

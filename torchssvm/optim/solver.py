@@ -26,6 +26,7 @@ checkpoints (``fit(checkpoint=PATH)``: resume from PATH when it exists, write it
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Optional, Union
@@ -108,7 +109,8 @@ class Solver:
         Each is None or a number ``>= 0`` (`check_limits`); with ``requires_limit``, at least one is given. A
         progress limit already met runs no step. After each step: when an estimated gap is at most
         ``0.8 gap_tol`` (and ``exact``), the exact pass `_certify` replaces it; the callback; then the stops, in
-        this order: `_done` (``converged``, the tolerances), the progress limit, the time budget. A run that a
+        this order: `_done` (``converged``, the tolerances), the progress limit, the time budget; a report whose
+        primal, dual or gap is NaN raises a FloatingPointError instead of stopping or going on. A run that a
         limit or the time budget stopped while a tolerance was given warns (`ConvergenceWarning`). While it runs,
         ``_hold_below`` is ``gap_tol``.
 
@@ -151,6 +153,11 @@ class Solver:
                         r = {**r, **certificate}
                         self._log(r)  # the certificate (and its work) at the step the estimate was logged
                 history.append(r)
+                bad = [k for k in ("primal", "dual", "gap") if isinstance(r.get(k), float) and math.isnan(r[k])]
+                if bad:  # never a stop (converged, gap_tol) on NaN: the state is no longer a certificate of anything
+                    raise FloatingPointError(f"{type(self).__name__}.step reported {', '.join(bad)} = nan at step "
+                                             f"{len(history)} of this fit: the data, the state or the arithmetic "
+                                             "broke down (a state saved before this step is still valid)")
                 if callback is not None:
                     callback(r)
                 if self._done(r, limits, exact):
