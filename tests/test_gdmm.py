@@ -223,8 +223,11 @@ def test_reports_fit_and_writer():
     hist = g.fit(max_iter=4)
     assert [r["iteration"] for r in hist] == [1, 2, 3, 4]
     assert hist[0]["primal"] is None and hist[1]["primal"] is not None
-    assert math.isclose(hist[1]["gap"], hist[1]["primal"] - hist[1]["dual"])
-    assert {"gdmm/primal", "gdmm/dual", "gdmm/infeasibility", "gdmm/active_bigram"} <= w.tags
+    # before feasibility primal - dual is an estimate, not a certificate: no "gap", nor its tag
+    assert math.isclose(hist[1]["gap_estimate"], hist[1]["primal"] - hist[1]["dual"])
+    assert hist[1]["gap"] is None and not hist[1]["gap_exact"] and hist[1]["infeasibility"] > 0
+    assert {"gdmm/primal", "gdmm/dual", "gdmm/gap_estimate", "gdmm/infeasibility", "gdmm/active_bigram"} <= w.tags
+    assert "gdmm/gap" not in w.tags
     hist = g.fit(time_budget=0.0)
     assert len(hist) == 1
     with pytest.raises(ValueError, match="fit needs"):

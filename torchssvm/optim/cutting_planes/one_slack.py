@@ -15,10 +15,12 @@ value at ``w`` is a lower bound of the SSVM optimum, so every report's ``gap`` i
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
+from .._state import check_close
 from .bmrm import BMRM
 
 
@@ -74,6 +76,7 @@ class OneSlackCuttingPlane(BMRM):
         dual = self.model_value
         if primal < self.best_primal:
             self.best_primal, self.w_best = primal, w.clone()
+            self.best_cut, self.best_offset = g.to(self.best_cut).clone(), float(c)
         violation = risk_value - self.slack(w)
         added = violation > self.eps
         # without a new cut the pass certifies w only if the working-set QP was solved: otherwise go on solving it
@@ -94,6 +97,28 @@ class OneSlackCuttingPlane(BMRM):
              "added": int(added), "cuts": int(self.cuts.shape[0]), "removed": removed, "qp_iterations": qp_iter,
              "eps": self.best_primal - self.model_value, "best_primal": self.best_primal,
              "passes": self.oracle_calls / self.n, "oracle_calls": self.oracle_calls, "time": self.seconds,
-             "qp_seconds": self.qp_seconds, "converged": not (added or resolve)}
+             "qp_seconds": self.qp_seconds,
+             # a NaN primal (or violation) certifies nothing: never converged
+             "converged": not (added or resolve) and math.isfinite(primal) and math.isfinite(violation)}
         self._log(r)
         return r
+
+    # -- state checks (`BMRM._check_consistency`) -------------------------------------------------
+    def _bundle_size_ok(self, t: int, steps: int) -> bool:
+        return t <= steps  # at most one cut per step; inactive cuts leave
+
+    def _alpha_total(self) -> str:
+        return "le"  # the slack coordinate takes the rest: sum alpha <= 1
+
+    def _age_bound(self) -> int:
+        return max(self.inactive_after, 1)  # inactive_after = 0: ages stay 0
+
+    def _empty_model(self, c: dict) -> None:
+        """No cut: the start (no cut added yet), or ``w = 0`` (every cut left with weight 0); ``xi >= 0`` alone."""
+        w = c["w"]
+        start = self.risk.initial_w().to(w)
+        if not (torch.equal(w, start) or not bool(w.any())):
+            check_close("w", w, start, 0.0, 1.0, "the start or 0 (no cut in the working set)")
+        if c["model_value"] != 0.0:
+            raise ValueError(f"state_dict['model_value'] must be 0 without cuts (xi >= 0 alone), got "
+                             f"{c['model_value']!r}")

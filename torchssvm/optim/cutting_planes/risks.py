@@ -13,15 +13,33 @@ psi_i(y^_i)``, the 1-slack cut of Yu & Joachims (2008) in our ``psi = phi(y_i) -
 - `HingeRisk`: the binary hinge ``(1/n) sum_i max(0, 1 - y_i <x_i, w>)``, two matrix-vector products.
 - `MaxOfLinearRisk`: ``max_i <a_i, w> + b_i``, the lower-bound instance of Zhang et al. (2010).
 
-Each has ``d``, ``n``, ``device``, ``calls`` (oracle passes so far) and ``write_model(w)``.
+Each has ``d``, ``n``, ``device``, ``calls`` (oracle passes so far), ``write_model(w)``, ``fingerprint_data()`` (the
+data a solver's state is bound to, `torchssvm.optim.fingerprint`) and ``offset_range()`` (bounds every cut's offset
+``c`` obeys: a loaded bundle is checked against them). Each refuses non-finite data up front (a ValueError naming the
+argument): a NaN feature would make every cut, and every certificate built on them, NaN.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..._validation import check_positive_int
+from ..._validation import check_finite, check_positive_int
 from ..problems import DualProblem, make_problem
+
+
+def check_finite_data(named: dict, owner: str) -> None:
+    """A ValueError naming the entry of ``named`` (``{name: tensor or tuple of tensors}``) that holds NaN or Inf."""
+    flat = {}
+    for name, value in named.items():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for i, t in enumerate(items):
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+                flat[name if len(items) == 1 else f"{name}[{i}]"] = t
+    try:
+        check_finite(flat)
+    except ValueError as e:
+        raise ValueError(f"{owner}: the training data {e}: refused (every cut and certificate would be NaN)") \
+            from None
 
 
 class StructuredRisk:
@@ -34,8 +52,18 @@ class StructuredRisk:
         self.problem = model if isinstance(model, DualProblem) else make_problem(model, dataset, structure,
                                                                                   backend=backend)
         p = self.problem
+        check_finite_data(p.fingerprint_data(), "StructuredRisk")
         self.n, self.d, self.device, self.calls = p.n, p.d, p.device, 0
         self.chunk = check_positive_int("chunk", chunk)
+
+    def fingerprint_data(self) -> dict:
+        return self.problem.fingerprint_data()
+
+    def offset_range(self) -> tuple:
+        """``c = (1/n) sum_i L_i(y^_i)`` lies in ``[0, (1/n) sum_i max_y L_i(y)]``."""
+        p = self.problem
+        top = sum(float(p.max_loss(idx).to(torch.float64).sum()) for idx in p.chunks(self.chunk))
+        return 0.0, top / self.n
 
     def initial_w(self) -> torch.Tensor:
         return self.problem.initial_w().to(torch.float64)
@@ -85,10 +113,18 @@ class HingeRisk(_ParameterVectorRisk):
             raise ValueError(f"y must be a ({x.shape[0]},) tensor of -1/+1 labels")
         if not bool(((y == 1) | (y == -1)).all()):
             raise ValueError("y must hold only -1 and +1")
+        check_finite_data({"x": x}, "HingeRisk")
         self.x = x.to(torch.float64)
         self.y = y.to(torch.float64)
         self.n, self.d = x.shape
         self.device, self.calls = x.device, 0
+
+    def fingerprint_data(self) -> dict:
+        return {"x": self.x, "y": self.y}
+
+    def offset_range(self) -> tuple:
+        """``c = |A| / n``, the fraction of margin violators, in ``[0, 1]``."""
+        return 0.0, 1.0
 
     @torch.no_grad()
     def cut(self, w: torch.Tensor):
@@ -111,8 +147,16 @@ class MaxOfLinearRisk(_ParameterVectorRisk):
         self.b = torch.zeros(a.shape[0], dtype=torch.float64, device=a.device) if b is None else b.to(torch.float64)
         if self.b.shape != (a.shape[0],):
             raise ValueError(f"b must have shape ({a.shape[0]},)")
+        check_finite_data({"a": self.a, "b": self.b}, "MaxOfLinearRisk")
         self.n, self.d = 1, a.shape[1]
         self.device, self.calls = a.device, 0
+
+    def fingerprint_data(self) -> dict:
+        return {"a": self.a, "b": self.b}
+
+    def offset_range(self) -> tuple:
+        """``c = b_i`` of a piece: in ``[min b, max b]``."""
+        return float(self.b.min()), float(self.b.max())
 
     @torch.no_grad()
     def cut(self, w: torch.Tensor):

@@ -53,7 +53,7 @@ import torch
 
 from ..._validation import check_positive_float, check_real, check_seed
 from ...kernels import project_shifted_simplex
-from .._state import checked_generator_state, checked_scalars, require_keys
+from .._state import check_close, check_range, checked_generator_state, checked_scalars, require_keys
 from ..frank_wolfe.box_qp import box_qp
 from ..problems import ChainProblem, make_problem
 from ..solver import Solver
@@ -112,7 +112,12 @@ class GDMM(Solver):
 
     Reports: ``iteration``, ``dual = -lam G`` (a lower bound on the optimum only when the iterate is
     consistent), ``lagrangian`` (``lam L``), ``infeasibility`` (mean L1 residual ``|rowsum beta - alpha|`` per
-    edge side), ``primal`` (exact, at ``w(alpha)``, when computed) and ``gap = primal - dual``,
+    edge side), ``primal`` (exact, at ``w(alpha)``, when computed), ``gap_estimate = primal - dual`` (whenever the
+    primal is computed) and ``gap``: the same number, but only where it is a certificate, i.e. the iterate is
+    feasible (``infeasibility <= feasibility_tol C``) and the local relaxation is tight (chains; multi-label
+    structures without cycles), else None (``gap_exact`` says which). Before feasibility ``dual`` is the value of
+    an infeasible iterate, which may exceed the optimum: ``gap_estimate`` may then be negative, and is no bound.
+    A report's ``converged`` is never set (the stops are ``infeasibility_tol`` and the limits).
     ``active_unigram`` / ``active_bigram`` (mean active-set sizes), ``visits_unigram`` / ``visits_bigram``
     (mean entries read per FMO call), ``inner_bigram`` (mean face changes per factor of the exact bigram
     update; 0 with the step), ``time`` (solver seconds, evaluation excluded).
@@ -633,17 +638,32 @@ class GDMM(Solver):
             r[f"visits_{kind}"] = (self.fmo_visits[kind] - visits0[kind]) / max(1, calls)
         r["inner_bigram"] = (self.inner["bigram"] - inner0) / max(1, self.fmo_calls["bigram"] - calls0["bigram"])
         r["lagrangian"] = self.lam * self.lagrangian()
-        r["primal"] = r["gap"] = None
+        r["primal"] = r["gap"] = r["gap_estimate"] = None
+        r["gap_exact"] = False
         if self.primal_every and self.iterations % self.primal_every == 0:
             r["primal"] = self.last_primal = self.primal_objective()
-            r["gap"] = r["primal"] - r["dual"]
+            r["gap_estimate"] = r["primal"] - r["dual"]
+            if self._certifies(infeasibility) and math.isfinite(r["gap_estimate"]):
+                r["gap"], r["gap_exact"] = r["gap_estimate"], True
         self._log(r)
         return r
 
+    # the infeasibility, relative to C, at which the dual value of an iterate is taken for a lower bound (rounding)
+    feasibility_tol = 1e-9
+
+    def _tight(self) -> bool:
+        """Whether the local relaxation is exact (a chain is a tree): the dual of a feasible iterate then bounds
+        the SSVM's optimum from below."""
+        return True
+
+    def _certifies(self, infeasibility: float) -> bool:
+        """Whether ``primal - dual`` is a certificate at an iterate of this ``infeasibility``."""
+        return self._tight() and infeasibility <= self.feasibility_tol * self.C
+
     # -- loop (`Solver`) -------------------------------------------------------------------------
     limit_integer = True
-    report_keys = ("primal", "dual", "gap", "lagrangian", "infeasibility", "active_unigram", "active_bigram",
-                   "visits_unigram", "visits_bigram", "inner_bigram", "time")
+    report_keys = ("primal", "dual", "gap", "gap_estimate", "lagrangian", "infeasibility", "active_unigram",
+                   "active_bigram", "visits_unigram", "visits_bigram", "inner_bigram", "time")
 
     def _progress(self) -> int:
         return self.iterations
@@ -652,18 +672,20 @@ class GDMM(Solver):
         return self.iterations
 
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *,
-            infeasibility_tol: Optional[float] = None, callback=None) -> list:
+            infeasibility_tol: Optional[float] = None, callback=None, checkpoint=None,
+            checkpoint_every: int = 1) -> list:
         """Call `step` until ``max_iter`` iterations (from the start of training), ``time_budget`` solver seconds,
         or (with ``infeasibility_tol``) an iterate whose infeasibility is at most that and whose gap, when computed,
         is at most ``infeasibility_tol`` too. Returns the reports; ``callback(report)`` after each. The loop is
-        `Solver._fit` (a limit that stops the run short of ``infeasibility_tol`` warns: `ConvergenceWarning`)."""
+        `Solver._fit` (a limit that stops the run short of ``infeasibility_tol`` warns: `ConvergenceWarning`;
+        ``checkpoint``: resume from / write that file every ``checkpoint_every`` steps)."""
         return self._fit({"max_iter": max_iter, "time_budget": time_budget, "infeasibility_tol": infeasibility_tol},
-                         callback=callback)
+                         callback=callback, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
     def _done(self, r: dict, limits: dict, exact: bool) -> bool:
         tol = limits.get("infeasibility_tol")
         return super()._done(r, limits, exact) or (tol is not None and r["infeasibility"] <= tol and (
-            r["gap"] is None or r["gap"] <= tol))
+            r["gap_estimate"] is None or r["gap_estimate"] <= tol))
 
     # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("uidx", "uval", "bidx", "bval", "W", "v", "lam_L", "lam_R")
@@ -699,9 +721,107 @@ class GDMM(Solver):
         out["C"] = check_positive_float("state_dict['C']", state.get("C", self.C))
         out["rho"] = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
         out.update(checked_scalars({"eta": self.eta, "seconds": 0.0, **state}, {"eta": float, "seconds": float}))
+        for key in ("eta", "seconds"):
+            if not (out[key] >= 0 and math.isfinite(out[key])):
+                raise ValueError(f"state_dict[{key!r}] must be a finite number >= 0, got {out[key]!r}")
+        for key in ("fmo_calls", "fmo_visits", "inner"):
+            counts = state.get(key, getattr(self, key))
+            if not isinstance(counts, dict) or set(counts) != set(getattr(self, key)) or any(
+                    isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()):
+                raise ValueError(f"state_dict[{key!r}] must map {sorted(getattr(self, key))} to counts >= 0")
         out.update({k: dict(state.get(k, getattr(self, k))) for k in ("fmo_calls", "fmo_visits", "inner")})
         out["_generator"] = checked_generator_state(state)
         return out
+
+    def _data(self) -> dict:
+        return self.problem.fingerprint_data()
+
+    # the rounding of the incremental updates of the primal tables, relative to their scale (a dropped entry,
+    # |alpha| <= drop_tol <= 1e-9, leaves the tables but not the duals: also within it)
+    consistency_rtol = 1e-8
+
+    @staticmethod
+    def _check_shifted_simplex(key: str, idx: Optional[torch.Tensor], val: torch.Tensor, width: int, C: float,
+                               top: Optional[torch.Tensor] = None) -> None:
+        """Rows of ``val`` (padded active sets ``idx``, the truth in slot 0; or dense rows with the truth at
+        ``top``) on the shifted simplex of eq. 11: the truth's entry in ``[0, C]``, the others ``<= 0``, sum 0;
+        active ids distinct and in ``[0, width)``, free slots (-1) holding 0."""
+        tol = 1e-9 * C
+        if idx is not None:
+            ok = (idx >= -1) & (idx < width)
+            if not bool(ok.all()):
+                raise ValueError(f"state_dict[{key[0] + 'idx'!r}] holds ids outside [-1, {width})")
+            if idx.shape[1] > 1:
+                srt = idx.sort(1).values
+                if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+                    raise ValueError(f"state_dict[{key[0] + 'idx'!r}] repeats an id in an active set")
+            check_range(key, val.masked_fill(idx >= 0, 0.0), 0.0, 0.0, what="free slots hold 0")
+            first, rest = val[:, 0], val[:, 1:]
+        else:
+            first = val.gather(-1, top.unsqueeze(-1)).squeeze(-1)
+            rest = val.scatter(-1, top.unsqueeze(-1), 0.0)
+        check_range(key, first, 0.0, C, tol=tol, what="the truth's dual lies in [0, C]")
+        check_range(key, rest, -math.inf, 0.0, tol=tol, what="the other duals are <= 0")
+        check_range(key, val.sum(-1), 0.0, 0.0, tol=tol * 10, what="a factor's duals sum to 0")
+
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """The duals on their shifted simplices (eq. 11), the truth in slot 0 of each active set; the primal tables
+        recomputed from them, ``W = sum_t x_t alpha_t^T`` and ``v = sum_e beta_e``; the multipliers: 0 with
+        ``eta = 0``, else each row summing to 0 (a sum of ``eta`` times residuals of two vectors that sum to 0).
+        Any such multiplier is a valid state: it steers the run and certifies nothing."""
+        C, K = c["C"], self.K
+        uidx, uval, bidx, bval = c["uidx"], c["uval"], c["bidx"], c["bval"]
+        if not torch.equal(uidx[:, 0], self.y) or not torch.equal(bidx[:, 0], self.ybig):
+            raise ValueError("state_dict['uidx'] / ['bidx'] must hold the truth in slot 0 of every active set")
+        self._check_shifted_simplex("uval", uidx, uval, K, C)
+        self._check_shifted_simplex("bval", bidx, bval, K * K, C)
+        W = torch.zeros_like(self.W)
+        for s in range(0, self.N, 4096):
+            tok = torch.arange(s, min(s + 4096, self.N), device=self.device)
+            dense = self._dense(uidx[tok], uval[tok], K)
+            if self.x is not None:
+                W.add_(self.x[tok].t() @ dense)
+            else:
+                ids, vals = self.x_ids[tok], self.x_vals[tok]
+                W.index_add_(0, ids.clamp_min(0).reshape(-1), (vals.unsqueeze(2) * dense.unsqueeze(1)).reshape(-1, K))
+        ok = bidx >= 0
+        v = torch.zeros(K * K, dtype=torch.float64, device=self.device).index_add_(0, bidx[ok], bval[ok]).view(K, K)
+        if self.x is not None:
+            colsum = self.x.abs().sum(0)
+        else:
+            ok = self.x_ids >= 0
+            colsum = torch.zeros(self.Dx, dtype=torch.float64, device=self.device).index_add_(
+                0, self.x_ids[ok], self.x_vals[ok].abs())
+        drops = self.drop_tol * c["iterations"]
+        self._check_tables(c, {"W": W, "v": v}, C, {"W": drops * uidx.shape[1] * float(colsum.max()),
+                                                    "v": drops * bidx.shape[1] * self.E})
+        self._check_multipliers(c, ("lam_L", "lam_R"), rows_sum_zero=True)
+
+    def _check_tables(self, c: dict, recomputed: dict, C: float, dropped: dict) -> None:
+        """``c[key]`` equal to ``recomputed[key]`` to rounding, plus ``dropped[key]``: a bound on what the entries
+        dropped from the active sets (each at most ``drop_tol``, once per iteration and slot) left in the table."""
+        for key, rec in recomputed.items():
+            scale = max(float(rec.abs().max()) if rec.numel() else 0.0, C)
+            rtol = self.consistency_rtol + dropped[key] / scale
+            check_close(key, c[key], rec, scale, rtol, "the duals it is the sum of")
+
+    def _check_multipliers(self, c: dict, keys: tuple, rows_sum_zero: bool) -> None:
+        """Each multiplier is ``eta`` times a sum of ``iterations`` residuals, each of L1 norm at most ``4 C`` (both
+        sides of the constraint have L1 norm at most ``2 C``): bounded by ``4 C eta iterations``."""
+        for key in keys:
+            t = c[key]
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"state_dict[{key!r}] holds Inf: the state is corrupt")
+            scale = max(float(t.abs().max()) if t.numel() else 0.0, c["C"])
+            top = 4.0 * c["C"] * c["eta"] * c["iterations"]
+            check_range(key, t.abs().sum(-1) if rows_sum_zero else t.abs(), 0.0, top, tol=1e-9 * top,
+                        what="eta times the iterations' residuals, each of L1 norm <= 4 C")
+            if c["eta"] == 0:
+                check_range(key, t, 0.0, 0.0, what="eta = 0 (Soft-BCFW): the multipliers stay 0")
+            elif rows_sum_zero and t.numel():
+                check_range(key, t.sum(-1), 0.0, 0.0, tol=1e-9 * scale * t.shape[-1],
+                            what="each row sums to 0 (eta times residuals that sum to 0)")
 
     def _set_state(self, checked: dict) -> None:
         self.generator.set_state(checked.pop("_generator"))

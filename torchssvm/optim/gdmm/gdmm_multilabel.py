@@ -58,6 +58,7 @@ import torch
 from ..._validation import check_seed
 from ...kernels import project_shifted_simplex
 from ...structures.multilabel import MAX_ENUMERATION_LABELS
+from .._state import check_range
 from ..frank_wolfe.box_qp import box_qp
 from ..problems import MultiLabelProblem
 from .gdmm import GDMM
@@ -321,7 +322,44 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
         return {"active_unigram": float((self.a != 0).sum()) / self.n,
                 "active_bigram": float((self.beta != 0).any(2).sum()) / self.n}
 
+    # -- certificates -----------------------------------------------------------------------------
+    def _tight(self) -> bool:
+        """The local relaxation is exact on a forest of label pairs only: on a loopy structure (``"full"``) the
+        dual of a feasible iterate bounds the relaxed SSVM, whose optimum may exceed the exact one, and the exact
+        primal at ``w`` may fall below it (``gap_estimate < 0``)."""
+        parent = list(range(self.K))
+
+        def root(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for k, l in self.pairs.tolist():
+            a, b = root(k), root(l)
+            if a == b:
+                return False
+            parent[a] = b
+        return True
+
     # -- state ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """``a`` in ``[0, C]``; each ``beta_ie`` on its shifted simplex (truth state in ``[0, C]``, the others
+        ``<= 0``, sum 0); ``W = sum_i x_i (s_i a_i)^T``, ``b = sum_i s_i a_i`` and ``v = sum_i beta_i(11)``
+        recomputed; the multipliers 0 with ``eta = 0`` (else free: a scalar per side)."""
+        C = c["C"]
+        check_range("a", c["a"], 0.0, C, tol=1e-9 * C, what="a unigram dual lies in [0, C]")
+        if self.E:
+            self._check_shifted_simplex("beta", None, c["beta"], 4, C, top=self.truth_pair)
+        dal = self.sign * c["a"]
+        rec = {"W": self.x.t() @ dal, "v": c["beta"][..., 3].sum(0),
+               "b": dal.sum(0) if self.problem.bias else torch.zeros_like(self.b)}
+        drops = self.drop_tol * c["iterations"]
+        self._check_tables(c, rec, C, {"W": drops * float(self.x.abs().sum(0).max()) if self.x.numel() else 0.0,
+                                       "v": drops * self.n, "b": drops * self.n})
+        self._check_multipliers(c, ("lam1", "lam2"), rows_sum_zero=False)
+
     _state_tensors = ("a", "beta", "lam1", "lam2", "W", "b", "v")
     _sparse_state = ()
     _block_orders = ("label_blocks", "pair_blocks")

@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 
 from ..._validation import check_positive_int, check_seed
-from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
+from .._state import check_close, check_range, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from ..cutting_planes.simplex_qp import simplex_qp
 from ..solver import Solver
 from .mercer import MercerKernel
@@ -146,9 +146,12 @@ class KernelCuttingPlane(Solver):
         writer: TensorBoard ``SummaryWriter`` or None.
 
     Reports (`step`): ``violation`` (exact for exact / linear, sampled for constant), ``xi``, ``added``,
-    ``cuts``, ``dual`` (the QP value), ``primal`` (exact / linear: OP1 at the iterate, from the pass),
-    ``gap`` (certified only for ``"exact"``: ``gap_exact``), ``train_error``, ``kernel_evaluations``,
-    ``time``, ``converged``.
+    ``cuts``, ``dual`` (the working-set QP's value: a lower bound of OP1 only with exact cuts), ``primal``
+    (exact / linear: OP1 at the iterate, from the pass), ``gap_estimate = primal - dual`` (whenever the primal is
+    computed) and ``gap``, the same number where it is a certificate only: ``sampling="exact"`` (``gap_exact``);
+    with sampled cuts the QP over them is not a lower bound (the sampled offsets and cuts over- or under-estimate
+    the risk; a linear-time run was seen reporting ``primal - dual = -6.3e-4``), so ``gap`` is None there and no
+    stop reads it. ``train_error``, ``kernel_evaluations``, ``time``, ``converged`` (never on a NaN violation).
     """
 
     tag = "kernel_cp"
@@ -459,14 +462,17 @@ class KernelCuttingPlane(Solver):
         return float(self.alpha @ self.offsets) - 0.5 * float(self.alpha @ (self.G @ self.alpha))
 
     def duality_gap(self) -> dict:
-        """``primal``, ``dual`` and ``gap`` of the current iterate, the model `predict` uses (a pass over the training
-        set, from the cut cache in exact and linear mode, else through the kernel expansion; not training cost),
-        with its ``train_error``. ``gap_exact``: the cuts are exact (``sampling="exact"``), so ``dual`` bounds OP1
-        from below and the gap is a certificate."""
+        """``primal``, ``dual`` and ``gap_estimate = primal - dual`` of the current iterate, the model `predict` uses
+        (a pass over the training set, from the cut cache in exact and linear mode, else through the kernel
+        expansion; not training cost), with its ``train_error``; ``gap``: the same number where the cuts are exact
+        (``sampling="exact"``, ``gap_exact``: ``dual`` bounds OP1 from below and the gap is a certificate), else
+        None (sampled cuts certify nothing)."""
         obj = self.objective()
         dual = self.dual_value()
-        return {"primal": obj["primal"], "dual": dual, "gap": obj["primal"] - dual,
-                "gap_exact": self.sampling == "exact", "train_error": obj["train_error"]}
+        exact = self.sampling == "exact"
+        estimate = obj["primal"] - dual
+        return {"primal": obj["primal"], "dual": dual, "gap": estimate if exact else None,
+                "gap_estimate": estimate, "gap_exact": exact, "train_error": obj["train_error"]}
 
     def objective(self) -> dict:
         """OP1 at the current ``w`` by a full pass (kernel expansion; not counted as training cost):
@@ -546,33 +552,40 @@ class KernelCuttingPlane(Solver):
             removed = self._remove_inactive()
         self.steps_done += 1
         self.seconds += time.perf_counter() - t0
+        converged = bool(converged) and math.isfinite(violation) and math.isfinite(report.get("primal", 0.0))
         r = {"violation": violation, "xi": xi, "added": int(added), "removed": removed,
              "cuts": int(self.offsets.numel()), "dual": dual, "qp_iterations": qp_iter, "resamples": resamples,
              "kernel_evaluations": self.kernel.evaluations, "time": self.seconds, "qp_seconds": self.qp_seconds,
-             "iteration": self.steps_done, "converged": bool(converged), "mode": self.mode, **report}
+             "iteration": self.steps_done, "converged": converged, "mode": self.mode, **report}
         if "primal" in r:
-            r["gap"] = r["primal"] - dual
-            r["gap_exact"] = self.sampling == "exact"
+            exact = self.sampling == "exact"
+            r["gap_estimate"] = r["primal"] - dual
+            r["gap"] = r["gap_estimate"] if exact else None  # sampled cuts: no certificate
+            r["gap_exact"] = exact
         self._log(r)
         return r
 
     # -- loop (`Solver`) -------------------------------------------------------------------------
     limit_integer = True
     requires_limit = False  # `fit` with no limit runs to the sampling scheme's stopping rule (``converged``)
-    report_keys = ("primal", "dual", "gap", "violation", "cuts", "train_error", "kernel_evaluations", "time")
+    report_keys = ("primal", "dual", "gap", "gap_estimate", "violation", "cuts", "train_error", "kernel_evaluations",
+                   "time")
 
     def _progress(self) -> int:
         return self.steps_done
 
-    def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None) -> list:
+    def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None,
+            checkpoint=None, checkpoint_every: int = 1) -> list:
         """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations in all
         (none when ``steps_done`` is already there) or ``time_budget`` seconds. Returns the reports (the loop is
         `Solver._fit`).
 
         Each report certifies the iterate its step started from; a step that adds a cut then re-solves the QP. So
         after a stop on ``max_iter`` or ``time_budget`` the last report's gap is not the returned model's:
-        `duality_gap` gives that one (a ``converged`` stop added no cut, and its report is the model's)."""
-        return self._fit({"max_iter": max_iter, "time_budget": time_budget}, callback=callback)
+        `duality_gap` gives that one (a ``converged`` stop added no cut, and its report is the model's).
+        ``checkpoint``: a file to resume from and to write every ``checkpoint_every`` steps (`Solver._fit`)."""
+        return self._fit({"max_iter": max_iter, "time_budget": time_budget}, callback=callback,
+                         checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
     # -- state ----------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -644,6 +657,140 @@ class KernelCuttingPlane(Solver):
         out["basis"] = list(basis.split(sizes.tolist())) if t else []
         out["diffs"] = list(diffs.split(sizes.tolist())) if t else []
         return out
+
+    def _data(self) -> dict:
+        return {"x": self.x, "truth": self.truth}
+
+    # kernel entries a load may spend recomputing the Gram matrix and the cache of the saved cuts (beyond it, the
+    # cache is checked at the cuts' basis points only, and beyond U^2 > budget the Gram matrix is not recomputed)
+    consistency_budget = 1 << 24
+    consistency_rtol = 1e-9
+
+    def _cut_kinds(self, c: dict, t: int) -> list:
+        """For each saved cut, how it was made: ``"exact"``, ``"linear"`` or ``"constant"``."""
+        if self.sampling != "hybrid":
+            return [self.sampling] * t
+        if c["mode"] == "constant":
+            return ["constant"] * t
+        return ["constant"] * c["sampled_cuts"] + ["linear"] * (t - c["sampled_cuts"])
+
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """What the saved cuts imply, recomputed without an oracle (Yu & Joachims, 2008): the mode of the sampling
+        scheme; each basis row ``E_l = F_{y_l} - F_{y^_l}`` with ``y^_l != y_l`` (a violator); each cut's
+        coefficient and offset from its basis size (0/1 loss: exact ``a = 1/N``, ``c = m/N``; linear-time ``c =
+        a r``, ``a N r`` an integer in ``[1, N]``; constant-time ``a = 1/r``, ``c = m/r``); ``alpha >= 0``, ``sum
+        alpha <= C``; ages as `_remove_inactive` leaves them; the Gram matrix ``G`` and the cache rows recomputed
+        from the kernel (within ``consistency_budget`` kernel entries); counters."""
+        rtol, N = self.consistency_rtol, self.N
+        mode, t, steps = c["mode"], c["offsets"].numel(), c["steps_done"]
+        allowed = ("constant", "linear") if self.sampling == "hybrid" else (self.sampling,)
+        if mode not in allowed:
+            raise ValueError(f"state_dict['mode'] = {mode!r} cannot arise with sampling={self.sampling!r}")
+        if t > steps:
+            raise ValueError(f"state_dict holds {t} cuts after {steps} steps (at most one cut per step)")
+        if c["_kernel_evaluations"] < 0:
+            raise ValueError(f"state_dict['kernel_evaluations'] must be >= 0, got {c['_kernel_evaluations']}")
+        if mode != "constant" and c["quiet"] != 0:
+            raise ValueError(f"state_dict['quiet'] = {c['quiet']} must be 0 outside the constant-time phase")
+        if not 0 <= c["sampled_cuts"] <= (t if self.sampling == "hybrid" and mode == "linear" else 0):
+            raise ValueError(f"state_dict['sampled_cuts'] = {c['sampled_cuts']} does not fit {t} cuts in mode "
+                             f"{mode!r}")
+        rows = c["_cache"].shape[0]
+        if rows != (0 if mode == "constant" else t):
+            raise ValueError(f"state_dict['cache'] holds {rows} rows; mode {mode!r} with {t} cuts keeps "
+                             f"{0 if mode == 'constant' else t}")
+        for key in ("coef", "offsets", "alpha", "G"):
+            if not bool(torch.isfinite(c[key]).all()):
+                raise ValueError(f"state_dict[{key!r}] holds Inf: the state is corrupt")
+        if t == 0:
+            return
+        sizes = torch.tensor([b.numel() for b in c["basis"]], dtype=torch.float64, device=self.x.device)
+        if bool((sizes < 1).any()):
+            raise ValueError("state_dict['sizes']: every cut has a basis of at least one violator")
+        idx, diffs = torch.cat(c["basis"]), torch.cat(c["diffs"])
+        truth = self.truth[idx]
+        other = self.F[truth].unsqueeze(1) - diffs.unsqueeze(1) - self.F.unsqueeze(0)  # (M, S, S')
+        dist = other.abs().amax(2)
+        dist.scatter_(1, truth.unsqueeze(1), math.inf)  # y^ != y
+        if not bool((dist.amin(1) <= 1e-12).all()):
+            raise ValueError("state_dict['diffs'] holds a row that is not F[y_l] - F[y^] for a label y^ != y_l")
+        coef, offsets = c["coef"], c["offsets"]
+        kinds = self._cut_kinds(c, t)
+        r_lin = self.r_linear if self.sampling == "hybrid" else self.r
+        a_rec, c_rec = torch.empty_like(coef), torch.empty_like(offsets)
+        for k, kind in enumerate(kinds):
+            m = float(sizes[k])
+            if kind == "exact":
+                a_rec[k], c_rec[k] = 1.0 / N, m / N
+            elif kind == "constant":
+                if m > self.r:
+                    raise ValueError(f"state_dict['sizes']: constant-time cut {k} has {int(m)} > r = {self.r} points")
+                a_rec[k], c_rec[k] = 1.0 / self.r, m / self.r
+            else:
+                if m != r_lin:
+                    raise ValueError(f"state_dict['sizes']: linear-time cut {k} has {int(m)} points, not r = {r_lin}")
+                violators = round(float(coef[k]) * N * r_lin)
+                if not 1 <= violators <= N:
+                    raise ValueError(f"state_dict['coef'][{k}] is not |I| / (N r) for a violator count |I| in [1, N]")
+                a_rec[k], c_rec[k] = violators / (N * r_lin), violators / N
+        # a ratio of integers, rounded once
+        check_close("coef", coef, a_rec, float(a_rec.abs().max()), 1e-14, "the cuts' basis sizes and sampling")
+        check_close("offsets", offsets, c_rec, 1.0, 1e-14, "the cuts' basis sizes (0/1 loss)")
+        alpha = c["alpha"]
+        check_range("alpha", alpha, 0.0, self.C, tol=rtol * self.C, what="the cuts' weights lie in [0, C]")
+        if float(alpha.sum()) > self.C * (1 + rtol * t):
+            raise ValueError(f"state_dict['alpha'] sums to {float(alpha.sum())!r} > C = {self.C}")
+        age = c["age"]
+        if self.inactive_after == 0:
+            check_range("age", age.to(torch.float64), 0, 0, what="inactive_after = 0: ages stay 0")
+        else:
+            check_range("age", age.to(torch.float64), 0, self.inactive_after - 1,
+                        what=f"ages lie in [0, inactive_after - 1 = {self.inactive_after - 1}]")
+            if not bool(((age == 0) == (alpha > 0)).all()):
+                raise ValueError("state_dict['age'] disagrees with alpha: a cut's age is 0 exactly when its weight "
+                                 "is > 0 (`_remove_inactive` after each QP)")
+        self._check_kernel_terms(c, idx, diffs, coef, t, rows)
+        # alpha solves the working-set QP (each new cut re-solves it to qp_tol eps C; dropped cuts had weight 0)
+        grad = c["G"] @ alpha - offsets
+        fw = float(alpha @ grad) - self.C * min(0.0, float(grad.min()))
+        tol = self.qp_tol * self.eps * self.C + 1e-12 * self.C * (float(c["G"].abs().max()) * self.C + 1.0)
+        if not fw <= tol:
+            raise ValueError(f"state_dict['alpha'] does not solve the working-set QP of its cuts (Frank-Wolfe gap "
+                             f"{fw:.3g} > {tol:.3g}): the state is corrupt or was edited")
+
+    def _check_kernel_terms(self, c, idx, diffs, coef, t, rows) -> None:
+        """``G`` and the cache recomputed from the kernel over the U distinct basis points (`_switch_to_linear`'s
+        ``W``): all N rows of the cache when ``N U`` entries fit ``consistency_budget``, else those at the basis
+        points; ``G_kl = sum_u <A_k[u], W[u, l]>``."""
+        S1, dev = self.F.shape[1], self.x.device
+        cut = torch.repeat_interleave(torch.arange(t, device=dev), torch.tensor([b.numel() for b in c["basis"]],
+                                                                               device=dev))
+        uniq, inv = torch.unique(idx, return_inverse=True)
+        U = uniq.numel()
+        if U * U > self.consistency_budget:
+            G = c["G"]
+            check_close("G", G, G.T, float(G.abs().max()), self.consistency_rtol, "its transpose")
+            return
+        W = torch.zeros(U, t, S1, dtype=torch.float64, device=dev)
+        W.index_put_((inv, cut), diffs * coef[cut].unsqueeze(1), accumulate=True)
+        Wf = W.reshape(U, t * S1)
+        count = self.kernel.evaluations
+        try:
+            full = self.N * U <= self.consistency_budget
+            A = self._kernel_product(self.x if full else self.x[uniq], uniq, Wf).view(-1, t, S1)
+        finally:
+            self.kernel.evaluations = count  # a check, not training
+        at_basis = A[uniq] if full else A
+        G_rec = torch.einsum("uks,uls->kl", at_basis, W)
+        check_close("G", c["G"], G_rec, float(G_rec.abs().max()), self.consistency_rtol,
+                    "the kernel of the cuts' basis points")
+        if rows:
+            cache = c["_cache"]
+            saved = cache if full else cache[:, uniq]
+            rec = A.permute(1, 0, 2)
+            check_close("cache", saved, rec, max(float(rec.abs().max()), 1e-300), self.consistency_rtol,
+                        "the kernel of the cuts' basis points" + ("" if full else " (at the basis points)"))
 
     def _set_state(self, checked: dict) -> None:
         cache, layout = checked.pop("_cache"), checked.pop("_layout")

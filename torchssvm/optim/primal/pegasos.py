@@ -63,6 +63,48 @@ class Pegasos(torch.optim.Optimizer):
                     avg.add_(p - avg, alpha=1.0 / t)
         return loss
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """``torch.optim.Optimizer.load_state_dict``, after checking the state (a ValueError naming the entry; a
+        refused state leaves the optimizer unchanged): each group's ``lam``, ``project`` and ``average`` are this
+        optimizer's (a state of another objective is not adopted); its step count ``t`` an int ``>= 0``; each
+        running average a finite tensor of its parameter's shape and dtype, present only with ``average`` and
+        after a step."""
+        if not isinstance(state_dict, dict) or "param_groups" not in state_dict or "state" not in state_dict:
+            raise ValueError("state_dict must be a torch.optim state dict (with 'state' and 'param_groups')")
+        saved = state_dict["param_groups"]
+        if not isinstance(saved, list) or len(saved) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved) if isinstance(saved, list) else '?'} parameter groups; "
+                             f"this optimizer has {len(self.param_groups)}")
+        params = {}
+        for i, (group, mine) in enumerate(zip(saved, self.param_groups)):
+            for key in ("lam", "project", "average"):
+                if group.get(key) != mine[key]:
+                    raise ValueError(f"state_dict['param_groups'][{i}][{key!r}] = {group.get(key)!r}; this optimizer "
+                                     f"has {mine[key]!r}")
+            t = group.get("t", 0)
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"state_dict['param_groups'][{i}]['t'] must be an int >= 0, got {t!r}")
+            ids = group.get("params", [])
+            if len(ids) != len(mine["params"]):
+                raise ValueError(f"state_dict['param_groups'][{i}] has {len(ids)} parameters, not "
+                                 f"{len(mine['params'])}")
+            params.update((pid, (p, mine["average"] and t > 0)) for pid, p in zip(ids, mine["params"]))
+        for pid, entry in state_dict["state"].items():
+            if pid not in params:
+                raise ValueError(f"state_dict['state'] holds parameter {pid!r} of no group")
+            p, allowed = params[pid]
+            avg = entry.get("average") if isinstance(entry, dict) else None
+            if avg is None:
+                continue
+            if not allowed:
+                raise ValueError(f"state_dict['state'][{pid!r}] holds an average without average=True and a step")
+            if not isinstance(avg, torch.Tensor) or avg.shape != p.shape or avg.dtype != p.dtype:
+                raise ValueError(f"state_dict['state'][{pid!r}]['average'] must be a {p.dtype} tensor of shape "
+                                 f"{tuple(p.shape)}")
+            if not bool(torch.isfinite(avg).all()):
+                raise ValueError(f"state_dict['state'][{pid!r}]['average'] holds NaN or Inf")
+        super().load_state_dict(state_dict)
+
     def averaged(self):
         """Swap every parameter with its running average (call again to swap back)."""
         for group in self.param_groups:  # checked before anything is swapped

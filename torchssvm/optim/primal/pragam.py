@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 
 from ..._validation import shape_or_type
+from .._state import check_close, check_range
 from ..dual_solver import _check_lam
 from ..solver import Solver
 
@@ -376,12 +377,87 @@ class Pragam(Solver):
     def _extra_state(self) -> dict:
         return {"n": self.n, "d": self.d, "last_report": dict(self.last_report)}
 
+    def _data(self) -> dict:
+        """The features and labels a state is bound to (a sparse X by its coalesced indices and values)."""
+        X = self.X
+        if X.layout == torch.strided:
+            return {"X": X, "y": self.y}
+        return {"X_indices": X.indices(), "X_values": X.values(), "X_shape": str(tuple(X.shape)), "y": self.y}
+
     def _set_state(self, checked: dict) -> None:
-        last = checked.pop("last_report")
+        checked.pop("last_report")
+        report = checked.pop("_report")
         super()._set_state(checked)
-        self.last_report = last if last else self._report()
+        self.last_report = report  # recomputed from the loaded iterates (`_check_consistency`)
 
     def _checked_state(self, state: dict) -> dict:
         out = super()._checked_state(state)
         out["last_report"] = dict(state["last_report"]) if state.get("last_report") else None
+        if not (out["L"] > 0 and math.isfinite(out["L"])):
+            raise ValueError(f"state_dict['L'] must be a finite number > 0, got {out['L']!r}")
+        if not math.isfinite(out["b"]):
+            raise ValueError(f"state_dict['b'] must be finite, got {out['b']!r}")
         return out
+
+    # the rounding between a product computed afresh and the saved one (the same operations on the same device: 0)
+    consistency_rtol = 1e-9
+
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """Recomputed from the saved iterates (two passes over X): ``alpha`` in ``Q2``; ``w_hat = w(alpha)``
+        (eq. 24); ``Xw = X w``; ``b`` the minimizing bias at ``w``; ``L`` at least the Rayleigh quotient
+        ``||A w||^2 / (lam ||w||^2)`` of ``w`` (``L lam >= ||A||^2``); ``passes >= 4
+        iteration``; the saved last report (``primal``, ``dual``, ``gap``) that of these iterates. Any ``w`` with
+        its ``Xw`` gives a true report (``primal`` is ``J(w)`` and ``dual`` is ``D(alpha)``)."""
+        rtol, lam = self.consistency_rtol, self.lam
+        alpha, w, w_hat, Xw = c["alpha"], c["w"], c["w_hat"], c["Xw"]
+        for key in ("alpha", "w", "w_hat", "Xw"):
+            if not bool(torch.isfinite(c[key]).all()):
+                raise ValueError(f"state_dict[{key!r}] holds Inf: the state is corrupt")
+        top = 1.0 / self.n
+        check_range("alpha", alpha, 0.0, top, tol=1e-12 * top, what="alpha lies in Q2: [0, 1/n] per entry")
+        self._check_Q2(alpha)
+        passes = self.passes
+        try:
+            w_rec = self._XTv(self._adjoint(alpha)) / lam
+            Xw_rec = self._Xv(w)
+        finally:
+            self.passes = passes  # a check, not the solver's work
+        check_close("w_hat", w_hat, w_rec, float(w_rec.abs().max()), rtol, "w(alpha) = X^T Y alpha / lam")
+        check_close("Xw", Xw, Xw_rec, float(Xw_rec.abs().max()), rtol, "X w")
+        if c["passes"] < 4 * c["iteration"]:
+            raise ValueError(f"state_dict['passes'] = {c['passes']} is below 4 per iteration ({c['iteration']})")
+        self._check_L(c["L"], w, Xw_rec)
+        primal, b = self._primal_from_scores(w, Xw)
+        if b != c["b"] and not math.isclose(b, c["b"], rel_tol=rtol, abs_tol=rtol):
+            raise ValueError(f"state_dict['b'] = {c['b']!r} is not the minimizing bias at w ({b!r})")
+        saved = c["last_report"]
+        held = (self.iteration, self.passes, self.seconds, self.w, self.alpha, self.w_hat, self.Xw, self.b)
+        try:  # the report of the loaded iterates, as `_report` makes it (it reads the attributes)
+            self.iteration, self.passes, self.seconds = c["iteration"], c["passes"], c["seconds"]
+            self.w, self.alpha, self.w_hat, self.Xw = w, alpha, w_hat, Xw
+            report = {**self._report(), "time": c["seconds"]}
+        finally:
+            (self.iteration, self.passes, self.seconds, self.w, self.alpha, self.w_hat, self.Xw, self.b) = held
+        if saved:
+            for key in ("primal", "dual", "gap", "iteration", "b"):
+                if key in saved and not (saved[key] == report[key] or math.isclose(
+                        saved[key], report[key], rel_tol=rtol, abs_tol=rtol * (abs(report["primal"]) + 1))):
+                    raise ValueError(f"state_dict['last_report'][{key!r}] = {saved[key]!r} is not that of the "
+                                     f"saved iterates ({report[key]!r})")
+        c["_report"] = report
+
+    def _check_Q2(self, alpha: torch.Tensor) -> None:
+        if self.bias:
+            dot = float(self.y @ alpha)
+            if abs(dot) > 1e-9 / self.n * max(1.0, math.sqrt(self.n)):
+                raise ValueError(f"state_dict['alpha'] has y^T alpha = {dot:.3g}, not 0 (Q2 of Pragam-b)")
+
+    def _check_L(self, L: float, w: torch.Tensor, Xw: torch.Tensor) -> None:
+        ww = float((w * w).sum())
+        if ww > 0:
+            Aw = self._lin(Xw)
+            rayleigh = float((Aw * Aw).sum()) / (self.lam * ww)
+            if L * (1 + 1e-9) < rayleigh:
+                raise ValueError(f"state_dict['L'] = {L!r} is below ||A w||^2 / (lam ||w||^2) = {rayleigh!r}: not the "
+                                 "Lipschitz constant ||A||^2 / lam of grad D")

@@ -97,6 +97,14 @@ class MulticlassPragam(Pragam):
         radius = torch.full((self.n,), 1.0 / self.n, dtype=torch.float64, device=self.device)
         return project_simplex(m, None, radius, backend=self.backend)
 
+    # -- state checks (`Pragam._check_consistency`) -----------------------------------------------
+    def _check_Q2(self, alpha: torch.Tensor) -> None:
+        rows = alpha.sum(1)
+        if not bool(((rows - 1.0 / self.n).abs() <= 1e-12 * self.K / self.n).all()):
+            i = int((rows - 1.0 / self.n).abs().argmax())
+            raise ValueError(f"state_dict['alpha'] row {i} sums to {float(rows[i])!r}, not 1/n (Q2: a simplex per "
+                             "example)")
+
     # -- values ---------------------------------------------------------------------------------
     def w_of_alpha(self, alpha: torch.Tensor) -> torch.Tensor:
         """``W(alpha) = X^T U / lam`` ``(d, K)``."""

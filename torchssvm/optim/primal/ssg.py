@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .._state import box_state, checked_generator_state, require_keys
+from .._state import box_state, check_close, check_range, checked_generator_state, require_keys
 from ..dual_solver import _check_lam, parse_box
 from ..problems import make_problem, rescaling_of
 from ..solver import Solver
@@ -94,10 +94,13 @@ class SSG(Solver):
     def _progress(self) -> int:
         return self.steps_done
 
-    def fit(self, max_passes: int, time_budget: Optional[float] = None, *, callback=None) -> list:
+    def fit(self, max_passes: int, time_budget: Optional[float] = None, *, callback=None,
+            checkpoint=None, checkpoint_every: int = 1) -> list:
         """``max_passes`` more calls of `step` (one pass each), or fewer when ``time_budget`` seconds of solver time
-        are spent. Returns the reports; ``callback(report)`` after each. The loop is `Solver._fit`."""
-        return self._fit({"max_passes": max_passes, "time_budget": time_budget}, callback=callback)
+        are spent. Returns the reports; ``callback(report)`` after each. The loop is `Solver._fit` (``checkpoint``:
+        resume from / write that file every ``checkpoint_every`` steps)."""
+        return self._fit({"max_passes": max_passes, "time_budget": time_budget}, callback=callback,
+                         checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
     def _config(self) -> dict:
         """The settings of the objective that a state is bound to (`_state.check_config`)."""
@@ -116,6 +119,32 @@ class SSG(Solver):
         out = super()._checked_state(state)
         out["_generator"] = checked_generator_state(state)
         return out
+
+    def _data(self) -> dict:
+        return self.problem.fingerprint_data()
+
+    @torch.no_grad()
+    def _check_consistency(self, c: dict) -> None:
+        """What SSG's state implies without an oracle: one iteration per example of each pass (``k = oracle_calls
+        = n steps_done``); finite iterates, inside the box where there is one; before any step (and without
+        averaging, always) ``w_avg`` is the start. SSG certifies nothing (its reports' ``primal`` is a fresh pass
+        at the loaded iterate), so an iterate that passes these checks gives true reports."""
+        steps, n = c["steps_done"], self.n
+        for key in ("k", "oracle_calls"):
+            if c[key] != steps * n:
+                raise ValueError(f"state_dict[{key!r}] = {c[key]} is not n steps_done = {steps * n} (n iterations per "
+                                 "pass)")
+        for key in ("w", "w_avg"):
+            t = c[key]
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"state_dict[{key!r}] holds Inf: the state is corrupt")
+            if self.box is not None:
+                check_range(key, t, self.box[0].to(t), self.box[1].to(t), what="the box")
+        start = self.problem.initial_w().to(c["w"])
+        if steps == 0:
+            check_close("w", c["w"], start, 0.0, 1.0, "the start (no step yet)")
+        if steps == 0 or not self.averaging:
+            check_close("w_avg", c["w_avg"], start, 0.0, 1.0, "the start (no average kept)")
 
     def _set_state(self, checked: dict) -> None:
         self.generator.set_state(checked.pop("_generator"))
