@@ -2,6 +2,9 @@
 computes, refuse what a GPU refuses, and count the host synchronisations; and the mini-batch BCFW step's count
 of them, which on a GPU is the step's fixed cost."""
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -86,6 +89,29 @@ def test_kernel_launches_are_counted_by_function():
     with simulated_cuda() as mode:
         work()
         assert mode.launches == 3 and mode.launch_sites == {"<outside the library>": 3}
+
+
+def test_library_sites_are_the_package_directories_not_a_folder_name():
+    """Library code is what lies under the directories of `torchssvm` and `torchssvm.kernels`: a test or script in
+    a checkout (or any folder) called ``torchssvm`` is not, whatever the path's folder names say."""
+    from torchssvm import kernels
+    from torchssvm.optim.frank_wolfe import bcfw
+    from torchssvm.testing.simulated_cuda import _library_site
+
+    def site(*files):  # the innermost frame first
+        frame = None
+        for name in reversed(files):
+            frame = SimpleNamespace(f_code=SimpleNamespace(co_filename=name), f_back=frame, f_lineno=7)
+        return _library_site(frame, lambda f: f.f_lineno)
+
+    package, kernels = Path(ts.__file__).parent, Path(kernels.__file__).parent
+    outside = ["/tmp/x/torchssvm/tests/foo.py", "/tmp/torchssvm/kernels/foo.py", "/torchssvm/losses.py", "<string>",
+               str(package / "testing" / "simulated_cuda.py"), str(package.parent / "tests" / "test_x.py")]
+    for name in outside:
+        assert site(name) == "<outside the library>", name
+    assert site(*outside, bcfw.__file__) == "optim/frank_wolfe/bcfw.py:7"
+    assert site(str(package / "losses.py")) == "torchssvm/losses.py:7"
+    assert site(str(kernels / "chain" / "dispatch.py"), bcfw.__file__) == "kernels/chain/dispatch.py:7"
 
 
 def test_mixing_devices_raises_as_on_a_gpu():

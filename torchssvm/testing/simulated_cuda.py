@@ -39,7 +39,8 @@ import contextlib
 import functools
 import os
 import sys
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -281,16 +282,53 @@ def _waits_for_device(func, args, kwargs, to_device: bool) -> bool:
     return False
 
 
+@functools.cache
+def _library_roots():
+    """((folder, prefix), ...) of the library's code, the kernels first (an installed copy may nest them in the
+    package), and the folder of this subpackage, which is not library code: the real package directories, never
+    a guess from a path's folder names (a checkout may well be called ``torchssvm``)."""
+    import torchssvm
+    import torchssvm.kernels
+
+    package = Path(torchssvm.__file__).resolve().parent
+    kernels = Path(torchssvm.kernels.__file__).resolve().parent
+    return ((kernels, "kernels"), (package, "")), package / "testing"
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_path(filename: str) -> Optional[str]:
+    """The path in the library of the file ``filename`` (``"optim/frank_wolfe/bcfw.py"``,
+    ``"kernels/chain/dispatch.py"``, ``"torchssvm/losses.py"`` for a top-level module), or None for a file outside
+    it: tests, scripts, torch, ``<string>``, and `torchssvm.testing` itself."""
+    if filename.startswith("<"):
+        return None
+    roots, testing = _library_roots()
+    try:
+        path = Path(filename).resolve()
+    except (OSError, RuntimeError):
+        return None
+    if _inside(path, testing):
+        return None
+    for root, prefix in roots:
+        if _inside(path, root):
+            inside = path.relative_to(root).as_posix()
+            if prefix:
+                return f"{prefix}/{inside}"
+            return inside if "/" in inside else f"torchssvm/{inside}"
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
 def _library_site(frame, where) -> str:
     """``"path/in/the/package.py:where(frame)"`` of the innermost library frame (not this package's) from
-    ``frame`` out."""
+    ``frame`` out, library code being the files under the directories of `torchssvm` and `torchssvm.kernels`."""
     while frame is not None:
-        path = frame.f_code.co_filename.replace(os.sep, "/")
-        if ("/torchssvm/" in path or "/kernels/" in path) and "/testing/" not in path:
-            # the path in the package: "optim/frank_wolfe/bcfw.py", "kernels/chain/dispatch.py", "torchssvm/losses.py"
-            inside = "kernels/" + path.rsplit("/kernels/", 1)[1] if "/kernels/" in path else \
-                path.rsplit("/torchssvm/", 1)[1]
-            return f"{inside if '/' in inside else 'torchssvm/' + inside}:{where(frame)}"
+        inside = _library_path(frame.f_code.co_filename)
+        if inside is not None:
+            return f"{inside}:{where(frame)}"
         frame = frame.f_back
     return "<outside the library>"
 
