@@ -87,6 +87,38 @@ def test_sequence_labeler_batch_frank_wolfe_and_int_labels():
     assert est.classes_.tolist() == [0, 1, 2] and est.score(X, y) > majority(y)
 
 
+def token_dicts(n=40, seed=0):
+    """sklearn-crfsuite's input: sentences as lists of {feature: value} dicts."""
+    rng = np.random.RandomState(seed)
+    words = {"DET": ["the", "a"], "NOUN": ["cat", "dog", "mat"], "VERB": ["sat", "ran"]}
+    X, y = [], []
+    for _ in range(n):
+        tags = ["DET", "NOUN", "VERB", "DET", "NOUN"][: rng.randint(2, 6)]
+        tokens = [rng.choice(words[t]) for t in tags]
+        X.append([{"bias": 1.0, "word": w, "upper": w.isupper(), "len": len(w) / 5} for w in tokens])
+        y.append(tags)
+    return X, y
+
+
+def test_sequence_labeler_on_token_feature_dicts():
+    X, y = token_dicts()
+    est = SequenceLabeler(lam=1e-2, max_passes=20, random_state=0).fit(X, y)
+    assert est.input_kind_ == "dicts" and not hasattr(est, "n_features_in_")
+    assert "word=the" in est.vocabulary_ and "upper" not in est.vocabulary_  # False: absent
+    assert est.coef_.shape == (3, len(est.vocabulary_)) == (3, len(est.feature_names_))
+    Xt, yt = token_dicts(seed=1)
+    assert est.score(Xt, yt) > majority(yt) + 0.3
+    # an unseen word is dropped: the transitions still label it
+    pred = est.predict([[{"word": "the"}, {"word": "unseen"}, {"word": "sat"}], []])
+    assert pred[0].tolist() == ["DET", "NOUN", "VERB"] and pred[1].shape == (0,)
+    with pytest.raises(ValueError, match="fitted on dicts"):
+        est.predict([np.zeros((2, 3))])
+    with pytest.raises(ValueError, match="string, a bool or a number"):
+        SequenceLabeler().fit([[{"word": ["a"]}]], [["DET"]])
+    with pytest.raises(ValueError, match=r"X\[1\] must be a list of feature dicts"):
+        SequenceLabeler().fit([[{"w": "a"}], np.zeros((1, 2))], [["DET"], ["DET"]])
+
+
 def test_multiclass_classifier():
     X, y = blobs()
     labels = np.array(["a", "b", "c"])[y]
