@@ -2,6 +2,7 @@
 the logging, and the loop behaves as documented."""
 
 import inspect
+import math
 import warnings
 
 import pytest
@@ -254,6 +255,23 @@ def test_solver_logs_its_report_keys(chain):
     tags = {t for t, _, _ in s.writer.scalars}
     assert {f"fw/{k}" for k in ("primal", "dual", "gap", "passes", "oracle_calls", "time")} <= tags
     assert "fw/exact_gap" in tags and "fw/block_gaps" in tags
+
+
+def test_an_estimate_is_never_logged_under_a_certified_tag(chain):
+    s = optim.BCFW(_model(chain), chain, lam=0.1, gap_check_every=3, backend="torch")
+    s.writer = Writer()
+    reports = s.fit(max_passes=6)
+    logged = {}
+    for tag, value, step in s.writer.scalars:
+        logged.setdefault(tag, {})[step] = value
+    exact = {r["passes"]: r for r in reports if r["gap_exact"]}
+    estimated = [r for r in reports if not r["gap_exact"] and math.isfinite(r["gap"])]  # inf: not all seen yet
+    assert exact and estimated
+    # every value under bcfw/gap and bcfw/primal is an exact pass's; the estimates are under *_estimate
+    assert set(logged["bcfw/gap"]) == set(logged["bcfw/primal"])
+    assert len(logged["bcfw/gap"]) == len(exact) and len(logged["bcfw/gap_estimate"]) == len(estimated)
+    assert sorted(logged["bcfw/gap"].values()) == sorted(r["gap"] for r in exact.values())
+    assert sorted(logged["bcfw/gap_estimate"].values()) == sorted(r["gap"] for r in estimated)
 
 
 # -- one regularization name: lam (C forms convert exactly) ----------------------------------------------------------

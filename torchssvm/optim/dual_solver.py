@@ -170,6 +170,9 @@ class DualSolver(Solver):
     # -- loop (`Solver`) -------------------------------------------------------------------------
     limit_name = "max_passes"
     report_keys = ("primal", "dual", "gap", "passes", "oracle_calls", "cache_hit_rate", "time")
+    # BCFW's gap between exact passes is the sum of the block gaps last seen, its primal that plus the dual; the
+    # n-slack's, with searched separation, come from the violations found (`Solver._log`: logged as estimates)
+    estimated_keys = ("primal", "gap")
 
     def _progress(self) -> float:
         return self.oracle_calls / self.n

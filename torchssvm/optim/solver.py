@@ -194,13 +194,23 @@ class Solver:
                             f"{type(value).__name__} {value!r}")
         self._writer = value
 
+    # what a report holds under these names when it says ``gap_exact = False``: estimates, logged under
+    # ``{key}_estimate`` so that a certified tag (``{tag}/gap``, ``{tag}/primal``) only ever holds certified values
+    # (solvers whose reports name their estimates themselves, GDMM's ``gap_estimate``, declare none)
+    estimated_keys: tuple = ()
+
     def _log(self, report: dict) -> None:
         """The finite ``report_keys`` entries of ``report`` as scalars ``{tag}/{key}`` at `_log_step`, then
-        `_log_extra`; nothing without a ``writer``."""
+        `_log_extra`; nothing without a ``writer``. In a report with ``gap_exact = False`` the ``estimated_keys``
+        are estimates: they go to ``{tag}/{key}_estimate`` instead (an estimate never under a certified name)."""
         if self.writer is None:
             return
         step = self._log_step(report)
-        log_scalars(self.writer, self.tag, report, self.report_keys, step)
+        keys = self.report_keys
+        if report.get("gap_exact") is False:
+            report = {**report, **{f"{k}_estimate": report.get(k) for k in self.estimated_keys}}
+            keys = tuple(f"{k}_estimate" if k in self.estimated_keys else k for k in keys)
+        log_scalars(self.writer, self.tag, report, keys, step)
         self._log_extra(report, step)
 
     def _log_step(self, report: dict) -> int:
