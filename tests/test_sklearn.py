@@ -155,6 +155,35 @@ def test_multilabel_classifier_edges():
         (2, 3)) == 1  # the Chow-Liu tree joins the copied labels
 
 
+def test_multiclass_problem_is_the_feature_table_one():
+    """`MulticlassTableProblem` keeps x only; BCFW on it follows BCFW on the written-out FeatureTableProblem."""
+    from torchssvm.sklearn._multiclass_problem import MulticlassTableProblem
+
+    X, y = blobs(n=30)
+    x = torch.from_numpy(np.hstack([X, np.ones((30, 1))]))
+    truth = torch.from_numpy(y)
+    F = torch.zeros(30, 3, 3, 5, dtype=torch.float64)
+    for k in range(3):
+        F[:, k, k] = x
+    table = ts.optim.FeatureTableProblem(F.reshape(30, 3, 15), 1.0 - torch.nn.functional.one_hot(truth, 3).double(),
+                                         truth)
+    small = MulticlassTableProblem(x, truth, 3)
+    idx, z = torch.tensor([0, 4, 7]), torch.randn(3, 3, dtype=torch.float64)
+    w = torch.randn(15, dtype=torch.float64)
+    torch.testing.assert_close(small.potentials(w, idx), table.potentials(w, idx))
+    torch.testing.assert_close(small.gram(idx, z), table.gram(idx, z))
+    torch.testing.assert_close(small.sqnorm(idx, z), table.sqnorm(idx, z))
+    a, b = w.clone(), w.clone()
+    small.accumulate(a, idx, z, torch.tensor([0.5, 1.0, 2.0]))
+    table.accumulate(b, idx, z, torch.tensor([0.5, 1.0, 2.0]))
+    torch.testing.assert_close(a, b)
+    # one block a step (the closed-form step: the mini-batch QP stops on a tolerance, which rounding moves)
+    runs = [ts.optim.BCFW(p, lam=1e-2, seed=3) for p in (small, table)]
+    for r in runs:
+        r.fit(max_passes=10)
+    torch.testing.assert_close(runs[0].w, runs[1].w)
+
+
 @pytest.mark.parametrize("y_kind", ["binary", "multiclass"])
 def test_kernel_svc(y_kind):
     rng = np.random.RandomState(0)

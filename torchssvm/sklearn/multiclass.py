@@ -8,16 +8,16 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..optim.problems import FeatureTableProblem
 from ._base import DualEstimatorMixin, data_digest
+from ._multiclass_problem import MulticlassTableProblem
 
 
 class MulticlassClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
     """The multiclass SSVM ``min_w lam/2 ||w||^2 + (1/n) sum_i max_y [1(y != y_i) + <w_y - w_{y_i}, [x_i, 1]>]``
     (Crammer & Singer's multiclass SVM), solved in the dual with a certified gap.
 
-    The joint feature map is ``one-hot(y) (x) [x, 1]`` (``[x]`` without ``fit_intercept``), written out as a
-    `FeatureTableProblem` of ``n K (K (D + 1))`` float64 entries: meant for small and medium problems.
+    The joint feature map is ``one-hot(y) (x) [x, 1]`` (``[x]`` without ``fit_intercept``): a `FeatureTableProblem`
+    that keeps ``[x, 1]`` only (`MulticlassTableProblem`, ``n (D + 1)`` float64 numbers).
 
     Parameters:
         lam: regularization > 0 (``C = 1 / (lam n)`` in LIBLINEAR's sum-of-slacks form).
@@ -63,17 +63,12 @@ class MulticlassClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"MulticlassClassifier needs samples of at least 2 classes in the data; got "
                              f"{classes.shape[0]} class")
         self.classes_ = classes
-        n, K = X.shape[0], classes.shape[0]
+        K = classes.shape[0]
         Xb = torch.from_numpy(np.array(self._features(X), dtype=np.float64))
         D1 = Xb.shape[1]
 
         def make_problem():
-            F = torch.zeros(n, K, K, D1, dtype=torch.float64)
-            for k in range(K):
-                F[:, k, k] = Xb
-            truth = torch.from_numpy(enc.astype(np.int64))
-            losses = 1.0 - torch.nn.functional.one_hot(truth, K).to(torch.float64)
-            return FeatureTableProblem(F.reshape(n, K, K * D1), losses, truth)
+            return MulticlassTableProblem(Xb, torch.from_numpy(enc.astype(np.int64)), K)
 
         solver = self._run_dual(make_problem, data_digest(X, enc, np.array([self.fit_intercept])))
         W = solver.w.detach().cpu().numpy().reshape(K, D1).copy()
