@@ -327,3 +327,11 @@ def test_bad_inputs_raise_sklearn_style_errors():
 def test_import_torchssvm_does_not_import_sklearn():
     code = "import sys, torchssvm; assert 'sklearn' not in sys.modules; assert 'torchssvm.sklearn' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_scikit_learn_names_the_install():
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "try:\n    import torchssvm.sklearn\n"
+            "except ImportError as e:\n    assert 'pip install scikit-learn' in str(e)\n"
+            "else:\n    raise SystemExit('imported without scikit-learn')")
+    subprocess.run([sys.executable, "-c", code], check=True)
