@@ -6,6 +6,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from torchssvm import cli, recipes
 from torchssvm.cli import main
 
 
@@ -64,12 +65,22 @@ def test_train_on_ocr_small(data_root, tmp_path, capsys):
     assert test_error < 0.5
 
 
-def test_train_rejects_a_bad_device():
-    with pytest.raises(ValueError, match="device"):
-        main(["train", "--passes", "1", "--device", "gpu0", "--logdir", ""])
+def usage_error(argv, capsys, quiet: bool = False) -> str:
+    """``main(argv)``'s usage error: exit status 2, no traceback (with ``quiet``, nothing on stdout); its stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "error: " in err
+    assert not quiet or out == "", out
+    return err
+
+
+def test_train_rejects_a_bad_device(capsys):
+    assert "--device gpu0" in usage_error(["train", "--passes", "1", "--device", "gpu0", "--logdir", ""], capsys)
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            main(["train", "--passes", "1", "--device", "cuda", "--logdir", ""])
+        err = usage_error(["demo", "--passes", "1", "--device", "cuda", "--logdir", ""], capsys)
+        assert "--device cuda" in err and "CUDA is not available" in err
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -82,7 +93,7 @@ def test_train_rejects_a_bad_device():
     (["--lam", "nan"], "--lam must be"),
     (["--lr", "0", "--solver", "torch"], "--lr must be"),
     (["--gap-tol", "0"], "--gap-tol must be"),
-    (["--device", "meta"], "device must be 'cpu' or a CUDA device"),
+    (["--device", "meta"], "--device meta: device must be 'cpu' or a CUDA device"),
     (["--types", "3"], "--types is for --data pose"),
     (["--num-train", "5"], "--num-train / --num-test is for --data pose"),
     (["--no-positivity"], "--no-positivity is for --data pose"),
@@ -104,12 +115,71 @@ def test_train_rejects_a_bad_device():
     (["--solver", "ssg", "--gap-tol", "0.1"], "--gap-tol is for the solvers with a duality gap"),
     (["--min-count", "5"], "--min-count is for --data conll2000-chunk"),
     (["--grid", "20"], "--grid is for --data pose"),
+    (["--root", "/tmp", "--data", "pose"], "--root is for the real data sets"),
+    (["--download"], "--download is for the real data sets"),
+    (["--data", "ocr-small", "--root", "/nonexistent/folder"], "--root /nonexistent/folder: no such folder"),
+    (["--passes", "two"], "--passes: invalid int value"),
 ])
 def test_train_rejects_bad_or_ignored_flags(argv, match, capsys):
-    """Checked before any data are loaded or any training starts: nothing is printed."""
-    with pytest.raises(ValueError, match=match):
-        main(["train", "--logdir", "", *argv])
-    assert capsys.readouterr().out == ""
+    """Usage errors (exit status 2, the flag named) before any data are loaded or any training starts: nothing is
+    printed on stdout."""
+    assert match in usage_error(["train", "--logdir", "", *argv], capsys, quiet=True)
+
+
+@pytest.mark.parametrize("data, relpath", [("ocr-small", "ocr/letters.npz"),
+                                           ("conll2000-chunk", "conll2000/train.txt.gz")])
+def test_missing_data_is_a_usage_error_in_the_commands_terms(data, relpath, tmp_path, monkeypatch, capsys):
+    err = usage_error(["train", "--data", data, "--root", str(tmp_path), "--logdir", ""], capsys)
+    assert f"{tmp_path / relpath} not found" in err and f"--root {tmp_path}" in err
+    assert "--root DIR" in err and "$TORCHSSVM_DATA" in err and "--download" in err
+    assert "root=" not in err.replace("root='DIR'", "")  # no API argument, but the Python call that fetches it
+    monkeypatch.setenv("TORCHSSVM_DATA", str(tmp_path))
+    err = usage_error(["train", "--data", data, "--logdir", ""], capsys)
+    assert f"{tmp_path / relpath} not found" in err and "data folder: $TORCHSSVM_DATA" in err
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("--passes PASSES dual solvers: passes over the data (default: 10)", "(default: bcfw)",
+                    "L2 regularization: lam/2 ||w||^2 (default: 0.01)", "(default: runs)", "(default: gap)"):
+        assert default in out, default
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 8)" in out and "(default: 1.0)" in out and "15-20 seconds" in out
+
+
+def test_dual_solvers_report_progress_within_a_pass(monkeypatch, capsys):
+    """No solver has a hook inside a pass: a line every PROGRESS_EVERY seconds while it runs, and the elapsed time
+    and the time left on each pass's line."""
+    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.01)
+    assert main(["demo", "--passes", "3", "--logdir", ""]) == 0
+    out = capsys.readouterr().out.splitlines()
+    passes = [ln for ln in out if ln.startswith("pass")]
+    assert len(passes) == 3 and "s elapsed, about" in passes[0] and passes[-1].endswith(" s elapsed]")
+    running = [ln for ln in out if ln.startswith("  (")]
+    assert any(ln.startswith("  (the first pass running for") for ln in running), running
+    assert any(ln.startswith("  (pass 3 running for") and "left in it" in ln for ln in running), running
+
+
+def test_settings_refused_before_training_are_usage_errors_and_bugs_are_not(monkeypatch, capsys):
+    def refuses(train, test, **kwargs):
+        raise ValueError("batch_size must be at most the number of blocks")
+
+    monkeypatch.setattr(recipes, "train_chain_dual", refuses)
+    err = usage_error(["demo", "--passes", "2", "--logdir", ""], capsys)
+    assert "refused before training started: batch_size must be at most" in err
+
+    def fails_in_pass_2(train, test, callback, **kwargs):
+        callback({"pass": 1, "passes": 1.0, "seconds": 0.1, "train_error": 0.5, "test_error": 0.5, "primal": 1.0})
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(recipes, "train_chain_dual", fails_in_pass_2)
+    with pytest.raises(ValueError, match="a bug"):  # a traceback, not a usage error
+        main(["demo", "--passes", "2", "--logdir", ""])
 
 
 def test_train_resumes_from_its_checkpoint(tmp_path, capsys):
@@ -123,8 +193,11 @@ def test_train_resumes_from_its_checkpoint(tmp_path, capsys):
     resumed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass")]
     assert [ln.split()[1] for ln in resumed] == ["3", "4"]
     assert resumed[-1].split("gap ")[1].split()[0] == whole[-1].split("gap ")[1].split()[0]
-    with pytest.raises(ValueError, match="lam"):  # another objective: refused, not adopted
-        main(["train", "--lam", "0.5", "--step", "pairwise", "--cache-size", "4", "--logdir", "", "--passes", "5",
-              "--checkpoint", ckpt])
-    with pytest.raises(ValueError, match="--checkpoint is for the dual solvers"):
-        main(["train", "--solver", "torch", "--checkpoint", ckpt])
+    err = usage_error(["train", "--lam", "0.5", "--step", "pairwise", "--cache-size", "4", "--logdir", "",
+                       "--passes", "5", "--checkpoint", ckpt], capsys)  # another objective: refused, not adopted
+    assert f"--checkpoint {ckpt} was refused" in err and "lam" in err
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    err = usage_error(base + ["--passes", "1", "--checkpoint", str(tmp_path / "junk.ckpt")], capsys)
+    assert f"--checkpoint {tmp_path / 'junk.ckpt'} was refused" in err
+    assert "--checkpoint is for the dual solvers" in usage_error(["train", "--solver", "torch", "--checkpoint", ckpt],
+                                                                  capsys)

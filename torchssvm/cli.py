@@ -1,15 +1,21 @@
-"""The ``torchssvm`` command: ``demo`` (BCFW on synthetic data, under a minute on 2 CPU cores) and ``train``
+"""The ``torchssvm`` command: ``demo`` (BCFW on synthetic data, about 15-20 seconds on 2 CPU cores) and ``train``
 (``--solver bcfw|fw|ssg`` on fixed features, or ``--solver torch``: the hinge loss with a torch optimizer;
 ``--data pose``: pictorial structures on `data.synthetic_pose`, w_xx, w_yy >= 0 by the box or a projection).
 
 It parses and checks the flags, loads the data, runs one recipe of `torchssvm.recipes` and prints a line per
-epoch or pass (the recipes themselves print nothing)."""
+epoch or pass (the recipes themselves print nothing), with the elapsed time and an estimate of the time left, and
+between them a line every `PROGRESS_EVERY` seconds (a tqdm bar on a terminal). A bad flag, a bad combination of
+settings that a recipe or solver refuses before training starts, missing data or a refused ``--checkpoint`` is a
+usage error (exit status 2, the message names the flag); anything else is a bug and shows its traceback."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import threading
+import time
 import warnings
 from typing import Optional, Sequence
 
@@ -17,6 +23,13 @@ import torch
 
 from . import recipes
 from .recipes import DATASETS, check_device, load_datasets
+from .recipes import run as _recipe_run
+
+# seconds between the progress lines printed while an epoch or pass runs (when stdout is not a terminal)
+PROGRESS_EVERY = 10.0
+# the real data sets' download from Python (what ``train --download`` does)
+_DOWNLOAD = {"ocr-large": "ts.data.ocr(download=True)", "ocr-small": "ts.data.ocr(download=True)",
+             "conll2000-chunk": "ts.data.conll2000(download=True)"}
 
 SOLVERS = (*recipes.DUAL_SOLVERS, "torch")
 
@@ -79,6 +92,15 @@ train_pose_hinge = _deprecated("train_pose_hinge", recipes.train_pose_hinge, _po
 
 
 # -- flags -----------------------------------------------------------------------------------------------------
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each flag's default, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
     p.add_argument("--solver", choices=SOLVERS, default=solver,
                    help="dual solver (bcfw, fw: batch Frank-Wolfe, ssg: stochastic subgradient) or 'torch' "
@@ -86,10 +108,10 @@ def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
     p.add_argument("--passes", type=int, default=passes, help="dual solvers: passes over the data")
     p.add_argument("--gap-tol", type=float, default=None, help="dual solvers: stop at this duality gap")
     p.add_argument("--time-budget", type=float, default=None, help="dual solvers: solver seconds")
-    p.add_argument("--sampling", choices=("uniform", "gap"), default="gap")
-    p.add_argument("--step", choices=("fw", "pairwise", "away"), default="fw")
-    p.add_argument("--cache-size", type=int, default=0)
-    p.add_argument("--gap-check-every", type=int, default=10)
+    p.add_argument("--sampling", choices=("uniform", "gap"), default="gap", help="bcfw: block sampling")
+    p.add_argument("--step", choices=("fw", "pairwise", "away"), default="fw", help="bcfw: block step")
+    p.add_argument("--cache-size", type=int, default=0, help="bcfw: cached corners per block")
+    p.add_argument("--gap-check-every", type=int, default=10, help="bcfw: passes between exact gap refreshes")
     p.add_argument("--block-batch", type=int, default=1, help="bcfw: blocks per coordinated step")
     p.add_argument("--nonneg-transition", action="store_true", help="box constraint: transition >= 0")
     p.add_argument("--checkpoint", default=None, metavar="PATH",
@@ -101,29 +123,37 @@ def _add_solver_args(p: argparse.ArgumentParser, *, solver: str, passes: int):
 
 
 def _add_train_args(p: argparse.ArgumentParser, *, epochs: int, lr: float, lam: float, batch_size: int):
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--batch-size", type=int, default=batch_size)
-    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--epochs", type=int, default=epochs, help="--solver torch: epochs")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="--solver torch: examples per batch")
+    p.add_argument("--lr", type=float, default=lr, help="--solver torch: learning rate")
     p.add_argument("--lam", type=float, default=lam, help="L2 regularization: lam/2 ||w||^2")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="--solver torch: the optimizer")
     p.add_argument("--device", default="cpu", help="cpu or cuda (dual solvers and torch optimizers)")
-    p.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto")
+    p.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto", help="the oracles' kernels")
     p.add_argument("--logdir", default="runs", help="TensorBoard log folder ('' to disable)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and of the solver's sampling")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchssvm", description="Structured SVMs in PyTorch")
+    parser = argparse.ArgumentParser(prog="torchssvm", description="Structured SVMs in PyTorch",
+                                     formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a chain SSVM with BCFW on synthetic data (under a minute on CPU)")
+    demo = sub.add_parser("demo", formatter_class=_HelpFormatter,
+                          help="train a chain SSVM with BCFW on synthetic data (about 15-20 s on 2 CPU cores)",
+                          description="Train a chain SSVM with BCFW on synthetic data: 8 passes, about 15-20 "
+                                      "seconds on 2 CPU cores.")
     _add_train_args(demo, epochs=8, lr=0.005, lam=1.0, batch_size=32)
     _add_solver_args(demo, solver="bcfw", passes=8)
-    train = sub.add_parser("train", help="train a linear chain SSVM")
-    train.add_argument("--data", choices=DATASETS, default="synthetic")
-    train.add_argument("--root", default=None, help="data folder (default: $TORCHSSVM_DATA or the cache)")
+    train = sub.add_parser("train", help="train a linear chain SSVM", formatter_class=_HelpFormatter,
+                           description="Train a linear chain SSVM (or pictorial structures: --data pose).")
+    train.add_argument("--data", choices=DATASETS, default="synthetic", help="the data set")
+    train.add_argument("--root", default=None, metavar="DIR",
+                       help="folder of the real data sets (default: $TORCHSSVM_DATA or the cache)")
+    train.add_argument("--download", action="store_true",
+                       help="fetch the files of --data ocr-* / conll2000-chunk missing from the data folder")
     train.add_argument("--min-count", type=int, default=1, help="CoNLL: keep attributes seen this often")
-    train.add_argument("--num-train", type=int, default=None, help="pose: training examples (default 16)")
-    train.add_argument("--num-test", type=int, default=None, help="pose: test examples (default 16)")
+    train.add_argument("--num-train", type=int, default=None, help="pose: training examples (default: 16)")
+    train.add_argument("--num-test", type=int, default=None, help="pose: test examples (default: 16)")
     train.add_argument("--grid", type=int, default=12, help="pose: the board is grid x grid positions")
     train.add_argument("--types", type=int, default=1,
                        help="pose: deformation types per edge (K-means on the training displacements; > 1 needs a "
@@ -154,7 +184,10 @@ def _check_args(args, name: str) -> None:
                         ("--time-budget", args.time_budget)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ValueError(f"{flag} must be a finite number > 0, got {value}")
-    check_device(args.device)
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        raise ValueError(f"--device {args.device}: {e}") from None
     dual = args.solver != "torch"
     pose = name == "pose"
     ignored = [("--rescaling slack", args.rescaling == "slack" and (pose or not dual),
@@ -196,21 +229,146 @@ def _check_args(args, name: str) -> None:
         ignored += [(flag, True, "is for --data conll2000-chunk") for flag in changed("min_count")
                     if name != "conll2000-chunk"]
         ignored += [(flag, True, "is for --data pose") for flag in changed("grid") if not pose]
+        ignored += [(flag, True, "is for the real data sets (--data ocr-large, ocr-small, conll2000-chunk)")
+                    for flag in changed("root", "download") if name not in _DOWNLOAD]
     for flag, bad, why in ignored:
         if bad:
             raise ValueError(f"{flag} {why}")
 
 
+class _Progress:
+    """The recipe callback of the command: each epoch's or pass's line (``line(metrics)``) with the elapsed time
+    and an estimate of the time left, and while an epoch or pass runs, a line every `PROGRESS_EVERY` seconds
+    (``"  (pass 3 running for 12.1 s, about 18 s left in it; 40.3 s in all)"``) when ``out`` is not a terminal,
+    else a tqdm bar.
+
+    The solvers have no hook inside a pass (`optim.BCFW.step` runs the whole pass), so the time left in a pass is
+    estimated from the passes before it, not from the blocks it has visited."""
+
+    def __init__(self, line, unit: str, total: int, out=None):
+        self.line, self.unit, self.total = line, unit, total
+        self.out = out or sys.stdout
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.start = self.last = time.perf_counter()
+        self.first, self.done, self.durations = None, None, []
+        self.bar = None
+        if _isatty(self.out):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, file=self.out, leave=False, dynamic_ncols=True)
+        self.thread = threading.Thread(target=self._tick, name="torchssvm-progress", daemon=True)
+        self.thread.start()
+
+    def _write(self, text: str) -> None:
+        with self.lock:
+            if self.bar is not None:
+                self.bar.write(text, file=self.out)
+            else:
+                self.out.write(text + "\n")
+                self.out.flush()
+
+    def _left(self, now: float) -> Optional[float]:
+        """Seconds left to the end of the run: the mean epoch or pass so far times those left (None before one)."""
+        if not self.durations or self.done is None:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        return max(0.0, mean * (self.total - self.done) - (now - self.last))
+
+    def _tick(self) -> None:
+        every = 1.0 if self.bar is not None else PROGRESS_EVERY
+        while not self.stop.wait(every):
+            now = time.perf_counter()
+            if self.bar is not None:
+                with self.lock:
+                    self.bar.refresh()
+                continue
+            running = f"{self.unit} {self.done + 1}" if self.done is not None else f"the first {self.unit}"
+            text = f"  ({running} running for {now - self.last:.1f} s"
+            if self.durations:
+                mean = sum(self.durations) / len(self.durations)
+                text += f", about {max(0.0, mean - (now - self.last)):.0f} s left in it"
+            self._write(text + f"; {now - self.start:.1f} s in all)")
+
+    def __call__(self, metrics: dict) -> None:
+        now = time.perf_counter()
+        k = metrics.get("pass", metrics.get("epoch"))
+        if self.first is None and k is not None:
+            self.first = k
+        self.durations.append(now - self.last)
+        self.last, self.done = now, k
+        left = self._left(now)
+        eta = f", about {left:.0f} s left" if left is not None and k is not None and k < self.total else ""
+        self._write(f"{self.line(metrics)}  [{now - self.start:.1f} s elapsed{eta}]")
+        if self.bar is not None and k is not None:
+            with self.lock:
+                self.bar.update(k - self.bar.n)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _isatty(out) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` (its ``error`` prints its own usage line)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    return parser
+
+
+def _data_error(err: Exception, name: str, root: Optional[str]) -> str:
+    """The usage error of data that could not be loaded, in the command's terms (``--root``, ``--download``)."""
+    text = str(err)
+    if isinstance(err, FileNotFoundError) and " not found" in text:
+        missing = text.split(" not found", 1)[0]
+        where = f"--root {root}" if root is not None else "$TORCHSSVM_DATA or the cache"
+        fetch = (f", or add --download to fetch the data set there (from Python: {_DOWNLOAD[name]}, "
+                 "with root='DIR' for another folder)" if name in _DOWNLOAD else "")
+        return (f"--data {name}: {missing} not found (data folder: {where}). Point --root DIR or $TORCHSSVM_DATA "
+                f"at the folder that holds it{fetch}")
+    return f"--data {name}{f' --root {root}' if root is not None else ''}: {text}"
+
+
+def _raised_in(err: BaseException, function) -> bool:
+    """Whether ``err`` was raised from inside ``function`` (in its frame or one it called)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is function.__code__:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = _subparser(parser, args.command)
     if args.command == "demo":
-        name, root, min_count = "synthetic", None, 1
+        name, root, min_count, download = "synthetic", None, 1, False
     else:
-        name, root, min_count = args.data, args.root, args.min_count
-    _check_args(args, name)
+        name, root, min_count, download = args.data, args.root, args.min_count, args.download
+    try:
+        _check_args(args, name)
+    except ValueError as e:
+        sub.error(str(e))
+    if root is not None and not os.path.isdir(root):
+        sub.error(f"--root {root}: no such folder")
     pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid,
             "limb_modes": args.limb_modes} if name == "pose" else {}
-    train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, **pose)
+    try:
+        train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, download=download, **pose)
+    except (FileNotFoundError, ValueError) as e:  # missing, damaged or refused data files (DataFileError)
+        sub.error(_data_error(e, name, root))
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
     logdir = args.logdir or None
     dual = {"solver": args.solver, "lam": args.lam, "passes": args.passes, "gap_tol": args.gap_tol,
@@ -220,23 +378,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every}
     hinge = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "lam": args.lam,
              "optimizer": args.optimizer, "backend": args.backend, "logdir": logdir, "seed": args.seed}
-    if name == "pose" and args.solver == "torch":
-        run = recipes.train_pose_hinge(train, test, callback=_printer(_pose_hinge_line), **hinge)
-    elif name == "pose":
+    if name == "pose" and args.solver != "torch":
         print(f"solver {args.solver}, lam {args.lam}, box {'none' if args.no_positivity else 'w_xx, w_yy >= 0'}"
               + (f", {args.types} types per edge" if args.types > 1 else ""))
-        run = recipes.train_pose_dual(train, test, positivity=not args.no_positivity, types=args.types,
-                                      run_name=f"train-pose-{args.solver}", callback=_printer(_pose_dual_line),
-                                      **dual)
     elif args.solver != "torch":
         print(f"solver {args.solver}, lam {args.lam}" + (f", sampling {args.sampling}, step {args.step}, cache "
                                                         f"{args.cache_size}" if args.solver == "bcfw" else ""))
-        run = recipes.train_chain_dual(train, test, box={"transition": (0.0, None)} if args.nonneg_transition
-                                       else None, run_name=f"{args.command}-{name}-{args.solver}",
-                                       rescaling=args.rescaling, callback=_printer(_chain_dual_line), **dual)
+    sys.stdout.flush()
+    if args.solver == "torch":
+        progress = _Progress(_pose_hinge_line if name == "pose" else _chain_hinge_line, "epoch", args.epochs)
     else:
-        run = recipes.train_chain_hinge(train, test, device=args.device, run_name=f"{args.command}-{name}",
-                                        callback=_printer(_chain_hinge_line), **hinge)
+        progress = _Progress(_pose_dual_line if name == "pose" else _chain_dual_line, "pass", args.passes)
+    try:
+        if name == "pose" and args.solver == "torch":
+            run = recipes.train_pose_hinge(train, test, callback=progress, **hinge)
+        elif name == "pose":
+            run = recipes.train_pose_dual(train, test, positivity=not args.no_positivity, types=args.types,
+                                          run_name=f"train-pose-{args.solver}", callback=progress, **dual)
+        elif args.solver != "torch":
+            run = recipes.train_chain_dual(train, test, box={"transition": (0.0, None)} if args.nonneg_transition
+                                           else None, run_name=f"{args.command}-{name}-{args.solver}",
+                                           rescaling=args.rescaling, callback=progress, **dual)
+        else:
+            run = recipes.train_chain_hinge(train, test, device=args.device, run_name=f"{args.command}-{name}",
+                                            callback=progress, **hinge)
+    except (ValueError, TypeError) as e:
+        # Refused before the first epoch or pass: the checkpoint (CheckpointError: not a checkpoint, damaged; a
+        # ValueError: another objective or data) or the settings. Once training runs, an error is a bug.
+        if _raised_in(e, _recipe_run.resume):
+            sub.error(f"--checkpoint {args.checkpoint} was refused: {e}")
+        if progress.done is None:
+            sub.error(f"these settings were refused before training started: {e}")
+        raise
+    finally:
+        progress.close()
     if run.logdir is not None:
         print(f"TensorBoard logs: {run.logdir}  (tensorboard --logdir {args.logdir})")
     return 0

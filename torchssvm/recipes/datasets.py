@@ -11,7 +11,7 @@ DATASETS = ("synthetic", "ocr-large", "ocr-small", "conll2000-chunk", "pose")
 
 def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_count: int = 1, *,
                   num_train: Optional[int] = None, num_test: Optional[int] = None, grid: int = 12,
-                  limb_modes: int = 1):
+                  limb_modes: int = 1, download: bool = False):
     """(train, test) for a name of `DATASETS`: `SequenceDataset`s, or `PoseDataset`s for ``"pose"``.
 
     Args:
@@ -25,18 +25,20 @@ def load_datasets(name: str, root: Optional[str] = None, seed: int = 0, min_coun
         num_train, num_test: pose: examples per split (default 16 each).
         grid: pose: the board is ``grid x grid`` positions.
         limb_modes: pose: limbs bent in this many modes.
+        download: the real data sets: fetch the files missing from ``root`` (`data.ocr`, `data.conll2000`).
     """
     if name == "synthetic":
         kw = {"num_labels": 6, "num_features": 20, "noise": 1.0, "seed": seed}
         return data.synthetic_chain("train", 1000, **kw), data.synthetic_chain("test", 300, **kw)
     if name.startswith("ocr-"):
         variant = name.split("-", 1)[1]
-        return data.ocr("train", variant, root=root), data.ocr("test", variant, root=root)
+        return (data.ocr("train", variant, root=root, download=download),
+                data.ocr("test", variant, root=root, download=download))
     if name == "pose":
         kw = {"height": grid, "width": grid, "limb_modes": limb_modes, "seed": seed}
         return (data.synthetic_pose("train", 16 if num_train is None else num_train, **kw),
                 data.synthetic_pose("test", 16 if num_test is None else num_test, **kw))
     if name == "conll2000-chunk":
-        return (data.conll2000("train", "chunk", root=root, min_count=min_count),
-                data.conll2000("test", "chunk", root=root, min_count=min_count))
+        return (data.conll2000("train", "chunk", root=root, min_count=min_count, download=download),
+                data.conll2000("test", "chunk", root=root, min_count=min_count, download=download))
     raise ValueError(f"--data must be one of {DATASETS}, got {name!r}")
