@@ -60,7 +60,7 @@ def chain_inner_torch(unary: torch.Tensor, transition: torch.Tensor, start: Opti
     Args:
         unary ``(B, T, K)``, transition ``(K, K)``, start, end ``(K,)`` or None: the potentials ``theta``.
         z ``(B, m)``: marginals in the chain SSVM's flat layout, ``[unary (T', K) | transition (K, K) | start (K) |
-        end (K)]`` with ``T' >= T`` (positions from T on are not read).
+            end (K)]`` with ``T' >= T`` (positions from T on are not read).
 
     Returns ``(B,)`` in the promoted dtype."""
     B, T, K = unary.shape

@@ -72,12 +72,14 @@ _SIDE2 = (-1.0, 1.0, -1.0, 1.0)
 class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
     """GDMM on a `MultiLabelProblem` (use ``GDMM(problem, ...)``, which returns this class).
 
-    Args: those of `GDMM` (``lam = 1 / (C n)`` over the n examples); ``model`` is the `MultiLabelProblem` (dataset
-    None). ``bigram_search`` must stay
-    ``"auto"`` (pairwise factors have 4 states); ``structure`` comes from the problem.
-    bigram_update: ``"step"`` (``pair_steps`` projected steps, each with its exact line search) or
-        ``"exact"`` (the exact block minimization of each pairwise factor, `shifted_simplex_qp`).
-    pair_steps: with ``bigram_update="step"``, projected steps per pairwise factor and pass.
+    Takes the arguments of `GDMM` (``lam = 1 / (C n)`` over the n examples); ``model`` is the `MultiLabelProblem`
+    (dataset None). ``bigram_search`` must stay ``"auto"`` (pairwise factors have 4 states); ``structure`` comes
+    from the problem. And:
+
+    Args:
+        bigram_update: ``"step"`` (``pair_steps`` projected steps, each with its exact line search) or
+            ``"exact"`` (the exact block minimization of each pairwise factor, `shifted_simplex_qp`).
+        pair_steps: with ``bigram_update="step"``, projected steps per pairwise factor and pass.
 
     Reports as `GDMM`, with ``active_unigram`` / ``active_bigram`` the mean number of unigram / pairwise
     factors per example with a nonzero dual, and ``visits_unigram`` / ``visits_bigram`` the mean number of
