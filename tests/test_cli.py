@@ -149,7 +149,7 @@ def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default: 8)" in out and "(default: 1.0)" in out and "15-20 seconds" in out
+    assert "(default: 8)" in out and "(default: 1.0)" in out and "10-20 seconds on 2 idle CPU cores" in out
 
 
 def test_dual_solvers_report_progress_within_a_pass(monkeypatch, capsys):

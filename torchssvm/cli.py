@@ -1,4 +1,4 @@
-"""The ``torchssvm`` command: ``demo`` (BCFW on synthetic data, about 15-20 seconds on 2 CPU cores) and ``train``
+"""The ``torchssvm`` command: ``demo`` (BCFW on synthetic data, about 10-20 seconds on 2 idle CPU cores) and ``train``
 (``--solver bcfw|fw|ssg`` on fixed features, or ``--solver torch``: the hinge loss with a torch optimizer;
 ``--data pose``: pictorial structures on `data.synthetic_pose`, w_xx, w_yy >= 0 by the box or a projection).
 
@@ -139,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", formatter_class=_HelpFormatter,
-                          help="train a chain SSVM with BCFW on synthetic data (about 15-20 s on 2 CPU cores)",
-                          description="Train a chain SSVM with BCFW on synthetic data: 8 passes, about 15-20 "
-                                      "seconds on 2 CPU cores.")
+                          help="train a chain SSVM with BCFW on synthetic data (about 10-20 s on 2 idle CPU cores)",
+                          description="Train a chain SSVM with BCFW on synthetic data: 8 passes, about 10-20 "
+                                      "seconds on 2 idle CPU cores (longer when other jobs share them).")
     _add_train_args(demo, epochs=8, lr=0.005, lam=1.0, batch_size=32)
     _add_solver_args(demo, solver="bcfw", passes=8)
     train = sub.add_parser("train", help="train a linear chain SSVM", formatter_class=_HelpFormatter,
