@@ -5,6 +5,7 @@ section 2.7 (feasible along training, exact gap identity) and ``torchssvm train 
 import glob
 import itertools
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -363,8 +364,9 @@ def test_cli_train_pose_runs_bcfw_with_the_box_and_logs(tmp_path, capsys):
     for tag in ("certificate/duality_gap", "test/lsp_loss", "train/pck", "box/min_quadratic_weight"):
         assert len(acc.Scalars(tag)) == 3
     assert "bcfw/dual" in tags and "bcfw/oracle_calls" in tags
-    with pytest.raises(ValueError, match="n must be >= 1"):
+    with pytest.raises(SystemExit) as exit_:  # a usage error: exit 2, the flag named on stderr
         main(["train", "--data", "pose", "--num-train", "0", "--logdir", ""])
+    assert exit_.value.code == 2 and re.search('--num-train must be >= 1', capsys.readouterr().err)
 
 
 def test_cli_train_pose_with_the_hinge_loss_projects_onto_the_box(capsys):

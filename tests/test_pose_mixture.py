@@ -5,6 +5,7 @@ small tree) and under BCFW with the positivity box (feasible along training, exa
 import dataclasses
 import itertools
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -313,7 +314,9 @@ def test_cli_train_pose_with_types(capsys):
     gaps = [float(ln.split("gap ")[1].split()[0]) for ln in lines]
     assert 0 <= gaps[-1] < gaps[0]
     assert all(float(ln.split("min w_quad ")[1].split()[0]) >= 0 for ln in lines)
-    with pytest.raises(ValueError, match="--types > 1 needs a dual solver"):
+    with pytest.raises(SystemExit) as exit_:  # a usage error: exit 2, the flag named on stderr
         main(["train", "--data", "pose", "--types", "2", "--solver", "torch", "--logdir", ""])
-    with pytest.raises(ValueError, match="--types must be >= 1"):
+    assert exit_.value.code == 2 and re.search('--types > 1 needs a dual solver', capsys.readouterr().err)
+    with pytest.raises(SystemExit) as exit_:  # a usage error: exit 2, the flag named on stderr
         main(["train", "--data", "pose", "--types", "0", "--logdir", ""])
+    assert exit_.value.code == 2 and re.search('--types must be >= 1', capsys.readouterr().err)
