@@ -51,6 +51,20 @@ def save_checkpoint(state: dict, path: Union[str, os.PathLike]) -> Path:
     return atomic_write(path, write)
 
 
+def resume_from(solver, path, every: int = 1) -> None:
+    """Check the arguments of ``fit(checkpoint=path, checkpoint_every=every)`` and, when the file ``path`` exists,
+    load its state into ``solver`` (`load_checkpoint`, then ``solver.load_state_dict``: a state of other data or
+    settings is refused, naming why)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a path (str or os.PathLike), got {type(path).__name__}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"checkpoint_every must be an int >= 1 (steps), got {every!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint must be a file path, got the folder {os.fspath(path)!r}")
+    if os.path.exists(path):
+        solver.load_state_dict(load_checkpoint(path))
+
+
 def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
     """The state saved in ``path`` by `save_checkpoint`, after checking its header, length and digest (a
     `CheckpointError` naming the file and what is wrong otherwise). Tensors are loaded on the CPU."""

@@ -239,6 +239,13 @@ class DualSolver(Solver):
     # after hundreds of passes; a corrupted or edited entry is off by far more)
     consistency_rtol = 1e-8
 
+    def _max_losses(self) -> torch.Tensor:
+        """``max_y L_i(y)`` ``(n,)`` of every block (`DualProblem.max_loss`: the data's, computed once)."""
+        if getattr(self, "_max_loss_memo", None) is None:
+            p = self.problem
+            self._max_loss_memo = torch.cat([p.max_loss(idx).to(torch.float64) for idx in p.chunks()])
+        return self._max_loss_memo
+
     @torch.no_grad()
     def _check_consistency(self, c: dict) -> None:
         """The identities between the state's tensors (Osokin et al., 2016, in marginal coordinates), recomputed
@@ -249,14 +256,13 @@ class DualSolver(Solver):
         z, ell, v = c["z"], c["ell"], c["v"]
         kw = {"dtype": torch.float64, "device": p.device}
         v_rec = p.initial_w().to(torch.float64).clone()
-        max_loss = torch.empty(n, **kw)
+        max_loss = self._max_losses()
         implied = torch.empty(n, **kw)
         violation = torch.zeros(n, **kw)
         linear = described = True
         for idx in p.chunks():
             zi = z[idx]
             p.accumulate(v_rec, idx, zi, torch.full((idx.shape[0],), 1.0 / (self.lam * n), **kw))
-            max_loss[idx] = p.max_loss(idx).to(torch.float64)
             if linear:
                 b = p.block_losses(idx, zi)
                 linear = b is not None
@@ -301,7 +307,7 @@ class DualSolver(Solver):
         if bool(bad.any()):
             raise ValueError(f"{name}['labels'] holds labels out of range or off the truth's padding: the state is "
                              "corrupt or was edited")
-        top = float(torch.cat([p.max_loss(idx) for idx in p.chunks()]).max()) if n else 0.0
+        top = float(self._max_losses().max()) if n else 0.0
         check_range("alpha", torch.where(valid, alpha.sum(1), 1.0), 1.0, 1.0, tol=1e-9,
                     what="the sum of a block's weights", name=name)
         for idx in p.chunks():

@@ -34,7 +34,7 @@ from typing import Optional, Union
 import torch
 
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import resume_from, save_checkpoint
 from .fingerprint import fingerprint
 from .loop import check_limits, log_scalars
 
@@ -128,14 +128,7 @@ class Solver:
         if limit is not None and self.limit_relative:
             limit = self._progress() + limit  # from this call (before a resume: the run's own count)
         if checkpoint is not None:
-            if not isinstance(checkpoint, (str, os.PathLike)):
-                raise TypeError(f"checkpoint must be a path (str or os.PathLike), got {type(checkpoint).__name__}")
-            if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-                raise ValueError(f"checkpoint_every must be an int >= 1 (steps), got {checkpoint_every!r}")
-            if os.path.isdir(checkpoint):
-                raise ValueError(f"checkpoint must be a file path, got the folder {os.fspath(checkpoint)!r}")
-            if os.path.exists(checkpoint):
-                self.load_state_dict(load_checkpoint(checkpoint))
+            resume_from(self, checkpoint, checkpoint_every)
         history = []
         if limit is not None and self._progress() >= limit:
             return history  # the limit counts from the start of training: already met, no step

@@ -4,13 +4,13 @@ optimizer by name, the dual solvers' stopping rule and checkpoints, and the Tens
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, List, Optional
 
 import torch
 
 from .. import optim
 from ..logging import log_scalars
+from ..optim.checkpoint import resume_from
 
 # called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
 Callback = Optional[Callable[[dict], None]]
@@ -83,12 +83,8 @@ def resume(solver, checkpoint) -> int:
     """The passes already done by ``solver``: 0, or, when the file ``checkpoint`` exists, those of the state it
     holds, which ``solver`` then takes (`optim.load_checkpoint`, then ``load_state_dict``: a checkpoint of other
     data or settings is refused, naming why)."""
-    if checkpoint is None:
-        return 0
-    if os.path.isdir(checkpoint):
-        raise ValueError(f"checkpoint must be a file path, got the folder {os.fspath(checkpoint)!r}")
-    if os.path.exists(checkpoint):
-        solver.load_state_dict(optim.load_checkpoint(checkpoint))
+    if checkpoint is not None:
+        resume_from(solver, checkpoint)
     return solver.steps_done
 
 
