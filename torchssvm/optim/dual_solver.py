@@ -76,18 +76,24 @@ def parse_box(box, problem: DualProblem):
 
 
 @torch.no_grad()
-def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell: torch.Tensor, chunk: int = 1024):
+def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell: torch.Tensor, chunk: int = 1024,
+                     progress=None):
     """Exact block gaps ``g_i`` and hinge terms ``max_y H_i(y; w)`` by one oracle call per block:
-    ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (Osokin et al., 2016, in marginal coordinates)."""
+    ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (Osokin et al., 2016, in marginal coordinates).
+    ``progress(done, n)``, when given, is called after each chunk."""
     n = problem.n
     gaps = torch.empty(n, dtype=torch.float64, device=problem.device)
     hinge = torch.empty_like(gaps)
+    done = 0
     for idx in problem.chunks(chunk):
         theta = problem.potentials(w, idx)
         _, _, H = problem.oracle(theta, idx)
         H = H.clamp_min(0)  # H_i(y_i) = 0: an exact oracle never returns less ([C] falls back to y_i)
         hinge[idx] = H
         gaps[idx] = (problem.inner(theta, z[idx]) + H) / n - ell[idx]
+        done += idx.shape[0]
+        if progress is not None:
+            progress(done, n)
     return gaps, hinge
 
 
@@ -156,7 +162,8 @@ class DualSolver(Solver):
         return d
 
     def _full_pass(self, chunk: int = 1024):
-        return exact_block_gaps(self.problem, self.w, self.z, self.ell, chunk)
+        hook = None if self._progress_hook is None else (lambda done, n: self._tick("gap", done, n))
+        return exact_block_gaps(self.problem, self.w, self.z, self.ell, chunk, progress=hook)
 
     def duality_gap(self) -> dict:
         """Exact ``primal``, ``dual`` and ``gap`` at the current iterate with the block gaps ``(n,)``.

@@ -187,6 +187,32 @@ class Solver:
                             f"{type(value).__name__} {value!r}")
         self._writer = value
 
+    # -- progress inside a step ----------------------------------------------------------------------
+    _progress_hook = None
+
+    @property
+    def progress(self):
+        """A callable ``progress(phase, done, total)`` called while a step runs, or None (default).
+
+        ``phase`` is ``"pass"`` while a pass visits blocks (``done`` of ``total`` blocks visited; BCFW calls it
+        after every update, batch Frank-Wolfe and SSG after every oracle call) and ``"gap"`` while an exact gap
+        pass runs (``done`` of ``total`` blocks decoded, per chunk). For a progress bar or a periodic line when
+        a pass takes minutes; the call costs one Python call per update and reads nothing from a device. It must
+        not change the solver."""
+        return self._progress_hook
+
+    @progress.setter
+    def progress(self, value) -> None:
+        if value is not None and not callable(value):
+            raise TypeError(f"progress must be a callable progress(phase, done, total) or None, got "
+                            f"{type(value).__name__} {value!r}")
+        self._progress_hook = value
+
+    def _tick(self, phase: str, done: int, total: int) -> None:
+        """Report progress inside a step to `progress` (no-op without one)."""
+        if self._progress_hook is not None:
+            self._progress_hook(phase, done, total)
+
     # what a report holds under these names when it says ``gap_exact = False``: estimates, logged under
     # ``{key}_estimate`` so that a certified tag (``{tag}/gap``, ``{tag}/primal``) only ever holds certified values
     # (solvers whose reports name their estimates themselves, GDMM's ``gap_estimate``, declare none)

@@ -40,6 +40,7 @@ class FrankWolfe(DualSolver):
         gaps = torch.empty_like(self.ell)
         hinge = torch.empty_like(self.ell)
         v_s = torch.zeros_like(self.v)
+        done = 0
         for idx in p.chunks(self.chunk):
             theta = p.potentials(self.w, idx)
             labels, loss, H = p.oracle(theta, idx)
@@ -50,6 +51,8 @@ class FrankWolfe(DualSolver):
             gaps[idx] = (p.inner(theta, self.z[idx]) + H) / n - self.ell[idx]
             p.accumulate(v_s, idx, corners[idx], torch.full((idx.shape[0],), 1.0 / (lam * n), dtype=torch.float64,
                                                               device=p.device))
+            done += idx.shape[0]
+            self._tick("pass", done, n)
         self.oracle_calls += n
         self.block_gaps = gaps
         gap = float(gaps.sum())

@@ -528,6 +528,7 @@ class BCFW(DualSolver):
             else:
                 self._update(self._sample(B))
             done += B
+            self._tick("pass", done, self.n)
         self.steps_done += 1
         exact = self.gap_check_every > 0 and self.steps_done % self.gap_check_every == 0
         if exact:

@@ -60,7 +60,7 @@ class SSG(Solver):
         t0 = time.perf_counter()
         p, lam = self.problem, self.lam
         order = torch.randint(self.n, (self.n,), generator=self.generator)
-        for i in order.tolist():
+        for done, i in enumerate(order.tolist(), 1):
             idx = torch.tensor([i], device=p.device)
             labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
             gamma = 1.0 / (self.k + 1)
@@ -70,6 +70,7 @@ class SSG(Solver):
             if self.averaging:
                 self.w_avg.mul_(self.k / (self.k + 2)).add_(self.w, alpha=2 / (self.k + 2))
             self.k += 1
+            self._tick("pass", done, self.n)
         self.oracle_calls += self.n
         self.steps_done += 1
         p.write_model(self.output)

@@ -1,0 +1,61 @@
+"""`Solver.progress`: called inside a step with the blocks visited, without changing the iterates."""
+
+import pytest
+import torch
+
+import torchssvm as ts
+
+
+def _data():
+    return ts.data.synthetic_chain("train", 40, num_labels=3, num_features=4, seed=1, dtype=torch.float64)
+
+
+def _model(train):
+    return ts.LinearChainModel(train.num_features, train.num_labels, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("make, chunk", [
+    (lambda m, d: ts.optim.BCFW(m, d, lam=0.1, seed=0, gap_check_every=1), None),
+    (lambda m, d: ts.optim.BCFW(m, d, lam=0.1, seed=0, batch_size=7, gap_check_every=1), None),
+    (lambda m, d: ts.optim.FrankWolfe(m, d, lam=0.1, chunk=16), 16),
+    (lambda m, d: ts.optim.SSG(m, d, lam=0.1, seed=0), None),
+])
+def test_progress_counts_blocks_and_leaves_iterates_unchanged(make, chunk):
+    train = _data()
+    plain, hooked = make(_model(train), train), make(_model(train), train)
+    calls = []
+    hooked.progress = lambda phase, done, total: calls.append((phase, done, total))
+    for _ in range(2):
+        plain.step()
+        hooked.step()
+    assert torch.equal(plain.w, hooked.w)
+    passes = [c for c in calls if c[0] == "pass"]
+    assert all(total == 40 for _, _, total in calls)
+    # within each pass the count rises to n, then starts again
+    ends = [i for i, c in enumerate(passes) if c[1] == 40]
+    assert len(ends) == 2
+    first = [done for _, done, _ in passes[: ends[0] + 1]]
+    assert first == sorted(first) and first[0] >= 1
+    if chunk is not None:
+        assert first == [16, 32, 40]
+    if isinstance(hooked, ts.optim.BCFW):
+        gap = [c for c in calls if c[0] == "gap"]
+        assert gap and gap[-1][1] == 40  # the exact gap passes report too
+
+
+def test_duality_gap_reports_gap_phase():
+    train = _data()
+    s = ts.optim.BCFW(_model(train), train, lam=0.1, seed=0)
+    calls = []
+    s.progress = lambda *a: calls.append(a)
+    s.duality_gap()
+    assert calls == [("gap", 40, 40)]
+
+
+def test_progress_must_be_callable():
+    train = _data()
+    s = ts.optim.BCFW(_model(train), train, lam=0.1)
+    with pytest.raises(TypeError, match="progress"):
+        s.progress = 3
+    s.progress = None
+    assert s.progress is None
