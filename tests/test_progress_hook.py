@@ -59,3 +59,15 @@ def test_progress_must_be_callable():
         s.progress = 3
     s.progress = None
     assert s.progress is None
+
+
+def test_fit_returns_a_history_with_a_one_line_repr():
+    train = _data()
+    s = ts.optim.BCFW(_model(train), train, lam=0.1, seed=0, gap_check_every=10)
+    history = s.fit(max_passes=3)
+    assert isinstance(history, list) and len(history) == 3 and history[-1] is not history[0]
+    text = repr(history)
+    assert "\n" not in text and text.startswith("History(3 steps; last: ")
+    assert "(estimate)" in text  # no exact gap pass yet: the gap is BCFW's estimate
+    assert repr(ts.optim.History()) == "History(0 steps)"
+    assert f"gap={history[-1]['gap']:.4g}" in text

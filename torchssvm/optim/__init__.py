@@ -31,6 +31,7 @@ from .cutting_planes import BMRM, HingeRisk, MaxOfLinearRisk, NSlackCuttingPlane
 from .dual_solver import DualSolver
 from .frank_wolfe import BCFW, FrankWolfe
 from .gdmm import GDMM, MultiLabelGDMM
+from .history import History
 from .kernel_svm import KernelCuttingPlane
 from .primal import SSG, MulticlassPragam, Pegasos, Pragam
 from .problems import (
@@ -46,7 +47,7 @@ from .problems import (
 from .regularization_path import RegularizationPath, grid_search, regularization_path
 from .solver import ConvergenceWarning, Solver
 
-__all__ = ["Solver", "ConvergenceWarning", "CheckpointError", "save_checkpoint", "load_checkpoint",
+__all__ = ["Solver", "ConvergenceWarning", "History", "CheckpointError", "save_checkpoint", "load_checkpoint",
            "BCFW", "GDMM", "MultiLabelGDMM", "NSlackCuttingPlane", "OneSlackCuttingPlane", "BMRM", "StructuredRisk",
            "HingeRisk", "MaxOfLinearRisk", "KernelCuttingPlane", "Pragam", "MulticlassPragam", "MultiLabelProblem",
            "FrankWolfe", "SSG", "Pegasos", "DualSolver", "DualProblem", "ChainProblem", "FeatureTableProblem",

@@ -36,6 +36,7 @@ import torch
 from ._state import check_config, checked_scalars, checked_tensor, require_keys
 from .checkpoint import resume_from, save_checkpoint
 from .fingerprint import fingerprint
+from .history import History
 from .loop import check_limits, log_scalars
 
 
@@ -129,7 +130,7 @@ class Solver:
             limit = self._progress() + limit  # from this call (before a resume: the run's own count)
         if checkpoint is not None:
             resume_from(self, checkpoint, checkpoint_every)
-        history = []
+        history = History()
         if limit is not None and self._progress() >= limit:
             return history  # the limit counts from the start of training: already met, no step
         self._hold_below = gap_tol
