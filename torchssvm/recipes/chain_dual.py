@@ -9,7 +9,7 @@ import torch
 
 from .. import optim
 from ..evaluation import evaluate_chain
-from ..logging import log_scalars, make_writer
+from ..logging import add_certificate_layout, log_scalars, make_writer
 from ..models import LinearChainModel
 from ..structures.chain import Chain
 from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
@@ -66,6 +66,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         s = optim.SSG(model, train, lam=lam, box=box, seed=seed, **common)
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here, got {solver!r}")
+    if writer is not None:
+        add_certificate_layout(writer, (s.tag,), ("error",))
     history = []
     done = resume(s, checkpoint)  # passes count from the start of training: a resumed run ends where it would have
     for k in range(done + 1, passes + 1):
@@ -85,4 +87,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         save(s, checkpoint, k, checkpoint_every, last)
         if last:
             break
-    return TrainingRun(model, s, history, close_writer(writer))
+    hparams = {"solver": solver, "lam": lam, "passes": passes, "gap_tol": gap_tol, "time_budget": time_budget,
+               "sampling": sampling, "step": step, "cache_size": cache_size, "batch_size": batch_size,
+               "gap_check_every": gap_check_every, "backend": backend, "device": device, "seed": seed,
+               "rescaling": rescaling, "box": None if box is None else str(box)}
+    return TrainingRun(model, s, history, close_writer(writer, hparams, history[-1] if history else {}))

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from ..evaluation import evaluate_chain
-from ..logging import log_scalars, make_writer, progress
+from ..logging import add_certificate_layout, log_scalars, make_writer, progress
 from ..losses import StructuredHingeLoss
 from ..models import LinearChainModel
 from ..structures.chain import Chain
@@ -46,6 +46,8 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
     criterion = StructuredHingeLoss(structure, backend=backend)
     opt = make_optimizer(optimizer, model.parameters(), lr)
     writer = make_writer(logdir, run_name) if logdir else None
+    if writer is not None:
+        add_certificate_layout(writer, (), ("error",))
     gen = torch.Generator().manual_seed(seed)
     train_dev = train.to(dev)
     step, t0, history = 0, time.perf_counter(), []
@@ -81,4 +83,6 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
         history.append(metrics)
         if callback is not None:
             callback(metrics)
-    return TrainingRun(model, opt, history, close_writer(writer))
+    hparams = {"solver": "torch", "optimizer": optimizer, "lam": lam, "epochs": epochs, "batch_size": batch_size,
+               "lr": lr, "backend": backend, "device": device, "seed": seed}
+    return TrainingRun(model, opt, history, close_writer(writer, hparams, history[-1] if history else {}))

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Optional
 
 from .. import optim
-from ..logging import log_scalars, make_writer
+from ..logging import add_certificate_layout, log_scalars, make_writer
 from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
 
 
@@ -58,6 +58,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         s = optim.SSG(problem, lam=lam, seed=seed, **common)
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here (train_pose_hinge: 'torch'), got {solver!r}")
+    if writer is not None:
+        add_certificate_layout(writer, (s.tag,), ("lsp_loss", "pck"))
     history = []
     done = resume(s, checkpoint)  # passes count from the start of training: a resumed run ends where it would have
     for k in range(done + 1, passes + 1):
@@ -77,4 +79,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         save(s, checkpoint, k, checkpoint_every, last)
         if last:
             break
-    return TrainingRun(problem, s, history, close_writer(writer))
+    hparams = {"solver": solver, "lam": lam, "passes": passes, "gap_tol": gap_tol, "time_budget": time_budget,
+               "sampling": sampling, "step": step, "cache_size": cache_size, "batch_size": batch_size,
+               "gap_check_every": gap_check_every, "positivity": positivity, "types": types, "backend": backend,
+               "device": device, "seed": seed}
+    return TrainingRun(problem, s, history, close_writer(writer, hparams, history[-1] if history else {}))

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from .. import optim
-from ..logging import log_scalars, make_writer
+from ..logging import add_certificate_layout, log_scalars, make_writer
 from ..losses import StructuredHingeLoss
 from ..structures.tree import SpatialTreePotentials
 from .run import Callback, TrainingRun, close_writer, make_optimizer
@@ -40,6 +40,8 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
     opt = make_optimizer(optimizer, [w], lr)
     criterion = StructuredHingeLoss(problem.structure, backend=backend)
     writer = make_writer(logdir, run_name) if logdir else None
+    if writer is not None:
+        add_certificate_layout(writer, (), ("lsp_loss", "pck"))
     gen = torch.Generator().manual_seed(seed)
     t0, history, step = time.perf_counter(), [], 0
     for epoch in range(1, epochs + 1):
@@ -72,4 +74,6 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
         if callback is not None:
             callback(metrics)
     problem.write_model(w.detach())
-    return TrainingRun(problem, opt, history, close_writer(writer))
+    hparams = {"solver": "torch", "optimizer": optimizer, "lam": lam, "epochs": epochs, "batch_size": batch_size,
+               "lr": lr, "backend": backend, "seed": seed}
+    return TrainingRun(problem, opt, history, close_writer(writer, hparams, history[-1] if history else {}))

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional
 import torch
 
 from .. import optim
-from ..logging import log_scalars
+from ..logging import final_metrics, log_hparams, log_scalars
 from ..optim.checkpoint import resume_from
 
 # called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
@@ -95,10 +95,16 @@ def save(solver, checkpoint, k: int, every: int, last: bool) -> None:
         optim.save_checkpoint(solver.state_dict(), checkpoint)
 
 
-def close_writer(writer) -> Optional[str]:
-    """Close the TensorBoard writer (if any); its folder, or None."""
+def close_writer(writer, hparams: Optional[dict] = None, metrics: Optional[dict] = None) -> Optional[str]:
+    """Close the TensorBoard writer (if any); its folder, or None. With ``hparams`` (the recipe's arguments; None
+    values left out) it first writes them and the finite numbers of ``metrics`` (the last pass's or epoch's) for
+    the HParams tab, in the run's own folder (`log_hparams`: ``final/{name}`` scalars at the last pass or epoch)."""
     if writer is None:
         return None
+    if hparams is not None:
+        metrics = metrics or {}
+        log_hparams(writer, {k: v for k, v in hparams.items() if v is not None}, final_metrics(metrics),
+                    step=int(metrics.get("pass", metrics.get("epoch", 0))))
     logdir = writer.log_dir
     writer.close()
     return logdir
