@@ -226,8 +226,11 @@ def test_reports_fit_and_writer():
     # before feasibility primal - dual is an estimate, not a certificate: no "gap", nor its tag
     assert math.isclose(hist[1]["gap_estimate"], hist[1]["primal"] - hist[1]["dual"])
     assert hist[1]["gap"] is None and not hist[1]["gap_exact"] and hist[1]["infeasibility"] > 0
-    assert {"gdmm/primal", "gdmm/dual", "gdmm/gap_estimate", "gdmm/infeasibility", "gdmm/active_bigram"} <= w.tags
-    assert "gdmm/gap" not in w.tags
+    assert {"gdmm/primal", "gdmm/dual_estimate", "gdmm/gap_estimate", "gdmm/infeasibility",
+            "gdmm/active_bigram"} <= w.tags
+    # the dual of an infeasible iterate bounds nothing: never under the certified names
+    assert all(r["infeasibility"] > g.feasibility_tol * g.C for r in hist)
+    assert "gdmm/gap" not in w.tags and "gdmm/dual" not in w.tags
     hist = g.fit(time_budget=0.0)
     assert len(hist) == 1
     with pytest.raises(ValueError, match="fit needs"):

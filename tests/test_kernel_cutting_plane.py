@@ -397,3 +397,23 @@ def test_binary_labels_with_one_class_stay_binary():
     assert solver.binary
     solver.fit(max_iter=200)
     assert set(solver.predict(x).tolist()) <= {-1, 1}
+
+
+@pytest.mark.parametrize("sampling", ["exact", "constant"])
+def test_dual_is_logged_as_an_estimate_with_sampled_cuts(sampling):
+    """With sampled cuts the QP's value bounds nothing: ``kernel_cp/dual_estimate``, never ``kernel_cp/dual``."""
+
+    class Writer:
+        def __init__(self):
+            self.tags = set()
+
+        def add_scalar(self, tag, value, step):
+            self.tags.add(tag)
+
+    x, y = binary_data(n=60, seed=3)
+    w = Writer()
+    svm = KernelCuttingPlane(x, y, lam=1 / 60, gamma=0.5, sampling=sampling, r=20, writer=w)
+    svm.fit(max_iter=3)
+    certified = "kernel_cp/dual" in w.tags
+    assert certified == (sampling == "exact")
+    assert ("kernel_cp/dual_estimate" in w.tags) == (sampling != "exact")

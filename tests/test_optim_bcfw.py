@@ -513,6 +513,9 @@ def test_writer_gets_scalars_and_block_gap_histogram():
     for key in ("primal", "dual", "gap", "exact_gap", "oracle_calls", "cache_hit_rate", "time"):
         assert f"bcfw/{key}" in w.scalars
     assert w.hists == [("bcfw/block_gaps", 1, s.n)]
+    s.gap_check_every = 3
+    s.step()  # pass 2: no exact pass: the block gaps last seen are estimates
+    assert w.hists[-1] == ("bcfw/block_gaps_estimate", 2, s.n)
 
 
 def test_fit_stops_on_a_certified_gap():

@@ -64,7 +64,8 @@ def test_bcfw_writes_the_documented_tags_estimates_apart_and_the_layout_matches_
     acc = _load(tmp_path / "run")
     scalars = set(acc.Tags()["scalars"])
     assert scalars == BCFW_SCALARS
-    assert acc.Tags()["histograms"] == ["bcfw/block_gaps"]
+    assert sorted(acc.Tags()["histograms"]) == ["bcfw/block_gaps", "bcfw/block_gaps_estimate"]
+    assert [e.step for e in acc.Histograms("bcfw/block_gaps")] == [2]
     # an estimate is never under a certified name: the certified tags hold the exact passes only (pass 2)
     for name in ("primal", "gap", "exact_gap"):
         assert [e.step for e in acc.Scalars(f"bcfw/{name}")] == [2]

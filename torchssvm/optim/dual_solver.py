@@ -77,12 +77,13 @@ def parse_box(box, problem: DualProblem):
 
 @torch.no_grad()
 def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell: torch.Tensor, chunk: int = 1024,
-                     progress=None):
+                     progress=None, *, n: Optional[int] = None):
     """Exact block gaps ``g_i`` and hinge terms ``max_y H_i(y; w)`` by one oracle call per block:
     ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (Osokin et al., 2016, in marginal coordinates).
-    ``progress(done, n)``, when given, is called after each chunk."""
-    n = problem.n
-    gaps = torch.empty(n, dtype=torch.float64, device=problem.device)
+    ``progress(done, n)``, when given, is called after each chunk. ``n``: the number of examples of the objective
+    (default ``problem.n``; a shard of `torchssvm.distributed` holds fewer)."""
+    n = problem.n if n is None else n
+    gaps = torch.empty(problem.n, dtype=torch.float64, device=problem.device)
     hinge = torch.empty_like(gaps)
     done = 0
     for idx in problem.chunks(chunk):
@@ -212,8 +213,9 @@ class DualSolver(Solver):
         if r.get("gap_exact"):
             self.writer.add_scalar(f"{self.tag}/exact_gap", r["gap"], step)
         finite = self.block_gaps[torch.isfinite(self.block_gaps)]
-        if finite.numel():
-            self.writer.add_histogram(f"{self.tag}/block_gaps", finite.clamp_min(0), step)
+        if finite.numel():  # between exact passes the block gaps are those last seen: estimates
+            name = "block_gaps" if r.get("gap_exact") else "block_gaps_estimate"
+            self.writer.add_histogram(f"{self.tag}/{name}", finite.clamp_min(0), step)
 
     # -- state (`Solver`) ------------------------------------------------------------------------
     _state_tensors = ("z", "ell", "v", "block_gaps")

@@ -169,9 +169,11 @@ class Solver:
         if tolerances and not done:
             which = " and ".join(f"{k} = {limits[k]!r}" for k in tolerances)
             by = self.limit_name if limit is not None and self._progress() >= limit else "time_budget"
-            warnings.warn(f"{type(self).__name__}.fit stopped by {by} before reaching {which} (last gap "
-                          f"{history[-1].get('gap')!r}); fit again with a larger limit to go on",
-                          ConvergenceWarning, stacklevel=3)
+            last = history[-1] if history else {}
+            kind = {True: "exact", False: "an estimate"}.get(last.get("gap_exact"), None)
+            gap = f"last gap {last.get('gap')!r}" + (f" ({kind})" if kind else "") if last else "no step taken"
+            warnings.warn(f"{type(self).__name__}.fit stopped by {by} before reaching {which} ({gap}); fit again "
+                          f"with a larger limit to go on", ConvergenceWarning, stacklevel=3)
         return history
 
     # -- logging ----------------------------------------------------------------------------------
@@ -227,11 +229,18 @@ class Solver:
             return
         step = self._log_step(report)
         keys = self.report_keys
-        if report.get("gap_exact") is False:
-            report = {**report, **{f"{k}_estimate": report.get(k) for k in self.estimated_keys}}
-            keys = tuple(f"{k}_estimate" if k in self.estimated_keys else k for k in keys)
+        estimated = self._estimated(report)
+        if estimated:
+            report = {**report, **{f"{k}_estimate": report.get(k) for k in estimated}}
+            keys = tuple(f"{k}_estimate" if k in estimated else k for k in keys)
         log_scalars(self.writer, self.tag, report, keys, step)
         self._log_extra(report, step)
+
+    def _estimated(self, report: dict) -> tuple:
+        """The entries of ``report`` that are estimates, not certified values: by default the `estimated_keys` of
+        a report that says ``gap_exact = False``. Solvers whose certified names hold estimates under other
+        conditions (a dual value that bounds nothing at an infeasible iterate) override it."""
+        return self.estimated_keys if report.get("gap_exact") is False else ()
 
     def _log_step(self, report: dict) -> int:
         return self.steps_done

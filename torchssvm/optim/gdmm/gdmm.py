@@ -668,6 +668,11 @@ class GDMM(Solver):
     def _progress(self) -> int:
         return self.iterations
 
+    def _estimated(self, report: dict) -> tuple:
+        """The dual value bounds the optimum from below only at a feasible iterate of an exact relaxation
+        (`_certifies`); elsewhere it is logged as ``gdmm/dual_estimate``, never as ``gdmm/dual``."""
+        return () if self._certifies(report["infeasibility"]) else ("dual",)
+
     def _log_step(self, r: dict) -> int:
         return self.iterations
 

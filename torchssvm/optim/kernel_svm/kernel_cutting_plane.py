@@ -574,6 +574,11 @@ class KernelCuttingPlane(Solver):
     def _progress(self) -> int:
         return self.steps_done
 
+    def _estimated(self, report: dict) -> tuple:
+        """With sampled cuts the QP's value bounds nothing (Yu & Joachims, 2008, Sec. 4): it is logged as
+        ``kernel_cp/dual_estimate``; with exact cuts as ``kernel_cp/dual``."""
+        return () if self.sampling == "exact" else ("dual",)
+
     def fit(self, max_iter: Optional[int] = None, time_budget: Optional[float] = None, *, callback=None,
             checkpoint=None, checkpoint_every: int = 1) -> list:
         """`step` until the stopping rule of the sampling scheme (``converged``), ``max_iter`` iterations in all
