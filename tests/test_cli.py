@@ -152,9 +152,38 @@ def test_help_shows_the_defaults(capsys):
     assert "(default: 8)" in out and "(default: 1.0)" in out and "10-20 seconds on 2 idle CPU cores" in out
 
 
+def test_progress_lines_say_how_far_the_running_pass_is(monkeypatch):
+    """The recipes' progress hook (`Solver.progress`) goes into the periodic line: blocks visited, the exact gap
+    pass, and the time left in the pass estimated from the blocks once a tenth is done."""
+    import io
+    import time
+
+    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.01)
+    out = io.StringIO()
+    progress = cli._Progress(lambda m: f"pass {m['pass']}", "pass", 3, out=out)
+    try:
+        def wait_for(text):
+            deadline = time.monotonic() + 10
+            while text not in out.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return out.getvalue()
+
+        progress.inside("pass", 5, 100)
+        assert "(the first pass running for" in wait_for(": 5 of 100 blocks")
+        progress.inside("pass", 50, 100)
+        text = wait_for(": 50 of 100 blocks, about ")
+        assert ": 50 of 100 blocks, about " in text and "left in it" in text
+        progress.inside("gap", 7, 100)
+        assert ": exact gap pass, 7 of 100 blocks" in wait_for("exact gap pass, 7 of 100")
+        progress({"pass": 1})
+        assert progress.within is None  # a new pass starts with no position
+    finally:
+        progress.close()
+
+
 def test_dual_solvers_report_progress_within_a_pass(monkeypatch, capsys):
-    """No solver has a hook inside a pass: a line every PROGRESS_EVERY seconds while it runs, and the elapsed time
-    and the time left on each pass's line."""
+    """A line every PROGRESS_EVERY seconds while a pass runs, and the elapsed time and the time left on each pass's
+    line."""
     monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.01)
     assert main(["demo", "--passes", "3", "--logdir", ""]) == 0
     out = capsys.readouterr().out.splitlines()

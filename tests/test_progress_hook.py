@@ -71,3 +71,17 @@ def test_fit_returns_a_history_with_a_one_line_repr():
     assert "(estimate)" in text  # no exact gap pass yet: the gap is BCFW's estimate
     assert repr(ts.optim.History()) == "History(0 steps)"
     assert f"gap={history[-1]['gap']:.4g}" in text
+
+
+def test_recipes_pass_their_progress_hook_on():
+    train = _data()
+    test = ts.data.synthetic_chain("test", 10, num_labels=3, num_features=4, seed=1, dtype=torch.float64)
+    calls = []
+    ts.recipes.train_chain_dual(train, test, passes=1, gap_check_every=1, logdir=None,
+                                progress=lambda *a: calls.append(a))
+    assert ("pass", 40, 40) in calls and ("gap", 40, 40) in calls
+    calls.clear()
+    train32 = ts.data.synthetic_chain("train", 40, num_labels=3, num_features=4, seed=1)
+    ts.recipes.train_chain_hinge(train32, test, epochs=1, batch_size=16, lr=0.01, lam=0.0, logdir=None,
+                                 progress=lambda *a: calls.append(a))
+    assert calls == [("epoch", 1, 3), ("epoch", 2, 3), ("epoch", 3, 3)]

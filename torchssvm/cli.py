@@ -242,8 +242,10 @@ class _Progress:
     (``"  (pass 3 running for 12.1 s, about 18 s left in it; 40.3 s in all)"``) when ``out`` is not a terminal,
     else a tqdm bar.
 
-    The solvers have no hook inside a pass (`optim.BCFW.step` runs the whole pass), so the time left in a pass is
-    estimated from the passes before it, not from the blocks it has visited."""
+    `inside` is the recipes' ``progress`` hook (`optim.Solver.progress`): the blocks a pass has visited (or the
+    batches of an epoch, or the blocks an exact gap pass has decoded) go into the periodic line and the bar, and the
+    time left in a pass is estimated from them once a tenth of it is done (before that, from the passes before
+    it)."""
 
     def __init__(self, line, unit: str, total: int, out=None):
         self.line, self.unit, self.total = line, unit, total
@@ -252,6 +254,7 @@ class _Progress:
         self.stop = threading.Event()
         self.start = self.last = time.perf_counter()
         self.first, self.done, self.durations = None, None, []
+        self.within = None  # (phase, done, total) of the running pass or epoch, from `inside`
         self.bar = None
         if _isatty(self.out):
             from tqdm.auto import tqdm
@@ -285,13 +288,30 @@ class _Progress:
                 continue
             running = f"{self.unit} {self.done + 1}" if self.done is not None else f"the first {self.unit}"
             text = f"  ({running} running for {now - self.last:.1f} s"
-            if self.durations:
-                mean = sum(self.durations) / len(self.durations)
-                text += f", about {max(0.0, mean - (now - self.last)):.0f} s left in it"
+            within, left = self.within, None
+            if within is not None:
+                phase, done, total = within
+                what = "batches" if phase == "epoch" else "blocks"
+                text += (f": exact gap pass, {done} of {total} blocks" if phase == "gap"
+                         else f": {done} of {total} {what}")
+                if phase != "gap" and total and done >= total / 10:
+                    left = (now - self.last) * (total - done) / done
+            if left is None and self.durations:
+                left = max(0.0, sum(self.durations) / len(self.durations) - (now - self.last))
+            if left is not None:
+                text += f", about {left:.0f} s left in it"
             self._write(text + f"; {now - self.start:.1f} s in all)")
+
+    def inside(self, phase: str, done: int, total: int) -> None:
+        """The recipes' ``progress`` hook: where the running pass or epoch is (read by the periodic line)."""
+        self.within = (phase, done, total)
+        if self.bar is not None:
+            what = {"gap": "gap pass", "epoch": "batches"}.get(phase, "blocks")
+            self.bar.set_postfix_str(f"{what} {done}/{total}", refresh=False)
 
     def __call__(self, metrics: dict) -> None:
         now = time.perf_counter()
+        self.within = None
         k = metrics.get("pass", metrics.get("epoch"))
         if self.first is None and k is not None:
             self.first = k
@@ -391,17 +411,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         progress = _Progress(_pose_dual_line if name == "pose" else _chain_dual_line, "pass", args.passes)
     try:
         if name == "pose" and args.solver == "torch":
-            run = recipes.train_pose_hinge(train, test, callback=progress, **hinge)
+            run = recipes.train_pose_hinge(train, test, callback=progress, progress=progress.inside, **hinge)
         elif name == "pose":
             run = recipes.train_pose_dual(train, test, positivity=not args.no_positivity, types=args.types,
-                                          run_name=f"train-pose-{args.solver}", callback=progress, **dual)
+                                          run_name=f"train-pose-{args.solver}", callback=progress,
+                                          progress=progress.inside, **dual)
         elif args.solver != "torch":
             run = recipes.train_chain_dual(train, test, box={"transition": (0.0, None)} if args.nonneg_transition
                                            else None, run_name=f"{args.command}-{name}-{args.solver}",
-                                           rescaling=args.rescaling, callback=progress, **dual)
+                                           rescaling=args.rescaling, callback=progress,
+                                           progress=progress.inside, **dual)
         else:
             run = recipes.train_chain_hinge(train, test, device=args.device, run_name=f"{args.command}-{name}",
-                                            callback=progress, **hinge)
+                                            callback=progress, progress=progress.inside, **hinge)
     except (ValueError, TypeError) as e:
         # Refused before the first epoch or pass: the checkpoint (CheckpointError: not a checkpoint, damaged; a
         # ValueError: another objective or data) or the settings. Once training runs, an error is a bug.

@@ -12,7 +12,7 @@ from ..evaluation import evaluate_chain
 from ..logging import add_certificate_layout, log_scalars, make_writer
 from ..models import LinearChainModel
 from ..structures.chain import Chain
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
+from .run import DUAL_SOLVERS, Callback, Progress, TrainingRun, check_device, close_writer, end_of_pass, resume, save
 
 
 def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -20,7 +20,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
                      step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
                      box=None, backend: str = "auto", device: str = "cpu", logdir: Optional[str] = "runs",
                      run_name: str = "train", seed: int = 0, rescaling: str = "margin",
-                     callback: Callback = None, checkpoint=None, checkpoint_every: int = 1) -> TrainingRun:
+                     callback: Callback = None, checkpoint=None, checkpoint_every: int = 1,
+                     progress: Progress = None) -> TrainingRun:
     """Train a float64 `LinearChainModel` (Hamming loss, `Chain`) on fixed features with a dual solver.
 
     Args:
@@ -40,6 +41,8 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         seed: the solver's sampling seed.
         rescaling: ``"margin"`` or ``"slack"`` (the slack-rescaled SSVM: exact error-count DP oracle).
         callback: called with each pass's metrics.
+        progress: ``progress(phase, done, total)`` called inside each pass (`optim.Solver.progress`: blocks
+            visited, ``phase`` ``"pass"`` or ``"gap"``), or None.
         checkpoint, checkpoint_every: a file to resume from when it exists (passes count from the start of
             training: the run ends at ``passes`` in all) and to write, atomically, every ``checkpoint_every`` passes
             and at the end (`optim.save_checkpoint`).
@@ -66,6 +69,7 @@ def train_chain_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pa
         s = optim.SSG(model, train, lam=lam, box=box, seed=seed, **common)
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here, got {solver!r}")
+    s.progress = progress
     if writer is not None:
         add_certificate_layout(writer, (s.tag,), ("error",))
     history = []

@@ -9,16 +9,18 @@ from typing import Optional
 import torch
 
 from ..evaluation import evaluate_chain
-from ..logging import add_certificate_layout, log_scalars, make_writer, progress
+from ..logging import add_certificate_layout, log_scalars, make_writer
+from ..logging import progress as progress_bar
 from ..losses import StructuredHingeLoss
 from ..models import LinearChainModel
 from ..structures.chain import Chain
-from .run import Callback, TrainingRun, check_device, close_writer, make_optimizer
+from .run import Callback, Progress, TrainingRun, check_device, close_writer, make_optimizer
 
 
 def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",
                       device: str = "cpu", backend: str = "auto", logdir: Optional[str] = "runs",
-                      run_name: str = "train", seed: int = 0, callback: Callback = None) -> TrainingRun:
+                      run_name: str = "train", seed: int = 0, callback: Callback = None,
+                      progress: Progress = None) -> TrainingRun:
     """Minimize ``lam/2 ||w||^2 + mean_i hinge_i(w)`` of a `LinearChainModel` (Hamming loss, `Chain`) with a
     torch optimizer.
 
@@ -31,6 +33,7 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
         logdir: TensorBoard folder (a run folder ``<run_name>-<time>`` is made in it); None: no logging.
         seed: seeds torch and the batch order.
         callback: called with each epoch's metrics.
+        progress: ``progress("epoch", done, total)`` after each mini-batch (``done`` of ``total`` batches), or None.
 
     Returns a `TrainingRun` (``model``: the `LinearChainModel`, ``solver``: the optimizer). Its history holds,
     per epoch: ``epoch``, ``objective`` (the mean training objective over the epoch's batches), ``seconds``
@@ -54,7 +57,7 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
     n_batches = (len(train) + batch_size - 1) // batch_size
     for epoch in range(1, epochs + 1):
         total_loss = 0.0
-        bar = progress(train_dev.batches(batch_size, shuffle=True, generator=gen), total=n_batches,
+        bar = progress_bar(train_dev.batches(batch_size, shuffle=True, generator=gen), total=n_batches,
                        desc=f"epoch {epoch}/{epochs}")
         for batch in bar:
             hinge = criterion(model(batch.x), batch.y, batch.lengths)
@@ -68,6 +71,8 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
             step += 1
             if writer is not None:
                 writer.add_scalar("train/batch_loss", loss_value, step)
+            if progress is not None:
+                progress("epoch", step - (epoch - 1) * n_batches, n_batches)
             bar.set_postfix(loss=f"{loss_value:.4f}")
         tr = evaluate_chain(model, structure, train, device=dev, backend=backend)
         te = evaluate_chain(model, structure, test, device=dev, backend=backend)

@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import optim
 from ..logging import add_certificate_layout, log_scalars, make_writer
-from .run import DUAL_SOLVERS, Callback, TrainingRun, check_device, close_writer, end_of_pass, resume, save
+from .run import DUAL_SOLVERS, Callback, Progress, TrainingRun, check_device, close_writer, end_of_pass, resume, save
 
 
 def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, passes: int = 10,
@@ -16,7 +16,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
                     step: str = "fw", cache_size: int = 0, batch_size: int = 1, gap_check_every: int = 10,
                     positivity: bool = True, types: int = 1, backend: str = "auto", device: str = "cpu",
                     logdir: Optional[str] = "runs", run_name: str = "train-pose", seed: int = 0,
-                    callback: Callback = None, checkpoint=None, checkpoint_every: int = 1) -> TrainingRun:
+                    callback: Callback = None, checkpoint=None, checkpoint_every: int = 1,
+                    progress: Progress = None) -> TrainingRun:
     """Train `optim.SpatialTreeProblem` on `PoseDataset`s (with ``types`` T > 1 `optim.MixtureSpatialTreeProblem`,
     T K-means deformation types per edge) with a dual solver and the positivity box on the quadratic deformation
     weights (Osokin et al., 2016, App. H; ``positivity=False`` drops it, and the oracle then raises as soon as a
@@ -29,6 +30,8 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         positivity: constrain ``w_xx, w_yy >= 0`` by the box.
         types: deformation types per edge.
         callback: called with each pass's metrics.
+        progress: ``progress(phase, done, total)`` called inside each pass (`optim.Solver.progress`: blocks
+            visited, ``phase`` ``"pass"`` or ``"gap"``), or None.
         checkpoint, checkpoint_every: a file to resume from when it exists (passes count from the start of
             training: the run ends at ``passes`` in all) and to write, atomically, every ``checkpoint_every`` passes
             and at the end (`optim.save_checkpoint`).
@@ -58,6 +61,7 @@ def train_pose_dual(train, test, *, solver: str = "bcfw", lam: float = 1e-2, pas
         s = optim.SSG(problem, lam=lam, seed=seed, **common)
     else:
         raise ValueError(f"solver must be one of {DUAL_SOLVERS} here (train_pose_hinge: 'torch'), got {solver!r}")
+    s.progress = progress
     if writer is not None:
         add_certificate_layout(writer, (s.tag,), ("lsp_loss", "pck"))
     history = []

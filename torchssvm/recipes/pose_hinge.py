@@ -12,12 +12,12 @@ from .. import optim
 from ..logging import add_certificate_layout, log_scalars, make_writer
 from ..losses import StructuredHingeLoss
 from ..structures.tree import SpatialTreePotentials
-from .run import Callback, TrainingRun, close_writer, make_optimizer
+from .run import Callback, Progress, TrainingRun, close_writer, make_optimizer
 
 
 def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",
                      backend: str = "auto", logdir: Optional[str] = "runs", run_name: str = "train-pose-torch",
-                     seed: int = 0, callback: Callback = None) -> TrainingRun:
+                     seed: int = 0, callback: Callback = None, progress: Progress = None) -> TrainingRun:
     """Minimize ``lam/2 ||w||^2 + mean_i hinge_i(w)`` of the pictorial-structure model of
     `optim.SpatialTreeProblem` (same parameters ``w = [w_U | w_P]``, LSP loss) with a torch optimizer and the
     structured hinge loss, projecting ``w_xx, w_yy`` onto ``>= 0`` after every step (the distance-transform
@@ -27,6 +27,7 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
         train, test: `PoseDataset`s.
         epochs, batch_size, lr, lam, optimizer, backend, logdir, run_name, seed: as in `train_chain_hinge`.
         callback: called with each epoch's metrics.
+        progress: ``progress("epoch", done, total)`` after each mini-batch (``done`` of ``total`` batches), or None.
 
     Returns a `TrainingRun` (``model``: the `SpatialTreeProblem`, whose ``weight`` is the trained ``w``;
     ``solver``: the optimizer). Its history holds, per epoch: ``epoch``, ``objective``, ``seconds``,
@@ -46,7 +47,8 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
     t0, history, step = time.perf_counter(), [], 0
     for epoch in range(1, epochs + 1):
         total = 0.0
-        for idx in torch.randperm(problem.n, generator=gen).split(batch_size):
+        batches = torch.randperm(problem.n, generator=gen).split(batch_size)
+        for k, idx in enumerate(batches, 1):
             wu, wp = problem.weights(w)
             pot = SpatialTreePotentials(torch.einsum("bvfl,vf->bvl", problem.features[idx], wu),
                                         wp * problem.per_pixel, problem.rest)
@@ -60,6 +62,8 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
             step += 1
             if writer is not None:
                 writer.add_scalar("train/batch_loss", float(loss.detach()), step)
+            if progress is not None:
+                progress("epoch", k, len(batches))
         wd = w.detach()
         tr, te = problem.evaluate(wd), problem.evaluate(wd, test)
         metrics = {"epoch": epoch, "objective": total / problem.n, "seconds": time.perf_counter() - t0,

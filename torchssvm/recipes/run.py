@@ -14,6 +14,8 @@ from ..optim.checkpoint import resume_from
 
 # called with each epoch's (torch optimizers) or pass's (dual solvers) metrics, as soon as they are computed
 Callback = Optional[Callable[[dict], None]]
+# progress(phase, done, total) inside a pass or an epoch (`optim.Solver.progress`)
+Progress = Optional[Callable[[str, int, int], None]]
 
 OPTIMIZERS = ("adam", "sgd")
 DUAL_SOLVERS = ("bcfw", "fw", "ssg")
