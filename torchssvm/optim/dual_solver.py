@@ -266,8 +266,8 @@ class DualSolver(Solver):
         kw = {"dtype": torch.float64, "device": p.device}
         v_rec = p.initial_w().to(torch.float64).clone()
         max_loss = self._max_losses()
-        implied = torch.empty(n, **kw)
-        violation = torch.zeros(n, **kw)
+        implied = torch.empty(p.n, **kw)  # p.n: the blocks held (a shard of torchssvm.distributed holds fewer than n)
+        violation = torch.zeros(p.n, **kw)
         linear = described = True
         for idx in p.chunks():
             zi = z[idx]

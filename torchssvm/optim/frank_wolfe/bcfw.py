@@ -343,7 +343,7 @@ class BCFW(DualSolver):
         blocks gained a cache slot (`AtomStore.insert_batch`) and for the B x B box QP (`box_qp`, on the host for
         B <= 256 with numba). Everything else is whole-batch tensor work, each quantity computed once (kernel
         launches: the same page)."""
-        p, n, lam = self.problem, self.n, self.lam
+        p, n = self.problem, self.n
         host_free = idx is not None  # the counters are the caller's (`_host_free_step`)
         if idx is None:
             idx = p.block_index(host_idx)
@@ -445,10 +445,7 @@ class BCFW(DualSolver):
                 upper = torch.where(use_away, alpha_a / (1 - alpha_a).clamp_min(1e-300), 1.0)
                 kind = torch.where(use_away, 2, 0)
 
-        curvature = p.gram(idx, direction) / (lam * n * n) if B > 1 else \
-            (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
-        gamma = box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter, sync_free=host_free,
-                       unconverged=self._qp_unconverged)
+        gamma = self._step_sizes(idx, direction, c, upper, host_free)
         # A zero step changes nothing: skip its work where asking costs nothing (on a device the host would wait).
         if gamma.device.type == "cpu" and not host_free and not bool((gamma > 0).any()):
             return
@@ -459,10 +456,26 @@ class BCFW(DualSolver):
                          away=None if self.step_type == "fw" else away)
         apply_block_step(self.z, self.ell, idx, zi, ell_i, gamma, direction, d_ell, step=self.step_type,
                          backend=self.backend, **duals)
-        p.accumulate(self.v, idx, direction, gamma / (lam * n))
-        self._sync_w()
+        self._move(idx, direction, gamma)
         if store is not None and B == 1 and not host_free:
             self._update_alpha(idx, gamma, upper, s_slot, None if self.step_type == "fw" else away, kind)
+
+    def _step_sizes(self, idx: torch.Tensor, direction: torch.Tensor, c: torch.Tensor, upper: torch.Tensor,
+                    host_free: bool) -> torch.Tensor:
+        """``gamma (B,)``: the minimizer of ``f(gamma) = -c^T gamma + 1/2 gamma^T H gamma`` over ``0 <= gamma <=
+        upper``, ``H_bc = <Phi_b d_b, Phi_c d_c> / (lam n^2)`` (docs/design.md, "The exact mini-batch step"; B = 1:
+        the line search ``clip(c / H, 0, upper)`` of Lacoste-Julien et al., 2013). `torchssvm.distributed` overrides
+        it to build ``H`` from the blocks of every rank."""
+        p, n, lam = self.problem, self.n, self.lam
+        curvature = p.gram(idx, direction) / (lam * n * n) if idx.shape[0] > 1 else \
+            (p.sqnorm(idx, direction) / (lam * n * n)).view(1, 1)
+        return box_qp(c, curvature, upper, method=self.qp_method, max_iter=self.qp_max_iter, sync_free=host_free,
+                      unconverged=self._qp_unconverged)
+
+    def _move(self, idx: torch.Tensor, direction: torch.Tensor, gamma: torch.Tensor) -> None:
+        """``v += sum_b gamma_b Phi_b d_b / (lam n)`` and ``w = clip(v)``."""
+        self.problem.accumulate(self.v, idx, direction, gamma / (self.lam * self.n))
+        self._sync_w()
 
     def _sync_w(self) -> None:
         if self.host_free and self.box is not None:  # in place: a captured step reads this tensor
