@@ -37,6 +37,8 @@ LAYERS = (
     ("evaluation", ("torchssvm.metrics", "torchssvm.evaluation")),
     # the dual solvers and the problems they see (a problem maps a model and a dataset to dual blocks)
     ("optim", ("torchssvm.optim",)),
+    # the dual solvers on a torch.distributed process group (imported explicitly, never by the root package)
+    ("distributed", ("torchssvm.distributed",)),
     # whole training runs as functions
     ("recipes", ("torchssvm.recipes",)),
     # scikit-learn estimators over the solvers (imported explicitly, never by the root package)

@@ -1,0 +1,383 @@
+"""The dual solvers on a process group (`torchssvm.distributed`, docs/distributed.md): 2 and 4 gloo processes on the
+CPU run the sharded solvers on a tiny seeded chain problem (float64), and their iterates, blocks, counters and
+certificates are compared with the single-process solvers on the whole data set. A rank that dies makes the others
+raise, not hang.
+
+The ranks are processes started by `multiprocessing`'s forkserver (which imports torch once and ends with the test
+session); each writes what it saw to a file in ``tmp_path`` and the test process compares. Every rank is joined
+with a deadline and killed if still alive."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchssvm as ts
+from torchssvm.distributed import shard_dataset, shard_range
+from torchssvm.optim import BCFW, FrankWolfe
+
+N, LAM, SEED, PASSES = 23, 0.1, 7, 3
+# BCFW variants on a dense chain, bitwise equal to one process: a batch on one rank is its single-process step; a
+# spread batch is built from the rows one process computes (padded to the batch's longest sentence) and the same
+# products (docs/distributed.md)
+CASES = {
+    "uniform-fw-B1": dict(sampling="uniform", step="fw", batch_size=1),
+    "gap-fw-B1-cache": dict(sampling="gap", step="fw", batch_size=1, cache_size=3, gap_check_every=1),
+    "uniform-fw-B5": dict(sampling="uniform", step="fw", batch_size=5),
+    "gap-pairwise-B4-cache": dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4, gap_check_every=1),
+    "uniform-away-B3-box": dict(sampling="uniform", step="away", batch_size=3, box={"transition": (0.0, None)}),
+}
+# explicit tables (`FeatureTableProblem`), margin- and slack-rescaled (`SlackRescaledProblem`, whose rows are built
+# through `DualProblem.accumulate`): their update of v is not the product of the Gram's rows, so they agree to
+# rounding, on a configuration that rounding does not send elsewhere (gap sampling with pairwise steps does: a
+# perturbation of 1e-16 in the rows of one process's own run moves its w by 0.27 within two passes)
+TABLES = {
+    "table-fw-B4": dict(sampling="uniform", step="fw", batch_size=4),
+    "table-slack-fw-B3": dict(sampling="uniform", step="fw", batch_size=3, rescaling="slack"),
+}
+FW_STEPS = 3
+RTOL = 1e-12
+
+
+def _data():
+    return ts.data.synthetic_chain("train", n=N, num_labels=3, num_features=5, min_length=2, max_length=7, seed=3,
+                                   dtype=torch.float64)
+
+
+def _model(data):
+    return ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64)
+
+
+def _table(rows=None):
+    """Seeded tables of 23 examples with 4 outputs and d = 6 (`FeatureTableProblem`), or the examples ``rows`` of
+    them (a shard)."""
+    g = torch.Generator().manual_seed(5)
+    features = torch.randn(N, 4, 6, generator=g, dtype=torch.float64)
+    truth = torch.randint(4, (N,), generator=g)
+    losses = torch.rand(N, 4, generator=g, dtype=torch.float64)
+    losses[torch.arange(N), truth] = 0.0
+    rows = slice(None) if rows is None else slice(rows.start, rows.stop)
+    return ts.optim.problems.FeatureTableProblem(features[rows], losses[rows], truth[rows])
+
+
+def _trajectory(solver, steps: int) -> dict:
+    """``w`` after each step, the reports, then the exact `duality_gap` and the blocks of the end."""
+    ws, reports = [], []
+    for _ in range(steps):
+        reports.append({k: v for k, v in solver.step().items() if isinstance(v, (int, float))})
+        ws.append(solver.w.clone())
+    exact = solver.duality_gap()
+    return {"w": torch.stack(ws), "reports": reports, "z": solver.z.clone(), "ell": solver.ell.clone(),
+            "exact": {k: exact[k] for k in ("primal", "dual", "gap")}, "block_gaps": exact["block_gaps"].clone()}
+
+
+# -- the ranks (top-level: the spawned processes import this module to find them) ------------------------------------
+def _init(rank: int, world_size: int, address: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe
+
+    result = {}
+    try:
+        _init(rank, world_size, address, 60)
+        data = _data()
+        shard = shard_dataset(data)
+        fw = DistributedFrankWolfe(_model(data), shard, lam=LAM)
+        result["fw"] = _trajectory(fw, FW_STEPS)
+        for name, kw in CASES.items():
+            solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **kw)
+            result[name] = _trajectory(solver, PASSES)
+            result[name]["comm_bytes"] = solver.shard.comm_bytes
+        for name, kw in TABLES.items():
+            table = _table(shard_range(N, rank, world_size))
+            result[name] = _trajectory(DistributedBCFW(table, lam=LAM, seed=SEED, **kw), PASSES)
+        result["ok"] = True
+    except BaseException:  # noqa: BLE001 - reported to the test process
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rank_that_fails(rank: int, world_size: int, address: str, out: str, how: str) -> None:
+    """Rank 1 dies (``os._exit``) or stalls for 5 s in the middle of its second pass; the others must raise. The
+    solver's collectives wait at most 2 s (``timeout=2``), the group's 20 s."""
+    from torchssvm.distributed import DistributedBCFW
+
+    _init(rank, world_size, address, 20)
+    data = _data()
+    solver = DistributedBCFW(_model(data), shard_dataset(data), lam=LAM, seed=SEED, batch_size=4, timeout=2)
+    solver.step()
+    if rank == 1:
+        fail = (lambda: os._exit(3)) if how == "dies" else (lambda: time.sleep(5))
+        solver.progress = lambda phase, done, total: fail() if done == 8 else None
+    t0 = time.monotonic()
+    try:
+        solver.step()
+        outcome = "returned"
+    except Exception as e:  # noqa: BLE001 - what the collective raised is the test's subject
+        outcome = f"raised {type(e).__name__}: {e}"
+    Path(out, f"rank{rank}.txt").write_text(f"{time.monotonic() - t0:.3f}\n{outcome}")
+
+
+def _rank_that_dies(rank: int, world_size: int, address: str, out: str) -> None:
+    _rank_that_fails(rank, world_size, address, out, "dies")
+
+
+def _rank_that_stalls(rank: int, world_size: int, address: str, out: str) -> None:
+    _rank_that_fails(rank, world_size, address, out, "stalls")
+
+
+def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
+    """Save after two passes, go on for two more; a fresh solver resumed from the save goes the same two passes.
+    Then states that must be refused on every rank: a manifest of another world size, one rank's file edited."""
+    import json
+
+    import torch.distributed as dist
+
+    from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe, load_sharded, save_sharded
+
+    result = {}
+    try:
+        _init(rank, world_size, address, 60)
+        data = _data()
+        shard = shard_dataset(data)
+        folder = Path(out) / "state"
+        for name, make in (("bcfw", lambda: DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED,
+                                                            **CASES["gap-pairwise-B4-cache"])),
+                           ("fw", lambda: DistributedFrankWolfe(_model(data), shard, lam=LAM))):
+            solver = make()
+            solver.step()
+            solver.step()
+            save_sharded(solver, folder / name)
+            whole = [solver.step()["dual"], solver.step()["dual"], solver.w.clone()]
+            resumed = make()
+            load_sharded(resumed, folder / name)
+            again = [resumed.step()["dual"], resumed.step()["dual"], resumed.w.clone()]
+            result[name] = (whole, again)
+        refusals = {}
+        manifest = json.loads((folder / "bcfw" / "manifest.json").read_text())
+        if rank == 0:
+            (folder / "other").mkdir()
+            (folder / "other" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 4}))
+        dist.barrier()
+        for case, load in (("world size", lambda s: load_sharded(s, folder / "other")),
+                           ("edited v", lambda s: s.load_state_dict(
+                               _edited(s.state_dict()) if rank == 1 else s.state_dict()))):
+            solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **CASES["gap-pairwise-B4-cache"])
+            solver.step()
+            before = solver.w.clone()
+            try:
+                load(solver)
+                refusals[case] = "loaded"
+            except ValueError as e:
+                refusals[case] = str(e)
+            assert torch.equal(solver.w, before)  # nothing set
+        result["refusals"] = refusals
+        result["ok"] = True
+    except BaseException:  # noqa: BLE001 - reported to the test process
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _edited(state: dict) -> dict:
+    state = dict(state)
+    state["v"] = state["v"].clone()
+    state["v"][0] += 0.5
+    return state
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _spawn(target, world_size: int, out: Path, deadline_s: float) -> list:
+    """Run ``target(rank, world_size, address, out)`` in ``world_size`` spawned processes; their exit codes."""
+    ctx = multiprocessing.get_context("forkserver")  # torch imported once, in the server (as test_checkpoint.py)
+    ctx.set_forkserver_preload(["torch", "torchssvm", "torchssvm.distributed"])
+    address = _free_address()
+    procs = [ctx.Process(target=target, args=(r, world_size, address, str(out)), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        end = time.monotonic() + deadline_s
+        for p in procs:
+            p.join(max(0.0, end - time.monotonic()))
+        alive = [r for r, p in enumerate(procs) if p.is_alive()]
+        assert not alive, f"ranks {alive} still running after {deadline_s} s"
+        return [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+# -- the single-process references --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def references():
+    torch.set_num_threads(1)
+    data = _data()
+    out = {"fw": _trajectory(FrankWolfe(_model(data), data, lam=LAM), FW_STEPS)}
+    for name, kw in CASES.items():
+        out[name] = _trajectory(BCFW(_model(data), data, lam=LAM, seed=SEED, **kw), PASSES)
+    for name, kw in TABLES.items():
+        out[name] = _trajectory(BCFW(_table(), lam=LAM, seed=SEED, **kw), PASSES)
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    scale = max(1.0, float(b.abs().max()))
+    err = float((a - b).abs().max()) if a.numel() else 0.0
+    assert err <= RTOL * scale, f"{what}: off by {err:.3g} (scale {scale:.3g})"
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, bitwise: bool, what: str) -> None:
+    if bitwise:
+        assert torch.equal(a, b), f"{what} differs from the single-process run (by {float((a - b).abs().max()):.3g})"
+    else:
+        _close(a, b, what)
+
+
+def _blocks(z_local: torch.Tensor, ell_local: torch.Tensor, lengths: torch.Tensor, K: int, T: int):
+    """A shard's blocks ``z (n_r, T_r K + K^2 + 2K)`` in the whole problem's layout ``(n_r, T K + K^2 + 2K)``: its
+    unary marginals padded from its own longest sentence ``T_r`` to ``T``."""
+    T_r = int(lengths.max())
+    n_r = z_local.shape[0]
+    unary = torch.zeros(n_r, T, K, dtype=z_local.dtype)
+    unary[:, :T_r] = z_local[:, : T_r * K].view(n_r, T_r, K)
+    return torch.cat([unary.flatten(1), z_local[:, T_r * K:]], 1), ell_local
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, references):
+    """Every rank's ``w`` after each step, the reports, the exact gap pass (``duality_gap``: the certificate and the
+    ``(n,)`` block gaps) and the blocks ``z``, ``l`` gathered from the ranks equal the single-process
+    `FrankWolfe` and `BCFW` runs (same seed and batch size): BCFW on a dense chain bitwise (uniform and gap
+    sampling, FW, pairwise and away steps, B = 1 and B > 1, a cache, a box), batch Frank-Wolfe and BCFW on
+    explicit tables to 1e-12 relative; the ranks agree bitwise with each other; counters equal."""
+    codes = _spawn(_rank_solvers, world_size, tmp_path, deadline_s=150)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+    assert codes == [0] * world_size
+    data = _data()
+    K, T = data.num_labels, int(data.lengths.max())
+    for name in ["fw", *CASES, *TABLES]:
+        ref = references[name]
+        bitwise = name in CASES
+        for r, res in enumerate(ranks):
+            got = res[name]
+            assert torch.equal(got["w"], ranks[0][name]["w"]), f"{name}: rank {r}'s w differs from rank 0's"
+            _same(got["w"], ref["w"], bitwise, f"{name}: w")
+            for step, (a, b) in enumerate(zip(got["reports"], ref["reports"])):
+                assert a.keys() == b.keys()
+                for key in a:
+                    if key == "time":
+                        continue
+                    if isinstance(b[key], int) or bitwise:
+                        assert a[key] == b[key], f"{name} step {step}: {key} {a[key]!r} != {b[key]!r}"
+                    else:
+                        assert a[key] == b[key] or abs(a[key] - b[key]) <= RTOL * max(1.0, abs(b[key])), \
+                            f"{name} step {step}: {key} {a[key]!r} != {b[key]!r}"
+            # the exact gap pass (`duality_gap`): the certificate and the (n,) block gaps
+            for key in ("primal", "dual", "gap"):
+                _same(torch.tensor(got["exact"][key]), torch.tensor(ref["exact"][key]), bitwise, f"{name}: {key}")
+            _same(got["block_gaps"], ref["block_gaps"], bitwise, f"{name}: block gaps")
+        # the blocks: rank r holds the examples of shard_range(n, r, W), in its own layout
+        z_parts, ell_parts = [], []
+        for r, res in enumerate(ranks):
+            rows = shard_range(N, r, world_size)
+            z, ell = res[name]["z"], res[name]["ell"]
+            if name not in TABLES:
+                z, ell = _blocks(z, ell, data.lengths[rows.start: rows.stop], K, T)
+            z_parts.append(z)
+            ell_parts.append(ell)
+        _same(torch.cat(z_parts), ref["z"], bitwise, f"{name}: z")
+        _same(torch.cat(ell_parts), ref["ell"], bitwise, f"{name}: ell")
+
+
+def test_a_state_per_rank_resumes_the_same_run_and_a_wrong_one_is_refused_everywhere(tmp_path):
+    """`save_sharded` after two passes, then two more passes; a fresh solver resumed with `load_sharded` takes the
+    same two passes bitwise (BCFW with gap sampling, pairwise steps, a cache and B = 4; batch Frank-Wolfe). A
+    manifest of another world size is refused on every rank, and so is a state that one rank cannot trust (its v
+    edited: that rank names v, the other names the rank that refused), and neither changes the solver."""
+    codes = _spawn(_rank_state, 2, tmp_path, deadline_s=120)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+    assert codes == [0, 0]
+    manifest = (tmp_path / "state" / "bcfw" / "manifest.json").read_text()
+    assert '"world_size": 2' in manifest and '"step2/rank1.ckpt"' in manifest
+    for r, res in enumerate(ranks):
+        for name in ("bcfw", "fw"):
+            whole, again = res[name]
+            assert whole[:2] == again[:2] and torch.equal(whole[2], again[2]), f"rank {r} {name}: resumed run differs"
+        refusals = res["refusals"]
+        assert "world size 2; this one has 2" not in refusals["world size"]
+        assert "world size 4" in refusals["world size"], refusals
+    assert "state_dict['v']" in ranks[1]["refusals"]["edited v"], ranks[1]["refusals"]
+    assert "rank 1 refused" in ranks[0]["refusals"]["edited v"], ranks[0]["refusals"]
+
+
+@pytest.mark.parametrize("how", ["dies", "stalls"])
+def test_a_rank_that_dies_or_stalls_makes_the_others_raise(how, tmp_path):
+    """Rank 1 exits, or sleeps 5 s, in the middle of a pass; rank 0, waiting in the step's collective, raises
+    instead of hanging: at once when the peer closed the connection (gloo), after the solver's 2 s timeout when it
+    stalls."""
+    codes = _spawn(_rank_that_dies if how == "dies" else _rank_that_stalls, 2, tmp_path, deadline_s=60)
+    if how == "dies":
+        assert codes[1] == 3
+    seconds, outcome = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert outcome.startswith("raised"), outcome
+    assert float(seconds) < (2 if how == "dies" else 4.5), (seconds, outcome)
+    if how == "stalls":
+        assert float(seconds) >= 1.8 and "timed out" in outcome, (seconds, outcome)
+
+
+def test_shard_range_covers_every_example_once():
+    for n in (0, 1, 5, 23):
+        for world in (1, 2, 4, 7):
+            ranges = [shard_range(n, r, world) for r in range(world)]
+            assert [i for rg in ranges for i in rg] == list(range(n))
+            assert max(map(len, ranges)) - min(map(len, ranges)) <= 1
+    with pytest.raises(ValueError, match="rank"):
+        shard_range(5, 2, 2)
+    data = _data()
+    parts = [shard_dataset(data, r, 4) for r in range(4)]
+    assert [len(p) for p in parts] == [6, 6, 6, 5]
+    assert torch.equal(torch.cat([p.lengths for p in parts]), data.lengths)
+
+
+def test_no_process_group_is_a_clear_error():
+    import torch.distributed as dist
+
+    from torchssvm.distributed import DistributedBCFW
+
+    assert not dist.is_initialized()
+    data = _data()
+    with pytest.raises(ValueError, match="not initialized"):
+        DistributedBCFW(_model(data), data, lam=LAM)

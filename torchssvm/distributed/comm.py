@@ -1,0 +1,93 @@
+"""The collectives of the sharded solvers over a torch.distributed process group, with the bytes they pass counted
+(docs/distributed.md, "What each step communicates"). No transport of our own: gloo on the CPU, NCCL on CUDA."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_group(process_group=None):
+    """``process_group``, or the world group when None; a ValueError when torch.distributed is not initialized."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("process_group: torch.distributed is not initialized: call "
+                         "torch.distributed.init_process_group (e.g. in a script launched by torchrun) first")
+    return dist.group.WORLD if process_group is None else process_group
+
+
+class Collectives:
+    """The collectives one rank takes part in, over ``process_group`` (default: the world group).
+
+    ``timeout``: seconds (or a ``timedelta``) each collective may wait for the other ranks before it raises; None
+    (default) leaves the process group's own timeout (`init_process_group(timeout=...)`). ``bytes`` counts the bytes
+    of the tensors this rank passed to collectives and ``calls`` the collectives."""
+
+    def __init__(self, process_group=None, *, timeout: Union[float, timedelta, None] = None):
+        self.group = resolve_group(process_group)
+        self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise ValueError("process_group: this process is not a member of it")
+        self.world_size = dist.get_world_size(self.group)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+                raise ValueError(f"timeout must be a number of seconds > 0, a timedelta or None, got {timeout!r}")
+            timeout = timedelta(seconds=float(timeout))
+        self.timeout: Optional[timedelta] = timeout
+        self.bytes = 0
+        self.calls = 0
+
+    def _count(self, *tensors: torch.Tensor) -> None:
+        self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        self.calls += 1
+
+    def _wait(self, work) -> None:
+        if self.timeout is None:
+            work.wait()
+        else:
+            work.wait(self.timeout)
+
+    def global_rank(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank) if self.group is not dist.group.WORLD else rank
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``tensor`` reduced over the ranks in place (``op``: ``"sum"`` or ``"max"``), returned."""
+        self._count(tensor)
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        self._wait(dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True))
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """``tensor`` of rank ``src`` (a rank of the group) on every rank, in place, returned."""
+        self._count(tensor)
+        self._wait(dist.broadcast(tensor, src=self.global_rank(src), group=self.group, async_op=True))
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``(world_size, *tensor.shape)``: every rank's ``tensor`` (of one shape on all ranks), in rank order."""
+        self._count(tensor)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True))
+        return torch.stack(parts)
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable ``obj``, in rank order (small objects: fingerprints, counters; not counted)."""
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point."""
+        self._wait(dist.barrier(group=self.group, async_op=True))
+
+    def all_gather_cat(self, tensor: torch.Tensor, sizes) -> torch.Tensor:
+        """Every rank's ``tensor`` ``(sizes[r], ...)`` concatenated in rank order along dim 0 (padded to the largest
+        size for the collective)."""
+        top = max(sizes)
+        padded = tensor
+        if tensor.shape[0] < top:
+            padded = torch.cat([tensor, tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))])
+        parts = self.all_gather(padded)
+        return torch.cat([parts[r, :s] for r, s in enumerate(sizes)])

@@ -1,0 +1,163 @@
+"""A dual problem whose examples are split across the ranks of a process group (docs/distributed.md).
+
+Rank r holds examples ``[offset_r, offset_r + n_r)`` of the n of the whole problem as its own `DualProblem` (its
+data, in its own local indices ``0..n_r-1``); ``w`` is replicated. `ShardedProblem` wraps that local problem with
+what the solvers need beyond it: the global n, the offsets, which rank holds a global example, and the collectives
+(`Collectives`)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Union
+
+import torch
+
+from ..optim.problems import ChainProblem, DualProblem, FeatureTableProblem
+from .comm import Collectives
+
+
+class ShardedProblem:
+    """``ShardedProblem(problem, process_group=None, *, timeout=None)``: this rank's shard of a dual problem.
+
+    Args:
+        problem: the rank's `DualProblem` over its ``n_r >= 1`` examples (e.g. the `ChainProblem` of a
+            `LinearChainModel` and this rank's `shard_dataset`).
+        process_group: the ranks that hold the shards (default: the world group; torch.distributed must be
+            initialized).
+        timeout: seconds each collective may wait (`Collectives`); None: the process group's timeout.
+
+    Building it is a collective: every rank of the group builds its own at the same point. The shards' sizes are
+    all-gathered once; rank r's examples are the global ``offset_r + j``, ``j < n_r``, in rank order. The ranks'
+    problems must have the same ``d`` (a ValueError otherwise).
+
+    Attributes: ``local`` (the rank's `DualProblem`), ``n`` (global), ``n_local``, ``offset``, ``sizes`` (the n_r of
+    every rank), ``offsets`` (their running sums, ``W + 1``), ``rank``, ``world_size``, ``comm``.
+    """
+
+    def __init__(self, problem: DualProblem, process_group=None, *, timeout: Union[float, timedelta, None] = None):
+        if not isinstance(problem, DualProblem):
+            raise TypeError(f"problem must be a DualProblem (the rank's shard), got {type(problem).__name__}")
+        self.local = problem
+        self.comm = Collectives(process_group, timeout=timeout)
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        shape = self.comm.all_gather(torch.tensor([problem.n, problem.d], dtype=torch.float64, device=problem.device))
+        sizes, ds = shape[:, 0].long().tolist(), shape[:, 1].long().tolist()
+        if len(set(ds)) > 1:
+            raise ValueError(f"problem: the ranks' problems have different numbers of parameters d = {ds} (rank r "
+                             "at index r): every shard must be of one model")
+        self.sizes = sizes
+        self.offsets = [0]
+        for s in sizes:
+            self.offsets.append(self.offsets[-1] + s)
+        self.n = self.offsets[-1]
+        self.offset = self.offsets[self.rank]
+        self.n_local = problem.n
+        self._ends = torch.tensor(self.offsets[1:], dtype=torch.long)
+        # a dense chain's rows depend on the padded length of the batch they are computed in: every example's length
+        self._lengths = None
+        if isinstance(problem, ChainProblem) and not problem.sparse:
+            self._lengths = self.gather(problem.lengths.to(torch.long)).cpu()
+
+    @property
+    def d(self) -> int:
+        return self.local.d
+
+    @property
+    def device(self) -> torch.device:
+        return self.local.device
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes of the tensors this rank passed to collectives so far."""
+        return self.comm.bytes
+
+    # -- where the examples are -------------------------------------------------------------------
+    def owner(self, idx: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` long: the rank that holds each global example of ``idx (B,)`` (on the host)."""
+        return torch.searchsorted(self._ends, idx.cpu(), right=True)
+
+    def local_index(self, idx: torch.Tensor) -> torch.Tensor:
+        """Global examples of this rank ``idx (B,)`` (on the host) as indices of the local problem."""
+        return idx.cpu() - self.offset
+
+    # -- collectives ---------------------------------------------------------------------------------
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """``(n, ...)``: every rank's ``local (n_r, ...)`` values of its examples in global order (one all-gather)."""
+        if local.shape[0] != self.n_local:
+            raise ValueError(f"gather takes this rank's {self.n_local} values along dim 0, got shape "
+                             f"{tuple(local.shape)}")
+        return self.comm.all_gather_cat(local, self.sizes)
+
+    def check_same(self, **settings) -> None:
+        """Raise a ValueError naming the first of ``settings`` (numbers or None) that differs between the ranks:
+        every rank must build its solver alike."""
+        names = list(settings)
+        values = torch.tensor([math.nan if settings[k] is None else float(settings[k]) for k in names],
+                              dtype=torch.float64, device=self.device)
+        table = self.comm.all_gather(values).cpu()
+        for j, name in enumerate(names):
+            column = table[:, j]
+            same = bool((column == column[0]).all()) or bool(column.isnan().all())
+            if not same:
+                raise ValueError(f"{name} differs between the ranks ({column.tolist()}, rank r at index r): every "
+                                 "rank must build the solver with the same settings")
+
+    def check_replicated(self, name: str, tensor: torch.Tensor) -> None:
+        """Raise a RuntimeError if ``tensor`` (replicated: the same bits on every rank) differs between the ranks:
+        one all-reduce of the max of ``(tensor, -tensor)``."""
+        flat = tensor.reshape(-1).to(torch.float64)
+        both = self.comm.all_reduce(torch.cat([flat, -flat]), op="max")
+        k = flat.numel()
+        if not (torch.equal(both[:k], flat) and torch.equal(-both[k:], flat)):
+            spread = float((both[:k] + both[k:]).abs().max())
+            raise RuntimeError(f"{name} differs between the ranks (by up to {spread:.3g}): the replicated computation "
+                               "diverged (ranks with different arithmetic, or a rank that skipped a step)")
+
+    # -- the blocks in w-space -----------------------------------------------------------------------
+    def batch_width(self, idx: torch.Tensor):
+        """The padded length one process gives a batch of the global examples ``idx (B,)`` (a dense chain: their
+        longest sentence, from the lengths all-gathered when built), or None for problems without one."""
+        if self._lengths is None:
+            return None
+        return int(self._lengths[idx.cpu()].max())
+
+    def joint_features(self, idx: torch.Tensor, z: torch.Tensor, width=None) -> torch.Tensor:
+        """``(B, d)``: ``Phi_b z_b`` of the local blocks ``idx (B,)`` with ``z (B, m_r)``: the rows the mini-batch
+        step exchanges (docs/distributed.md), computed as the problem's own `gram` computes them on one process, so
+        that they are its bits: a dense chain pads the rows' sentences to ``width`` (`batch_width` of the whole
+        batch), explicit tables take their own product; any other problem goes through `DualProblem.accumulate`,
+        one block at a time (the same values to rounding)."""
+        p = self.local
+        if self._lengths is not None:
+            return _chain_rows(p, idx, z, width if width is not None else p._batch_T(idx))
+        rows = getattr(p, "_phi", None)  # FeatureTableProblem: the factor of its gram
+        if isinstance(p, FeatureTableProblem) and rows is not None:
+            return rows(idx, z)
+        out = torch.zeros(idx.shape[0], p.d, dtype=torch.float64, device=p.device)
+        one = torch.ones(1, dtype=torch.float64, device=p.device)
+        for b in range(idx.shape[0]):
+            p.accumulate(out[b], idx[b: b + 1], z[b: b + 1], one)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"ShardedProblem({type(self.local).__name__}, rank {self.rank} of {self.world_size}, examples "
+                f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
+
+
+def _chain_rows(p: ChainProblem, idx: torch.Tensor, z: torch.Tensor, width: int) -> torch.Tensor:
+    """``Phi_b z_b`` ``(B, d)`` of a dense chain's blocks, their sentences padded to ``width`` (which may exceed the
+    shard's own padded length): the rows `ChainProblem.gram` builds for a batch of that padded length on one
+    process (`ChainProblem._joint_features`), bitwise."""
+    T = p._batch_T(idx)
+    if width == T:
+        return p._joint_features(idx, z, T)
+    u, t, s, e = p._split(z, T)
+    B, pad = idx.shape[0], (0, 0, 0, width - T)
+    u = torch.nn.functional.pad(u, pad)
+    x = torch.nn.functional.pad(p._x(idx, T), pad)
+    parts = {"emission": torch.bmm(x.transpose(1, 2), u).reshape(B, p.D * p.K), "transition": t.flatten(1),
+             "start": s, "end": e}
+    if "bias" in p._slices:
+        parts["bias"] = u.sum(1)
+    return torch.cat([parts[name] for name in p._slices], 1)
