@@ -16,6 +16,9 @@ import sys
 import time
 from typing import Iterable, Optional, Sequence
 
+__all__ = ["make_writer", "log_scalars", "add_certificate_layout", "certificate_layout", "log_hparams",
+           "final_metrics", "progress", "CERTIFICATE_TAG"]
+
 
 def make_writer(logdir: str = "runs", name: str = "run"):
     """A `torch.utils.tensorboard.SummaryWriter` writing to ``<logdir>/<name>-<YYYYmmdd-HHMMSS>``."""
