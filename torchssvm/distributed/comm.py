@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Optional, Union
 
@@ -23,7 +24,8 @@ class Collectives:
 
     ``timeout``: seconds (or a ``timedelta``) each collective may wait for the other ranks before it raises; None
     (default) leaves the process group's own timeout (`init_process_group(timeout=...)`). ``bytes`` counts the bytes
-    of the tensors this rank passed to collectives and ``calls`` the collectives."""
+    of the tensors this rank passed to collectives, ``calls`` the collectives and ``seconds`` the time spent in them
+    (waiting for the other ranks included)."""
 
     def __init__(self, process_group=None, *, timeout: Union[float, timedelta, None] = None):
         self.group = resolve_group(process_group)
@@ -38,16 +40,20 @@ class Collectives:
         self.timeout: Optional[timedelta] = timeout
         self.bytes = 0
         self.calls = 0
+        self.seconds = 0.0
 
     def _count(self, *tensors: torch.Tensor) -> None:
         self.bytes += sum(t.numel() * t.element_size() for t in tensors)
         self.calls += 1
 
-    def _wait(self, work) -> None:
-        if self.timeout is None:
-            work.wait()
-        else:
-            work.wait(self.timeout)
+    def _wait(self, work, t0: float) -> None:
+        try:
+            if self.timeout is None:
+                work.wait()
+            else:
+                work.wait(self.timeout)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def global_rank(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank) if self.group is not dist.group.WORLD else rank
@@ -56,20 +62,23 @@ class Collectives:
         """``tensor`` reduced over the ranks in place (``op``: ``"sum"`` or ``"max"``), returned."""
         self._count(tensor)
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        self._wait(dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True))
+        t0 = time.perf_counter()
+        self._wait(dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True), t0)
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``tensor`` of rank ``src`` (a rank of the group) on every rank, in place, returned."""
         self._count(tensor)
-        self._wait(dist.broadcast(tensor, src=self.global_rank(src), group=self.group, async_op=True))
+        t0 = time.perf_counter()
+        self._wait(dist.broadcast(tensor, src=self.global_rank(src), group=self.group, async_op=True), t0)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """``(world_size, *tensor.shape)``: every rank's ``tensor`` (of one shape on all ranks), in rank order."""
         self._count(tensor)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True))
+        t0 = time.perf_counter()
+        self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True), t0)
         return torch.stack(parts)
 
     def all_gather_object(self, obj) -> list:
@@ -80,7 +89,8 @@ class Collectives:
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
-        self._wait(dist.barrier(group=self.group, async_op=True))
+        t0 = time.perf_counter()
+        self._wait(dist.barrier(group=self.group, async_op=True), t0)
 
     def all_gather_cat(self, tensor: torch.Tensor, sizes) -> torch.Tensor:
         """Every rank's ``tensor`` ``(sizes[r], ...)`` concatenated in rank order along dim 0 (padded to the largest
