@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -191,6 +192,13 @@ def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
                 refusals[case] = str(e)
             assert torch.equal(solver.w, before)  # nothing set
         result["refusals"] = refusals
+        # fit's time budget: the ranks' clocks differ (rank 1 is slower), yet all stop after the same step
+        solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, batch_size=4)
+        if rank == 1:
+            solver.progress = lambda phase, done, total: time.sleep(0.01)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a ConvergenceWarning: stopped by the time budget
+            result["budget"] = [r["time"] for r in solver.fit(max_passes=1000, time_budget=0.5, gap_tol=1e-12)]
         result["ok"] = True
     except BaseException:  # noqa: BLE001 - reported to the test process
         result = {"ok": False, "error": traceback.format_exc()}
@@ -272,13 +280,14 @@ def _blocks(z_local: torch.Tensor, ell_local: torch.Tensor, lengths: torch.Tenso
     return torch.cat([unary.flatten(1), z_local[:, T_r * K:]], 1), ell_local
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, references):
     """Every rank's ``w`` after each step, the reports, the exact gap pass (``duality_gap``: the certificate and the
     ``(n,)`` block gaps) and the blocks ``z``, ``l`` gathered from the ranks equal the single-process
     `FrankWolfe` and `BCFW` runs (same seed and batch size): BCFW on a dense chain bitwise (uniform and gap
     sampling, FW, pairwise and away steps, B = 1 and B > 1, a cache, a box), batch Frank-Wolfe and BCFW on
-    explicit tables to 1e-12 relative; the ranks agree bitwise with each other; counters equal."""
+    explicit tables to 1e-12 relative (bitwise on a group of one, which sends nothing); the ranks agree bitwise with
+    each other; counters equal."""
     codes = _spawn(_rank_solvers, world_size, tmp_path, deadline_s=150)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     for r, res in enumerate(ranks):
@@ -288,10 +297,12 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
     K, T = data.num_labels, int(data.lengths.max())
     for name in ["fw", *CASES, *TABLES]:
         ref = references[name]
-        bitwise = name in CASES
+        bitwise = name in CASES or world_size == 1  # a group of one takes every single-process step
         for r, res in enumerate(ranks):
             got = res[name]
             assert torch.equal(got["w"], ranks[0][name]["w"]), f"{name}: rank {r}'s w differs from rank 0's"
+            if world_size == 1 and "comm_bytes" in got:
+                assert got["comm_bytes"] == 0, f"{name}: a group of one sent {got['comm_bytes']} bytes"
             _same(got["w"], ref["w"], bitwise, f"{name}: w")
             for step, (a, b) in enumerate(zip(got["reports"], ref["reports"])):
                 assert a.keys() == b.keys()
@@ -320,11 +331,12 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
         _same(torch.cat(ell_parts), ref["ell"], bitwise, f"{name}: ell")
 
 
-def test_a_state_per_rank_resumes_the_same_run_and_a_wrong_one_is_refused_everywhere(tmp_path):
+def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree(tmp_path):
     """`save_sharded` after two passes, then two more passes; a fresh solver resumed with `load_sharded` takes the
     same two passes bitwise (BCFW with gap sampling, pairwise steps, a cache and B = 4; batch Frank-Wolfe). A
     manifest of another world size is refused on every rank, and so is a state that one rank cannot trust (its v
-    edited: that rank names v, the other names the rank that refused), and neither changes the solver."""
+    edited: that rank names v, the other names the rank that refused), and neither changes the solver. `fit` with a
+    time budget stops every rank after the same step although their clocks differ (one rank is slower)."""
     codes = _spawn(_rank_state, 2, tmp_path, deadline_s=120)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for r, res in enumerate(ranks):
@@ -339,6 +351,7 @@ def test_a_state_per_rank_resumes_the_same_run_and_a_wrong_one_is_refused_everyw
         refusals = res["refusals"]
         assert "world size 2; this one has 2" not in refusals["world size"]
         assert "world size 4" in refusals["world size"], refusals
+    assert ranks[0]["budget"] == ranks[1]["budget"] and 1 <= len(ranks[0]["budget"]) < 1000, ranks[0]["budget"]
     assert "state_dict['v']" in ranks[1]["refusals"]["edited v"], ranks[1]["refusals"]
     assert "rank 1 refused" in ranks[0]["refusals"]["edited v"], ranks[0]["refusals"]
 

@@ -60,6 +60,8 @@ class Collectives:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``tensor`` reduced over the ranks in place (``op``: ``"sum"`` or ``"max"``), returned."""
+        if self.world_size == 1:  # every collective of a group of one is the identity: nothing sent
+            return tensor
         self._count(tensor)
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         t0 = time.perf_counter()
@@ -68,6 +70,8 @@ class Collectives:
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``tensor`` of rank ``src`` (a rank of the group) on every rank, in place, returned."""
+        if self.world_size == 1:
+            return tensor
         self._count(tensor)
         t0 = time.perf_counter()
         self._wait(dist.broadcast(tensor, src=self.global_rank(src), group=self.group, async_op=True), t0)
@@ -75,6 +79,8 @@ class Collectives:
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """``(world_size, *tensor.shape)``: every rank's ``tensor`` (of one shape on all ranks), in rank order."""
+        if self.world_size == 1:
+            return tensor.unsqueeze(0).clone()
         self._count(tensor)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         t0 = time.perf_counter()
@@ -83,12 +89,16 @@ class Collectives:
 
     def all_gather_object(self, obj) -> list:
         """Every rank's picklable ``obj``, in rank order (small objects: fingerprints, counters; not counted)."""
+        if self.world_size == 1:
+            return [obj]
         out = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
+        if self.world_size == 1:
+            return
         t0 = time.perf_counter()
         self._wait(dist.barrier(group=self.group, async_op=True), t0)
 

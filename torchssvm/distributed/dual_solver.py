@@ -76,8 +76,10 @@ class ShardedSolver:
             return super()._dual_tensor()
 
     def _check_replicas(self) -> None:
-        """A RuntimeError if ``v`` (hence ``w``) differs between the ranks (`ShardedProblem.check_replicated`)."""
-        self.shard.check_replicated("v", self.v)
+        """At the end of a step: a RuntimeError if ``v`` (hence ``w``) differs between the ranks
+        (`ShardedProblem.check_replicated`), and ``seconds`` the largest of the ranks', so that reports are the same
+        on every rank and every rank stops `fit` at the same step on a ``time_budget``."""
+        (self.seconds,) = self.shard.check_replicated("v", self.v, maxima=(self.seconds,))
 
     # -- not yet on shards ---------------------------------------------------------------------------------
     def _not_yet(self, what: str):

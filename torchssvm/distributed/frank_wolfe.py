@@ -77,10 +77,10 @@ class DistributedFrankWolfe(ShardedSolver, FrankWolfe):
             self.ell.mul_(1 - gamma).add_(s_ell, alpha=gamma)
             self.v.mul_(1 - gamma).add_(v_s, alpha=gamma)
             self._sync_w()
-        self._check_replicas()
         self.steps_done += 1
         p.write_model(self.w)
         self.seconds += time.perf_counter() - t0
+        self._check_replicas()
         self.last_exact = {"primal": primal, "gap": gap, "passes": self.oracle_calls / n}
         r = {"primal": primal, "dual": dual, "gap": gap, "gap_exact": True, "step_size": gamma,
              "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls, "time": self.seconds}

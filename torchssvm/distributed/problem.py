@@ -103,16 +103,20 @@ class ShardedProblem:
                 raise ValueError(f"{name} differs between the ranks ({column.tolist()}, rank r at index r): every "
                                  "rank must build the solver with the same settings")
 
-    def check_replicated(self, name: str, tensor: torch.Tensor) -> None:
-        """Raise a RuntimeError if ``tensor`` (replicated: the same bits on every rank) differs between the ranks:
-        one all-reduce of the max of ``(tensor, -tensor)``."""
+    def check_replicated(self, name: str, tensor: torch.Tensor, maxima=()) -> list:
+        """Raise a RuntimeError if ``tensor`` (replicated: the same bits on every rank) differs between the ranks,
+        and return the largest value over the ranks of each number of ``maxima`` (e.g. the seconds spent, so that
+        every rank takes the same decision on a time budget): one all-reduce of the max of ``(tensor, -tensor,
+        maxima)``."""
         flat = tensor.reshape(-1).to(torch.float64)
-        both = self.comm.all_reduce(torch.cat([flat, -flat]), op="max")
+        extra = torch.tensor([float(x) for x in maxima], dtype=torch.float64, device=flat.device)
+        both = self.comm.all_reduce(torch.cat([flat, -flat, extra]), op="max")
         k = flat.numel()
-        if not (torch.equal(both[:k], flat) and torch.equal(-both[k:], flat)):
-            spread = float((both[:k] + both[k:]).abs().max())
+        if not (torch.equal(both[:k], flat) and torch.equal(-both[k: 2 * k], flat)):
+            spread = float((both[:k] + both[k: 2 * k]).abs().max())
             raise RuntimeError(f"{name} differs between the ranks (by up to {spread:.3g}): the replicated computation "
                                "diverged (ranks with different arithmetic, or a rank that skipped a step)")
+        return both[2 * k:].tolist()
 
     # -- the blocks in w-space -----------------------------------------------------------------------
     def batch_width(self, idx: torch.Tensor):
