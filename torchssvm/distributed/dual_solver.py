@@ -92,7 +92,8 @@ class ShardedSolver:
         save and resume with `save_sharded` / `load_sharded` (a folder of one file per rank and a manifest)."""
         if checkpoint is not None:
             raise self._not_yet("fit(checkpoint=...) (use save_sharded / load_sharded)")
-        return super().fit(max_passes, gap_tol, time_budget, exact=exact, callback=callback)
+        return self._fit({"max_passes": max_passes, "gap_tol": gap_tol, "time_budget": time_budget},
+                         callback=callback, exact=exact)
 
     # -- state: one per rank -------------------------------------------------------------------------------
     def _shard_record(self) -> dict:
