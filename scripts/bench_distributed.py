@@ -190,7 +190,7 @@ def _formula(n: int, B: int, d: int, ranks: list) -> float:
     for b in sizes:
         p_one = sum(math.comb(r["n_local"], b) for r in ranks) / math.comb(n, b)
         total += p_one * 8 * (d + b + 3) + (1 - p_one) * 8 * (b * d + 3 * b + 3)
-    return (total + 8 * max(r["n_local"] for r in ranks) + 16 * d) / len(sizes)
+    return (total + 8 * max(r["n_local"] for r in ranks) + 16 * d + 8) / len(sizes)
 
 
 def report(res: dict) -> list:
@@ -251,7 +251,7 @@ def report(res: dict) -> list:
         "\"In collectives\": the share of the pass the slowest rank spent inside collectives, waiting for the other "
         "ranks included. Bytes per step: those of the pass divided by its steps; the formula is docs/distributed.md's "
         "(a batch on one rank: a broadcast of `8 (d + B + 3)` bytes; a batch spread over ranks: an all-reduce of "
-        "`8 (B d + 3 B + 3)`; the per-pass report: `8 n_max + 16 d`; a group of one sends nothing).",
+        "`8 (B d + 3 B + 3)`; the per-pass report: `8 n_max + 16 d + 8`; a group of one sends nothing).",
         "",
         "## Projection to N GPUs",
         "",
