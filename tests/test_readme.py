@@ -3,8 +3,11 @@ folder, the data found as a user's would be, through ``$TORCHSSVM_DATA``), every
 ``bash`` block runs through the CLI, the fresh-machine test command is the one CI runs, and the page carries no
 references a reader cannot follow."""
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,9 +29,26 @@ def test_readme_has_code_to_run():
     assert len(PYTHON) >= 6 and COMMANDS, (len(PYTHON), COMMANDS)
 
 
+def _launched(code: str) -> bool:
+    """A block that is a script for ``torchrun`` (it starts with ``# name.py`` and joins a process group)."""
+    return bool(re.match(r"# \w+\.py\n", code)) and "init_process_group" in code
+
+
 @pytest.mark.parametrize("k", range(len(PYTHON)), ids=lambda k: f"block{k}")
 def test_python_block_runs_as_written(k, tmp_path, monkeypatch, request, capsys):
     code = PYTHON[k]
+    if _launched(code):  # as the README says: torchrun --nproc-per-node 2 <name>.py
+        script = tmp_path / code.split("\n", 1)[0][2:]
+        script.write_text(code, encoding="utf-8")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               "2", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "History(" in done.stdout
+        with capsys.disabled():
+            print(f"\nREADME block {k} (torchrun, 2 processes): {time.perf_counter() - t0:.1f} s")
+        return
     if any(loader in code for loader in DATA_LOADERS):
         monkeypatch.setenv("TORCHSSVM_DATA", request.getfixturevalue("data_root"))
     if "sklearn" in code:
