@@ -173,6 +173,15 @@ def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
             load_sharded(resumed, folder / name)
             again = [resumed.step()["dual"], resumed.step()["dual"], resumed.w.clone()]
             result[name] = (whole, again)
+        # fit(checkpoint=folder): stopped after 2 passes, a fresh solver's fit resumes and ends where one fit ends
+        def fit_bcfw(passes, path):
+            solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **CASES["gap-pairwise-B4-cache"])
+            return solver, solver.fit(max_passes=passes, checkpoint=path)
+
+        whole, _ = fit_bcfw(4, folder / "fit-whole")
+        fit_bcfw(2, folder / "fit-cut")
+        resumed, history = fit_bcfw(4, folder / "fit-cut")
+        result["fit"] = (whole.w.clone(), resumed.w.clone(), whole.steps_done, resumed.steps_done, len(history))
         refusals = {}
         manifest = json.loads((folder / "bcfw" / "manifest.json").read_text())
         if rank == 0:
@@ -333,7 +342,8 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
 
 def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree(tmp_path):
     """`save_sharded` after two passes, then two more passes; a fresh solver resumed with `load_sharded` takes the
-    same two passes bitwise (BCFW with gap sampling, pairwise steps, a cache and B = 4; batch Frank-Wolfe). A
+    same two passes bitwise (BCFW with gap sampling, pairwise steps, a cache and B = 4; batch Frank-Wolfe); a fit
+    with ``checkpoint=folder`` stopped early and fitted again from a fresh solver ends bitwise where one fit ends. A
     manifest of another world size is refused on every rank, and so is a state that one rank cannot trust (its v
     edited: that rank names v, the other names the rank that refused), and neither changes the solver. `fit` with a
     time budget stops every rank after the same step although their clocks differ (one rank is slower)."""
@@ -348,6 +358,9 @@ def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree
         for name in ("bcfw", "fw"):
             whole, again = res[name]
             assert whole[:2] == again[:2] and torch.equal(whole[2], again[2]), f"rank {r} {name}: resumed run differs"
+        w_whole, w_resumed, steps_whole, steps_resumed, resumed_steps = res["fit"]
+        assert torch.equal(w_whole, w_resumed) and steps_whole == steps_resumed, f"rank {r}: fit(checkpoint=)"
+        assert 0 < resumed_steps < steps_whole  # the second fit took only the steps after the checkpoint
         refusals = res["refusals"]
         assert "world size 2; this one has 2" not in refusals["world size"]
         assert "world size 4" in refusals["world size"], refusals

@@ -10,8 +10,10 @@ rank."""
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Union
 
 import torch
@@ -19,6 +21,7 @@ import torch
 from ..optim._state import check_close
 from ..optim.dual_solver import exact_block_gaps
 from ..optim.problems import make_problem
+from .checkpoint import MANIFEST, load_sharded, save_sharded
 from .problem import ShardedProblem
 
 
@@ -88,12 +91,34 @@ class ShardedSolver:
 
     def fit(self, max_passes=None, gap_tol=None, time_budget=None, *, exact: bool = True, callback=None,
             checkpoint=None, checkpoint_every: int = 1):
-        """`DualSolver.fit` on every rank at once (each step is a collective). ``checkpoint`` is not supported yet:
-        save and resume with `save_sharded` / `load_sharded` (a folder of one file per rank and a manifest)."""
-        if checkpoint is not None:
-            raise self._not_yet("fit(checkpoint=...) (use save_sharded / load_sharded)")
+        """`DualSolver.fit` on every rank at once (each step is a collective). ``checkpoint`` is a folder seen by
+        every rank (the same path on a shared file system): the run resumes from it when it holds a manifest
+        (`load_sharded`) and writes it every ``checkpoint_every`` steps and at the end (`save_sharded`: a file per
+        rank, then the manifest, the commit point)."""
         return self._fit({"max_passes": max_passes, "gap_tol": gap_tol, "time_budget": time_budget},
-                         callback=callback, exact=exact)
+                         callback=callback, exact=exact, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+
+    def _resume_checkpoint(self, checkpoint, every: int) -> None:
+        """Resume from the folder ``checkpoint`` when it holds a manifest: every rank must see the same (a
+        ValueError on every rank otherwise, before any loads)."""
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise TypeError(f"checkpoint must be a folder path (str or os.PathLike), got {type(checkpoint).__name__}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"checkpoint_every must be an int >= 1 (steps), got {every!r}")
+        path = Path(checkpoint)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"checkpoint must be a folder on shards (a file per rank and a manifest), got the file "
+                             f"{os.fspath(path)!r}")
+        seen = self.shard.comm.all_gather_object((path / MANIFEST).exists())
+        if len(set(seen)) > 1:
+            raise ValueError(f"checkpoint {os.fspath(path)!r}: ranks {[r for r, s in enumerate(seen) if s]} see its "
+                             f"manifest and ranks {[r for r, s in enumerate(seen) if not s]} do not: the folder must "
+                             "be on a file system every rank shares")
+        if seen[0]:
+            load_sharded(self, path)
+
+    def _save_checkpoint(self, checkpoint) -> None:
+        save_sharded(self, checkpoint)
 
     # -- state: one per rank -------------------------------------------------------------------------------
     def _shard_record(self) -> dict:

@@ -87,6 +87,15 @@ class Solver:
         return gap_tol is not None and gap is not None and gap <= gap_tol and (bool(report.get("gap_exact"))
                                                                                or not exact)
 
+    def _resume_checkpoint(self, checkpoint, every: int) -> None:
+        """``fit(checkpoint=...)``'s resume: check the arguments and load the state when the file exists
+        (`resume_from`). Solvers whose state is not one file (one per rank) override it with `_save_checkpoint`."""
+        resume_from(self, checkpoint, every)
+
+    def _save_checkpoint(self, checkpoint) -> None:
+        """``fit(checkpoint=...)``'s write: the state, atomically (`save_checkpoint`)."""
+        save_checkpoint(self.state_dict(), checkpoint)
+
     def _after_fit(self) -> None:
         """Called at the end of a `fit` that took a step (e.g. write the certified iterate to the model)."""
 
@@ -129,7 +138,7 @@ class Solver:
         if limit is not None and self.limit_relative:
             limit = self._progress() + limit  # from this call (before a resume: the run's own count)
         if checkpoint is not None:
-            resume_from(self, checkpoint, checkpoint_every)
+            self._resume_checkpoint(checkpoint, checkpoint_every)
         history = History()
         if limit is not None and self._progress() >= limit:
             return history  # the limit counts from the start of training: already met, no step
@@ -138,7 +147,7 @@ class Solver:
         try:
             while True:
                 if checkpoint is not None and history and len(history) % checkpoint_every == 0:
-                    save_checkpoint(self.state_dict(), checkpoint)  # before the next step: the last one's report
+                    self._save_checkpoint(checkpoint)  # before the next step: the last one's report
                 r = self.step()
                 if gap_tol is not None and exact and not r.get("gap_exact") and r.get("gap") is not None \
                         and r["gap"] <= 0.8 * gap_tol:
@@ -165,7 +174,7 @@ class Solver:
             self._hold_below = None
         self._after_fit()
         if checkpoint is not None and history:
-            save_checkpoint(self.state_dict(), checkpoint)
+            self._save_checkpoint(checkpoint)
         if tolerances and not done:
             which = " and ".join(f"{k} = {limits[k]!r}" for k in tolerances)
             by = self.limit_name if limit is not None and self._progress() >= limit else "time_budget"
