@@ -27,10 +27,10 @@
 #          (bench_loss_cost.py) and the Viterbi roofline (bench_oracles.py --roofline)
 # Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
 set -uo pipefail
-stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends|step}"
+stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends|step|distributed}"
 case "$stage" in  # before anything is installed
-    tests|tree|tree-mixture|bcfw|speed|backends|step) ;;
-    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends|step)" >&2; exit 2 ;;
+    tests|tree|tree-mixture|bcfw|speed|backends|step|distributed) ;;
+    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends|step|distributed)" >&2; exit 2 ;;
 esac
 OUT="${OUT:-/tmp/gpu_out}"
 mkdir -p "$OUT"
@@ -87,5 +87,9 @@ case "$stage" in
         LIMIT=60 run python3 scripts/bench_startup.py --device cuda --out "$OUT"
         LIMIT=45 run python3 scripts/bench_loss_cost.py --device cuda --out "$OUT"
         LIMIT=60 run python3 scripts/bench_oracles.py --device cuda --roofline --out "$OUT"
+        ;;
+    distributed)
+        # the sharded solvers with NCCL: 1 GPU (a group of one), 2 GPUs where the machine has them
+        LIMIT=300 run python3 -m pytest -q -p no:cacheprovider tests/test_distributed_gpu.py
         ;;
 esac

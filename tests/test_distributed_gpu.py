@@ -1,0 +1,129 @@
+"""The sharded dual solvers with NCCL on CUDA (`torchssvm.distributed`, docs/distributed.md): on 1 GPU (a group of
+one, which sends nothing, takes the single-process steps bitwise) and, where the machine has them, on 2 GPUs (one
+rank per GPU, the same test code; to 1e-12 where the reduction order differs). Each rank runs `DistributedBCFW`
+with the host step (mini-batch B = 4, gap sampling, pairwise steps, a cache) and `DistributedFrankWolfe` on its
+shard on its GPU, and its iterates and certificate are compared with the single-process solvers on the whole data
+set on GPU 0.
+
+Skipped without CUDA or NCCL: CI has neither; `scripts/gpu_session.sh distributed` runs it on a lent GPU.
+``TORCHSSVM_GPU_TESTS_DEVICE=cpu`` dry-runs the same code with gloo on the CPU (one "device" per rank), so that no
+GPU time goes on a broken test."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from test_distributed import _close, _data, _free_address, _model  # noqa: F401 - the shared fixtures of the ranks
+
+import torchssvm as ts
+
+LAM, SEED, PASSES = 0.1, 7, 3
+BCFW_KW = dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4, gap_check_every=1, host_free=False)
+
+
+DRY_RUN = os.environ.get("TORCHSSVM_GPU_TESTS_DEVICE") == "cpu"  # gloo on the CPU: the same code, no GPU
+
+
+def _nccl() -> bool:
+    import torch.distributed as dist
+
+    return torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()
+
+
+pytestmark = pytest.mark.skipif(not (_nccl() or DRY_RUN), reason="needs CUDA and NCCL")
+
+
+def _device(rank: int) -> str:
+    return "cpu" if DRY_RUN else f"cuda:{rank}"
+
+
+def _gpus() -> int:
+    return 2 if DRY_RUN else torch.cuda.device_count()
+
+
+def _run(solver, steps: int) -> dict:
+    ws = []
+    for _ in range(steps):
+        solver.step()
+        ws.append(solver.w.detach().cpu().clone())
+    cert = solver.duality_gap()
+    return {"w": torch.stack(ws), "gap": float(cert["gap"]), "primal": float(cert["primal"])}
+
+
+def _rank_nccl(rank: int, world_size: int, address: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe, shard_dataset
+
+    result = {}
+    try:
+        if not DRY_RUN:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("gloo" if DRY_RUN else "nccl", init_method=address, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=120))
+        data = _data()
+        shard = shard_dataset(data)
+        device = _device(rank)
+        model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=device)
+        result["bcfw"] = _run(DistributedBCFW(model, shard, lam=LAM, seed=SEED, **BCFW_KW), PASSES)
+        model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=device)
+        result["fw"] = _run(DistributedFrankWolfe(model, shard, lam=LAM), PASSES)
+        result["ok"] = True
+    except BaseException:  # noqa: BLE001 - reported to the test process
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawn_nccl(world_size: int, out: Path) -> list:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # CUDA in the children: no fork after CUDA is initialized
+    address = _free_address()
+    procs = [ctx.Process(target=_rank_nccl, args=(r, world_size, address, str(out)), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        assert not any(p.is_alive() for p in procs), "a rank still runs after 300 s"
+        return [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_sharded_solvers_on_nccl_take_the_single_process_iterates(world_size, tmp_path):
+    if world_size > _gpus():
+        pytest.skip(f"needs {world_size} GPUs, this machine has {_gpus()}")
+    data = _data()
+    ref = {}
+    model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=_device(0))
+    ref["bcfw"] = _run(ts.optim.BCFW(model, data, lam=LAM, seed=SEED, **BCFW_KW), PASSES)
+    model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=_device(0))
+    ref["fw"] = _run(ts.optim.FrankWolfe(model, data, lam=LAM), PASSES)
+    codes = _spawn_nccl(world_size, tmp_path)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+    assert codes == [0] * world_size
+    for name in ("bcfw", "fw"):
+        for r, res in enumerate(ranks):
+            assert torch.equal(res[name]["w"], ranks[0][name]["w"]), f"{name}: rank {r}'s w differs from rank 0's"
+            if world_size == 1:  # a group of one takes every single-process step
+                assert torch.equal(res[name]["w"], ref[name]["w"]), f"{name}: w differs from one process"
+                assert res[name]["gap"] == ref[name]["gap"]
+            else:
+                _close(res[name]["w"], ref[name]["w"], f"{name}: w")
+                _close(torch.tensor(res[name]["gap"]), torch.tensor(ref[name]["gap"]), f"{name}: gap")
