@@ -14,8 +14,9 @@ from .bcfw import DistributedBCFW
 from .checkpoint import load_sharded, read_manifest, save_sharded
 from .comm import Collectives
 from .frank_wolfe import DistributedFrankWolfe
+from .nslack import DistributedNSlackCuttingPlane
 from .problem import ShardedProblem
 from .shard import shard_dataset, shard_range
 
-__all__ = ["Collectives", "DistributedBCFW", "DistributedFrankWolfe", "ShardedProblem", "load_sharded",
-           "read_manifest", "save_sharded", "shard_dataset", "shard_range"]
+__all__ = ["Collectives", "DistributedBCFW", "DistributedFrankWolfe", "DistributedNSlackCuttingPlane", "ShardedProblem",
+           "load_sharded", "read_manifest", "save_sharded", "shard_dataset", "shard_range"]

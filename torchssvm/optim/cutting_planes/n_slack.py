@@ -126,15 +126,10 @@ class NSlackCuttingPlane(DualSolver):
         return H.masked_fill(~self.used[idx], -math.inf)
 
     def _add(self, rows: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
-        n, C = self.used.shape
         free = ~self.used[rows]
         need = int((~free.any(1)).sum()) > 0
         if need:  # one more slot for everyone
-            self.labels = torch.cat([self.labels, self.labels[:, :1].clone().fill_(-1)], 1)
-            for name in ("loss", "alpha", "age"):
-                t = getattr(self, name)
-                setattr(self, name, torch.cat([t, t.new_zeros(n, 1)], 1))
-            self.used = torch.cat([self.used, self.used.new_zeros(n, 1)], 1)
+            self._widen(1)
             free = ~self.used[rows]
         slot = free.to(torch.int8).argmax(1)  # the first free slot
         self.labels[rows, slot] = labels.to(self.labels.dtype)
@@ -142,6 +137,15 @@ class NSlackCuttingPlane(DualSolver):
         self.alpha[rows, slot] = 0.0
         self.age[rows, slot] = 0
         self.used[rows, slot] = True
+
+    def _widen(self, k: int) -> None:
+        """``k`` more (unused) slots for every block."""
+        n = self.used.shape[0]
+        self.labels = torch.cat([self.labels, self.labels[:, :1].expand(-1, k, -1).clone().fill_(-1)], 1)
+        for name in ("loss", "alpha", "age"):
+            t = getattr(self, name)
+            setattr(self, name, torch.cat([t, t.new_zeros(n, k)], 1))
+        self.used = torch.cat([self.used, self.used.new_zeros(n, k)], 1)
 
     def _remove_inactive(self) -> int:
         if self.inactive_after == 0:
@@ -189,9 +193,13 @@ class NSlackCuttingPlane(DualSolver):
         at the current ``w`` (one scoring of every cut, no oracle call)."""
         p, total = self.problem, 0.0
         for idx in p.chunks(self.chunk):
-            H = self._cut_scores(idx, p.potentials(self.w, idx))
-            total += float((H.amax(1) - (self.alpha[idx] * H.masked_fill(~self.used[idx], 0.0)).sum(1)).sum())
+            total += float(self._qp_block_gaps(idx).sum())
         return total / self.n
+
+    def _qp_block_gaps(self, idx: torch.Tensor) -> torch.Tensor:
+        """``max_{y in W_i} H_i(y) - sum_y alpha_i(y) H_i(y)`` ``(B,)`` of blocks ``idx``."""
+        H = self._cut_scores(idx, self.problem.potentials(self.w, idx))
+        return H.amax(1) - (self.alpha[idx] * H.masked_fill(~self.used[idx], 0.0)).sum(1)
 
     def _solve_qp(self, qp_gap=None):
         """Block-coordinate descent on the working-set QP, coordinated across a mini-batch of blocks.
@@ -205,7 +213,7 @@ class NSlackCuttingPlane(DualSolver):
         jointly (the coordinated box QP of BCFW's mini-batches, `box_qp`), so every step decreases ``f`` and
         the coupling between blocks through shared parameters costs no step length. Sweeps stop at a
         Frank-Wolfe gap ``<= qp_tol * eps`` (``qp_gap``: that gap at the current iterate, when the caller has it)."""
-        p, n, lam = self.problem, self.n, self.lam
+        p, n = self.problem, self.n
         target = self.qp_tol * self.eps
         gen = self.generator
         sweeps, qp_gap = 0, self._qp_gap() if qp_gap is None else qp_gap
@@ -213,38 +221,50 @@ class NSlackCuttingPlane(DualSolver):
             sweeps += 1
             order = torch.randperm(n, generator=gen).to(p.device)
             for s in range(0, n, self.qp_batch):
-                idx = order[s : s + self.qp_batch]
-                used = self.used[idx]
-                B, C = used.shape
-                theta = p.potentials(self.w, idx)
-                H = self._cut_scores(idx, theta).masked_fill(~used, 0.0)
-                grad = -H / n
-                Z = self._block_corners(idx)
-                if self.qp_step == "pairwise":  # mass from the worst active cut to the best cut
-                    rows = torch.arange(B, device=p.device)
-                    best = H.masked_fill(~used, -math.inf).argmax(1)
-                    worst = H.masked_fill(~(used & (self.alpha[idx] > 0)), math.inf).argmin(1)
-                    d = torch.zeros_like(grad)
-                    move = self.alpha[idx][rows, worst]
-                    d[rows, best] += move
-                    d[rows, worst] -= move
-                else:
-                    rep = idx.repeat_interleave(C)
-                    rows = torch.arange(B, device=p.device)
-                    Q = p.gram(rep, Z).view(B, C, B, C)[rows, :, rows, :] / (lam * n * n)  # (B, C, C) blocks
-                    d = self._block_minimize(self.alpha[idx], grad, Q, used) - self.alpha[idx]
-                gain = -(grad * d).sum(1)  # first-order decrease of each block's move
-                if not bool((gain > 0).any()):
-                    continue
-                dz = (d.unsqueeze(2) * Z.view(B, C, -1)).sum(1)  # the moves in block coordinates, (B, m)
-                H2 = p.gram(idx, dz) / (lam * n * n)
-                gamma = box_qp(gain.clamp_min(0), H2, torch.ones_like(gain))
-                self.alpha[idx] = (self.alpha[idx] + gamma.unsqueeze(1) * d).clamp_min(0) * used
-                p.accumulate(self.v, idx, dz, gamma / (lam * n))
-                self._sync_w()
+                self._qp_batch_step(order[s : s + self.qp_batch])
             qp_gap = self._qp_gap()
         self._sync_duals(self._slot_corners())
         return sweeps, qp_gap
+
+    def _qp_moves(self, idx: torch.Tensor):
+        """The moves of blocks ``idx`` (`_solve_qp`): ``(used (B, C), d (B, C), gain (B,), dz (B, m))``, the
+        directions in the weights and in block coordinates and their first-order decreases."""
+        p, n, lam = self.problem, self.n, self.lam
+        used = self.used[idx]
+        B, C = used.shape
+        theta = p.potentials(self.w, idx)
+        H = self._cut_scores(idx, theta).masked_fill(~used, 0.0)
+        grad = -H / n
+        Z = self._block_corners(idx)
+        if self.qp_step == "pairwise":  # mass from the worst active cut to the best cut
+            rows = torch.arange(B, device=p.device)
+            best = H.masked_fill(~used, -math.inf).argmax(1)
+            worst = H.masked_fill(~(used & (self.alpha[idx] > 0)), math.inf).argmin(1)
+            d = torch.zeros_like(grad)
+            move = self.alpha[idx][rows, worst]
+            d[rows, best] += move
+            d[rows, worst] -= move
+        else:
+            rep = idx.repeat_interleave(C)
+            rows = torch.arange(B, device=p.device)
+            Q = p.gram(rep, Z).view(B, C, B, C)[rows, :, rows, :] / (lam * n * n)  # (B, C, C) blocks
+            d = self._block_minimize(self.alpha[idx], grad, Q, used) - self.alpha[idx]
+        gain = -(grad * d).sum(1)  # first-order decrease of each block's move
+        dz = (d.unsqueeze(2) * Z.view(B, C, -1)).sum(1)  # the moves in block coordinates, (B, m)
+        return used, d, gain, dz
+
+    def _qp_batch_step(self, idx: torch.Tensor) -> None:
+        """One coordinated step of the blocks ``idx``: their moves (`_qp_moves`) with the step lengths of the
+        mini-batch's box QP."""
+        p, n, lam = self.problem, self.n, self.lam
+        used, d, gain, dz = self._qp_moves(idx)
+        if not bool((gain > 0).any()):
+            return
+        H2 = p.gram(idx, dz) / (lam * n * n)
+        gamma = box_qp(gain.clamp_min(0), H2, torch.ones_like(gain))
+        self.alpha[idx] = (self.alpha[idx] + gamma.unsqueeze(1) * d).clamp_min(0) * used
+        p.accumulate(self.v, idx, dz, gamma / (lam * n))
+        self._sync_w()
 
     def _block_minimize(self, a0, grad, Q, used):
         """Each block's QP with the other blocks fixed, ``min_{a in simplex} <grad, a - a0> + 1/2 (a - a0)^T Q
@@ -284,9 +304,48 @@ class NSlackCuttingPlane(DualSolver):
     @torch.no_grad()
     def step(self) -> dict:
         t0 = time.perf_counter()
+        n = self.n
+        exact = self.separation == "exact"
+        hinge, gaps, pending, added, t_sep = self._separate()
+        self.oracle_calls += n
+        primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / n
+        dual = self.dual_value()
+        self.block_gaps = gaps
+        # The pass's primal and dual are those of w before the cuts it found re-solve the QP: during
+        # fit(gap_tol), a pass that certifies the gap keeps that w (the re-solve raises the dual but may raise P)
+        hold = self._hold_below is not None and exact and primal - dual <= self._hold_below
+        found = added
+        if hold:
+            pending, added = [], 0
+        self._add_cuts(pending)
+        self.cuts_added += added
+        # also without a new cut: an unsolved working-set QP (qp_max_iter ran out) is solved further, and the pass
+        # certifies w (converged) only when no sweep was needed
+        target = self.qp_tol * self.eps
+        if added:
+            qp_iter, qp_gap = self._solve_qp()
+        else:
+            qp_iter, qp_gap = 0, self._qp_gap()
+            if qp_gap > target and not hold:
+                qp_iter, qp_gap = self._solve_qp(qp_gap)
+        removed = self._remove_inactive()
+        self.steps_done += 1
+        self.separation_seconds += t_sep
+        self.seconds += time.perf_counter() - t0
+        removed, held = self._pass_totals(removed)
+        r = {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": exact, "added": added,
+             "removed": removed, "working_set": held / n, "qp_iterations": qp_iter,
+             "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
+             "separation_seconds": self.separation_seconds, "time": self.seconds,
+             "converged": found == 0 and qp_iter == 0 and qp_gap <= target}
+        self._log(r)
+        return r
+
+    def _separate(self):
+        """The separation pass over the blocks held: ``(hinge (n,), gaps (n,), pending cuts, added, seconds)``."""
         p, n = self.problem, self.n
         exact = self.separation == "exact"
-        hinge = torch.zeros(n, dtype=torch.float64, device=p.device)
+        hinge = torch.zeros(p.n, dtype=torch.float64, device=p.device)
         gaps = torch.zeros_like(hinge)
         added = 0
         t_sep = 0.0
@@ -309,39 +368,15 @@ class NSlackCuttingPlane(DualSolver):
             if bool(new.any()):
                 pending.append((idx[new], labels[new], loss[new]))
                 added += int(new.sum())
-        self.oracle_calls += n
-        primal = 0.5 * self.lam * float(self.w @ self.w) + float(hinge.sum()) / n
-        dual = self.dual_value()
-        self.block_gaps = gaps
-        # The pass's primal and dual are those of w before the cuts it found re-solve the QP: during
-        # fit(gap_tol), a pass that certifies the gap keeps that w (the re-solve raises the dual but may raise P)
-        hold = self._hold_below is not None and exact and primal - dual <= self._hold_below
-        found = added
-        if hold:
-            pending, added = [], 0
+        return hinge, gaps, pending, added, t_sep
+
+    def _add_cuts(self, pending) -> None:
         for rows, labels, loss in pending:
             self._add(rows, labels, loss)
-        self.cuts_added += added
-        # also without a new cut: an unsolved working-set QP (qp_max_iter ran out) is solved further, and the pass
-        # certifies w (converged) only when no sweep was needed
-        target = self.qp_tol * self.eps
-        if added:
-            qp_iter, qp_gap = self._solve_qp()
-        else:
-            qp_iter, qp_gap = 0, self._qp_gap()
-            if qp_gap > target and not hold:
-                qp_iter, qp_gap = self._solve_qp(qp_gap)
-        removed = self._remove_inactive()
-        self.steps_done += 1
-        self.separation_seconds += t_sep
-        self.seconds += time.perf_counter() - t0
-        r = {"primal": primal, "dual": dual, "gap": primal - dual, "gap_exact": exact, "added": added,
-             "removed": removed, "working_set": float(self.used[:, 1:].sum()) / n, "qp_iterations": qp_iter,
-             "qp_gap": qp_gap, "passes": self.oracle_calls / n, "oracle_calls": self.oracle_calls,
-             "separation_seconds": self.separation_seconds, "time": self.seconds,
-             "converged": found == 0 and qp_iter == 0 and qp_gap <= target}
-        self._log(r)
-        return r
+
+    def _pass_totals(self, removed: int):
+        """The cuts removed and the cuts held (slot 0 aside), over every block."""
+        return removed, float(self.used[:, 1:].sum())
 
     requires_limit = False  # `fit` with no limit runs until a pass adds no cut (``converged``)
 
@@ -359,10 +394,11 @@ class NSlackCuttingPlane(DualSolver):
         out = super()._checked_state(state)
         used = state["used"]
         if not (isinstance(used, torch.Tensor) and used.dim() == 2):
-            raise ValueError(f"state_dict['used'] must be a tensor with {self.n} rows and one column per slot")
+            raise ValueError(f"state_dict['used'] must be a tensor with {self.problem.n} rows and one column per "
+                             "slot")
         for k in self._working_set:
             cur = getattr(self, k)
-            out[k] = checked_tensor(state, k, (self.n, used.shape[1]) + tuple(cur.shape[2:]), cur)
+            out[k] = checked_tensor(state, k, (self.problem.n, used.shape[1]) + tuple(cur.shape[2:]), cur)
         out["_generator"] = checked_generator_state(state)
         return out
 
@@ -374,7 +410,7 @@ class NSlackCuttingPlane(DualSolver):
         ``z`` and ``l`` rebuilt from them: `_sync_duals`), and ages ``>= 0``."""
         super()._check_consistency(c)
         self._check_working_set(c, c["labels"], c["loss"], c["alpha"], c["used"],
-                                torch.ones(self.n, dtype=torch.bool, device=c["used"].device), "state_dict")
+                                torch.ones(self.problem.n, dtype=torch.bool, device=c["used"].device), "state_dict")
         check_range("age", c["age"], 0, torch.iinfo(torch.long).max, what="passes since a cut was last active")
 
     def _set_state(self, checked: dict) -> None:
