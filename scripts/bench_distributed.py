@@ -12,6 +12,12 @@ row also times `BCFW` without a process group on the whole data set: the single-
     python scripts/bench_distributed.py                         # 200k tokens, 1, 2, 4 ranks: a few minutes
     python scripts/bench_distributed.py --tokens 2000000        # the issue's 2M tokens (needs ~8 GB, 4 ranks)
     python scripts/bench_distributed.py --report-only           # rewrite the page from the saved JSON
+    python scripts/bench_distributed.py --sparse                # bytes per step of a CoNLL-like sparse chain
+
+``--sparse`` measures what a step sends on a chain of sparse token attributes at CoNLL-2000's size (D = 75,455
+binary attributes, 20 per token, K = 22 labels: d = 1.66 million parameters), where a dense row per block would be
+13 MB: the bytes each update passes to collectives (the batch's attributes and directions, docs/distributed.md),
+against the ``8 (B d + 3 B + 3)`` of dense rows. Writes docs/benchmarks/distributed_sparse.md and .json.
 """
 
 from __future__ import annotations
@@ -279,6 +285,121 @@ def report(res: dict) -> list:
     return lines
 
 
+# -- --sparse: the bytes per step of a sparse chain at CoNLL-2000's size ------------------------------------------
+SPARSE_MD = ROOT / "docs" / "benchmarks" / "distributed_sparse.md"
+SPARSE_JSON = ROOT / "docs" / "benchmarks" / "distributed_sparse.json"
+
+
+def _sparse_data(cfg: dict):
+    """Seeded sentences of lengths uniform in [4, 20] (12 on average), ``A`` binary attributes per token drawn from
+    ``D`` (a Zipf-like law: the first attributes are frequent, as words' and tags' are), ``K`` labels."""
+    import torchssvm as ts
+
+    g = torch.Generator().manual_seed(0)
+    n, T, A, D, K = cfg["n"], 20, cfg["A"], cfg["D"], cfg["K"]
+    lengths = torch.randint(4, T + 1, (n,), generator=g)
+    ids = (torch.rand(n, T, A, generator=g, dtype=torch.float64) ** 3 * D).long().clamp_max(D - 1)
+    y = torch.randint(0, K, (n, T), generator=g)
+    pad = torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)
+    y[pad], ids[pad] = -1, -1
+    return ts.data.SequenceDataset(ts.TokenFeatures(ids), y, lengths, num_labels=K, num_features=D)
+
+
+def _rank_sparse(rank: int, world_size: int, address: str, cfg: dict, out: str) -> None:
+    import torch.distributed as dist
+
+    import torchssvm as ts
+    from torchssvm.distributed import DistributedBCFW, shard_dataset
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=600))
+    data = _sparse_data(cfg)
+    shard = shard_dataset(data)
+    result = {"rank": rank, "n_local": len(shard), "by_B": {}}
+    for B in cfg["Bs"]:
+        model = ts.LinearChainModel(data.num_features, data.num_labels, sparse=True, dtype=torch.float64)
+        solver = DistributedBCFW(model, shard, lam=cfg["lam"], batch_size=B, gap_check_every=0, seed=0)
+        comm, marks = solver.shard.comm, [solver.shard.comm.bytes]
+        solver.progress = lambda phase, done, total, comm=comm, marks=marks: (
+            marks.append(comm.bytes) if phase == "pass" else None)
+        t0 = time.perf_counter()
+        solver.step()
+        seconds = time.perf_counter() - t0
+        per_update = [b - a for a, b in zip(marks, marks[1:])]
+        result["by_B"][str(B)] = {"d": solver.problem.d, "updates": per_update, "pass_s": seconds,
+                                  "pass_bytes": comm.bytes - marks[0]}
+    results = [None] * world_size
+    dist.all_gather_object(results, result)
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def measure_sparse(cfg: dict) -> dict:
+    import tempfile
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchssvm", "torchssvm.distributed"])
+    worlds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in cfg["worlds"]:
+            out = Path(tmp) / f"world{w}.json"
+            address = _address()
+            procs = [ctx.Process(target=_rank_sparse, args=(r, w, address, cfg, str(out))) for r in range(w)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            if [p.exitcode for p in procs] != [0] * w:
+                raise RuntimeError(f"world size {w}: ranks exited with {[p.exitcode for p in procs]}")
+            worlds[str(w)] = json.loads(out.read_text())
+            print(f"world size {w}: done", flush=True)
+    tokens = int(_sparse_data(cfg).lengths.sum())
+    return {"config": cfg, "machine": cpu_description(), "commit": code_version(), "date": cfg["date"],
+            "load": list(os.getloadavg()), "tokens": tokens, "worlds": worlds}
+
+
+def report_sparse(res: dict) -> list:
+    cfg, worlds = res["config"], res["worlds"]
+    n, K, D, A = cfg["n"], cfg["K"], cfg["D"], cfg["A"]
+    d = D * K + K * K + 3 * K
+    L = K * K + 2 * K
+    lines = [
+        "# What a step sends on a sparse chain (`torchssvm.distributed`)",
+        "",
+        f"`scripts/bench_distributed.py --sparse` on {res['machine']} (load average {res['load'][0]:.1f} when it "
+        f"ended: the cores are shared with other users), {res['date']}, commit `{res['commit']}`. Problem: seeded "
+        f"sparse chain (CoNLL-2000's size): n = {n:,} sentences ({res['tokens']:,} tokens, lengths 4 to 20), K = {K} "
+        f"labels, D = {D:,} binary attributes, A = {A} per token (d = {d:,}), float64; `DistributedBCFW` with uniform "
+        f"sampling, FW steps, lam = {cfg['lam']:.3g}, one pass, gloo on 127.0.0.1. Bytes: those this rank passed to "
+        "collectives in each update (`ShardedProblem.comm_bytes`, read after each), rank 0's; the per-pass report "
+        f"(replica check of `v`: `16 d` = {16 * d / 1e6:.1f} MB) is not an update's. Design: "
+        "[docs/distributed.md](../distributed.md).",
+        "",
+        "| B | ranks | updates / pass | bytes / update (mean) | min | max | dense rows `8 (B d + 3 B + 3)` | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for B in cfg["Bs"]:
+        for w, ranks in worlds.items():
+            ups = ranks[0]["by_B"][str(B)]["updates"]
+            dense = 8 * (B * d + 3 * B + 3) if B > 1 else 8 * (d + B + 3)
+            mean = sum(ups) / len(ups)
+            ratio = f"1 / {dense / mean:,.0f}" if mean else "-"
+            lines.append(f"| {B} | {w} | {len(ups):,} | {mean:,.0f} | {min(ups):,} | {max(ups):,} | {dense:,} | "
+                         f"{ratio} |")
+    lines += [
+        "",
+        f"A sparse chain's update sends, per token of the batch, its {A} attribute ids and its {K} unary direction "
+        f"values, and per block the tail of its direction ({L} floats: transition, start and end) and 3 numbers: "
+        f"`8 (S ({A} + {K}) + B {L} + 3 B + 3)` bytes for B > 1 (`S`: the batch's tokens), `8 (S ({A} + {K}) + {L} "
+        "+ 6)` for B = 1 (the owner's broadcast; the dense column is then its broadcast of `v`, `8 (d + 4)`). A group "
+        "of one sends nothing.",
+        "",
+    ]
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=200_000, help="about this many tokens (n = tokens / 12)")
@@ -289,7 +410,14 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=16)
     ap.add_argument("--lam", type=float, default=1e-3)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--sparse", action="store_true", help="bytes per step of a CoNLL-sized sparse chain instead")
     args = ap.parse_args()
+    if args.sparse:
+        cfg = {"n": 256, "worlds": [int(w) for w in args.worlds.split(",")], "Bs": [1, 64], "K": 22, "D": 75_455,
+               "A": 20, "lam": 1.0 / 8936, "date": datetime.date.today().isoformat()}
+        res = measured_or_saved(SPARSE_JSON, args.report_only, lambda: measure_sparse(cfg))
+        write_report(SPARSE_MD.parent, "distributed_sparse", report_sparse(res))
+        return
     cfg = {"n": max(1, args.tokens // MEAN_LENGTH), "worlds": [int(w) for w in args.worlds.split(",")],
            "Bs": [int(b) for b in args.batch_sizes.split(",")],
            "passes": args.passes, "K": args.labels, "D": args.features, "lam": args.lam,

@@ -44,6 +44,19 @@ TABLES = {
     "table-fw-B4": dict(sampling="uniform", step="fw", batch_size=4),
     "table-slack-fw-B3": dict(sampling="uniform", step="fw", batch_size=3, rescaling="slack"),
 }
+# BCFW on a chain of sparse token attributes (`TokenFeatures`): a batch of B > 1 blocks travels as its attributes and
+# its directions in marginal space, from which every rank rebuilds the Gram matrix and the update with the problem's
+# own methods, laid out as one process lays them out; a B = 1 step's owner sends the same for its move. Bitwise.
+SPARSE = {
+    "sparse-uniform-fw-B3": dict(sampling="uniform", step="fw", batch_size=3),
+    "sparse-gap-fw-B5-cache": dict(sampling="gap", step="fw", batch_size=5, cache_size=3, gap_check_every=1),
+    "sparse-gap-pairwise-B4-cache": dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4,
+                                         gap_check_every=1),
+    "sparse-uniform-pairwise-B5-cache-binary": dict(sampling="uniform", step="pairwise", batch_size=5, cache_size=2,
+                                                    binary=True),
+    "sparse-uniform-away-B3": dict(sampling="uniform", step="away", batch_size=3, cache_size=3),
+    "sparse-gap-fw-B1-cache": dict(sampling="gap", step="fw", batch_size=1, cache_size=2, gap_check_every=1),
+}
 FW_STEPS = 3
 RTOL = 1e-12
 
@@ -55,6 +68,32 @@ def _data():
 
 def _model(data):
     return ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64)
+
+
+def _sparse_data(binary: bool = False, n: int = N, num_features: int = 11, seed: int = 4):
+    """Seeded sequences of sparse token attributes: lengths 2..7, K = 3 labels, 3 attribute slots per token (some
+    empty, -1), with values in [0.5, 1.5) or binary (``binary``)."""
+    g = torch.Generator().manual_seed(seed)
+    T, A, K = 7, 3, 3
+    lengths = torch.randint(2, T + 1, (n,), generator=g)
+    ids = torch.randint(0, num_features, (n, T, A), generator=g)
+    ids[:, :, 1:] = torch.where(torch.rand(n, T, A - 1, generator=g) < 0.3, -1, ids[:, :, 1:])
+    values = torch.rand(n, T, A, generator=g, dtype=torch.float64) + 0.5
+    y = torch.randint(0, K, (n, T), generator=g)
+    pad = torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)
+    y[pad], ids[pad] = -1, -1
+    x = ts.TokenFeatures(ids, None if binary else values)
+    return ts.data.SequenceDataset(x, y, lengths, num_labels=K, num_features=num_features)
+
+
+def _sparse_model(data):
+    return ts.LinearChainModel(data.num_features, data.num_labels, sparse=True, dtype=torch.float64)
+
+
+def _sparse_case(kw: dict):
+    """``(data, solver arguments)`` of a `SPARSE` case."""
+    kw = dict(kw)
+    return _sparse_data(binary=kw.pop("binary", False)), kw
 
 
 def _table(rows=None):
@@ -108,6 +147,50 @@ def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
         for name, kw in TABLES.items():
             table = _table(shard_range(N, rank, world_size))
             result[name] = _trajectory(DistributedBCFW(table, lam=LAM, seed=SEED, **kw), PASSES)
+        for name, kw in SPARSE.items():
+            sparse, kw = _sparse_case(kw)
+            solver = DistributedBCFW(_sparse_model(sparse), shard_dataset(sparse), lam=LAM, seed=SEED, **kw)
+            result[name] = _trajectory(solver, PASSES)
+            result[name]["comm_bytes"] = solver.shard.comm_bytes
+        result["ok"] = True
+    except BaseException:  # noqa: BLE001 - reported to the test process
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# a sparse chain with many parameters (d = 3 * 400,000 + 18): what one update sends against the B d floats of rows
+BIG_D, BIG_N, BIG_PASSES = 400_000, 12, 2
+
+
+def _rank_sparse_bytes(rank: int, world_size: int, address: str, out: str) -> None:
+    """Uniform BCFW with B = 4 and B = 1 on the sparse chain of `BIG_D` attributes: the bytes this rank passed to
+    collectives in each update (read from the progress hook after each), and ``w`` after each pass."""
+    import torch.distributed as dist
+
+    from torchssvm.distributed import DistributedBCFW
+
+    result = {}
+    try:
+        _init(rank, world_size, address, 60)
+        data = _sparse_data(n=BIG_N, num_features=BIG_D, seed=5)
+        for B in (4, 1):
+            solver = DistributedBCFW(_sparse_model(data), shard_dataset(data), lam=LAM, seed=SEED, batch_size=B,
+                                     gap_check_every=0)
+            comm, marks = solver.shard.comm, []
+            solver.progress = lambda phase, done, total, comm=comm, marks=marks: (
+                marks.append(comm.bytes) if phase == "pass" else None)
+            ws = []
+            for _ in range(BIG_PASSES):
+                marks.append(comm.bytes)
+                solver.step()
+                ws.append(solver.w.clone())
+            updates = BIG_N // B
+            per_pass = [marks[k * (updates + 1): (k + 1) * (updates + 1)] for k in range(BIG_PASSES)]
+            result[B] = {"bytes": [b - a for m in per_pass for a, b in zip(m, m[1:])], "w": torch.stack(ws),
+                         "d": solver.problem.d}
         result["ok"] = True
     except BaseException:  # noqa: BLE001 - reported to the test process
         result = {"ok": False, "error": traceback.format_exc()}
@@ -263,6 +346,9 @@ def references():
         out[name] = _trajectory(BCFW(_model(data), data, lam=LAM, seed=SEED, **kw), PASSES)
     for name, kw in TABLES.items():
         out[name] = _trajectory(BCFW(_table(), lam=LAM, seed=SEED, **kw), PASSES)
+    for name, kw in SPARSE.items():
+        sparse, kw = _sparse_case(kw)
+        out[name] = _trajectory(BCFW(_sparse_model(sparse), sparse, lam=LAM, seed=SEED, **kw), PASSES)
     return out
 
 
@@ -302,11 +388,13 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
     for r, res in enumerate(ranks):
         assert res["ok"], f"rank {r} failed:\n{res['error']}"
     assert codes == [0] * world_size
-    data = _data()
-    K, T = data.num_labels, int(data.lengths.max())
-    for name in ["fw", *CASES, *TABLES]:
+    data, sparse = _data(), _sparse_data()
+    for name in ["fw", *CASES, *TABLES, *SPARSE]:
         ref = references[name]
-        bitwise = name in CASES or world_size == 1  # a group of one takes every single-process step
+        bitwise = name in CASES or name in SPARSE or world_size == 1  # a group of one: single-process steps
+        chain = sparse if name in SPARSE else data
+        lengths, K = chain.lengths, chain.num_labels
+        T = int(lengths.max())
         for r, res in enumerate(ranks):
             got = res[name]
             assert torch.equal(got["w"], ranks[0][name]["w"]), f"{name}: rank {r}'s w differs from rank 0's"
@@ -333,11 +421,43 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
             rows = shard_range(N, r, world_size)
             z, ell = res[name]["z"], res[name]["ell"]
             if name not in TABLES:
-                z, ell = _blocks(z, ell, data.lengths[rows.start: rows.stop], K, T)
+                z, ell = _blocks(z, ell, lengths[rows.start: rows.stop], K, T)
             z_parts.append(z)
             ell_parts.append(ell)
         _same(torch.cat(z_parts), ref["z"], bitwise, f"{name}: z")
         _same(torch.cat(ell_parts), ref["ell"], bitwise, f"{name}: ell")
+
+
+def test_sparse_chain_sends_attributes_and_directions_not_rows(tmp_path):
+    """On 2 ranks, a sparse chain with d = 1.2 million parameters: every update sends what determines the batch's
+    rows, not the rows. A batch of B = 4 (always exchanged): ``8 (S (2 A + K) + B L + 3 B + 3)`` bytes with ``S``
+    the batch's tokens (A = 3 attribute ids and values and K = 3 direction values per token, the L = K^2 + 2 K tail
+    per block), a B = 1 step's broadcast ``8 (S (2 A + K) + L + 2 + 4)``; both far below the ``8 B d`` of dense rows
+    (under a thousandth here). The iterates stay bitwise those of one process."""
+    codes = _spawn(_rank_sparse_bytes, 2, tmp_path, deadline_s=120)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+    assert codes == [0, 0]
+    data = _sparse_data(n=BIG_N, num_features=BIG_D, seed=5)
+    A, K = data.x.ids.shape[2], data.num_labels
+    L, per_token = K * K + 2 * K, 2 * A + K
+    lengths = set(data.lengths.tolist())
+    for B in (4, 1):
+        d = ranks[0][B]["d"]
+        assert d == BIG_D * K + K * K + 3 * K
+        solver = BCFW(_sparse_model(data), data, lam=LAM, seed=SEED, batch_size=B, gap_check_every=0)
+        ref = torch.stack([solver.step() and solver.w.clone() for _ in range(BIG_PASSES)])
+        for r, res in enumerate(ranks):
+            assert torch.equal(res[B]["w"], ref), f"B = {B}, rank {r}: w differs from one process's"
+            sent = res[B]["bytes"]
+            assert len(sent) == BIG_PASSES * BIG_N // B
+            for got in sent:
+                assert 0 < got < B * d * 8 / 1000, (B, got, B * d * 8)
+                floats = got // 8 - (B * L + 3 * B + 3 if B > 1 else L + 6)
+                assert got % 8 == 0 and floats % per_token == 0, (B, got)
+                tokens = floats // per_token
+                assert (2 * B <= tokens <= 7 * B) if B > 1 else tokens in lengths, (B, got, tokens)
 
 
 def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree(tmp_path):

@@ -33,8 +33,10 @@ class DistributedBCFW(ShardedSolver, BCFW):
             (checked when built). ``host_free`` and ``cuda_graph`` must stay off (not on shards yet).
 
     With the same seed and ``batch_size`` the iterates are those of `BCFW` on the whole data set: bitwise when each
-    drawn batch lies on one rank (always for ``batch_size=1``) and on dense chains, whose update of ``v`` is the
-    product of the exchanged rows; to rounding on other problems (docs/distributed.md). Reports, ``w`` and the
+    drawn batch lies on one rank (always for ``batch_size=1``), on dense chains, whose update of ``v`` is the
+    product of the exchanged rows, and on chains of sparse attributes, whose batches travel as their attributes and
+    directions (never ``d`` floats per block) from which every rank rebuilds the Gram matrix and the update with the
+    problem's own methods; to rounding on other problems (docs/distributed.md). Reports, ``w`` and the
     counters are the same on every rank; ``z``, ``ell`` and the atoms are this rank's blocks. Give a ``writer``
     on one rank only.
     """
@@ -74,6 +76,7 @@ class DistributedBCFW(ShardedSolver, BCFW):
         self.global_gap = float(max_loss.sum()) / self.n
         self._gaps_global = self.block_gaps  # `block_gaps` but while `_local_update` shows this rank's range of it
         self._batch = None  # (the drawn blocks, the positions of this rank's among them, the counters before)
+        self._moved = None  # (local blocks, direction, step sizes) of the owner's single-process move
 
     # -- one step: the owners compute, every rank moves ---------------------------------------------------
     @torch.no_grad()
@@ -87,10 +90,17 @@ class DistributedBCFW(ShardedSolver, BCFW):
         owner = sh.owner(host_idx)
         before = (self.oracle_calls, self.cache_hits, self.visits)
         first = int(owner[0])
-        if bool((owner == first).all()):
+        # a sparse chain's batch of B > 1 blocks always goes through `_exchange`: every rank, the owner included,
+        # builds its Gram matrix from the same tensors, laid out as one process lays them out
+        spread = sh.sparse_chain and sh.world_size > 1 and host_idx.shape[0] > 1
+        if bool((owner == first).all()) and not spread:
+            self._moved = None
             if first == sh.rank:
                 self._local_update(sh.local_index(host_idx))
-            self._share_owned(first, host_idx, before)
+            try:
+                self._share_owned(first, host_idx, before)
+            finally:
+                self._moved = None
             return
         mine = (owner == sh.rank).nonzero().squeeze(1)
         self._batch = (host_idx, mine, before)
@@ -114,7 +124,10 @@ class DistributedBCFW(ShardedSolver, BCFW):
 
     def _share_owned(self, src: int, host_idx: torch.Tensor, before) -> None:
         """After the single-process step of rank ``src``, which holds every block of ``host_idx``: one broadcast of
-        its ``v``, the batch's block gaps and its counters' increments (``8 (d + B + 3)`` bytes)."""
+        its ``v``, the batch's block gaps and its counters' increments (``8 (d + B + 3)`` bytes); on a sparse chain
+        of what moved ``v`` instead (`_share_owned_sparse`)."""
+        if self.shard.sparse_chain:
+            return self._share_owned_sparse(src, host_idx, before)
         d, B = self.v.numel(), host_idx.shape[0]
         buf = torch.empty(d + B + 3, dtype=torch.float64, device=self.v.device)
         if src == self.shard.rank:
@@ -129,6 +142,36 @@ class DistributedBCFW(ShardedSolver, BCFW):
             self.block_gaps[host_idx.to(self.block_gaps.device)] = buf[d: d + B]
             self._counters(before, buf[d + B:].tolist())
 
+    def _share_owned_sparse(self, src: int, host_idx: torch.Tensor, before) -> None:
+        """`_share_owned` on a sparse chain: the owner broadcasts the batch's attributes and directions
+        (`ShardedProblem.sparse_pack`), the coefficients ``gamma / (lam n)`` of its move (none when it did not move:
+        a zero step), the block gaps and the counters (``8 (sparse_size + 2 B + 4)`` bytes, not ``8 d``); every
+        other rank moves ``v`` with the problem's own `ChainProblem.sparse_batch_accumulate`, the owner's bits."""
+        sh = self.shard
+        if sh.world_size == 1:  # the owner is every rank: nothing to send
+            return
+        B, dev = host_idx.shape[0], self.v.device
+        S = sh.sparse_size(host_idx)
+        buf = torch.zeros(S + 2 * B + 4, dtype=torch.float64, device=dev)
+        coef, gaps, counts = buf[S: S + B], buf[S + B: S + 2 * B], buf[S + 2 * B:]
+        if src == sh.rank:
+            if self._moved is not None:
+                idx, direction, gamma = self._moved
+                sh.sparse_pack(buf[:S], host_idx, torch.arange(B, device=dev), idx, direction)
+                coef.copy_(gamma / (self.lam * self.n))
+                counts[3] = 1.0
+            gaps.copy_(self.block_gaps[host_idx.to(dev)])
+            counts[:3] = torch.tensor([a - b for a, b in zip((self.oracle_calls, self.cache_hits, self.visits),
+                                                             before)], dtype=torch.float64)
+        sh.comm.broadcast(buf, src)
+        if src != sh.rank:
+            if counts[3] > 0:
+                x, u, tail = sh.sparse_unpack(buf[:S], host_idx)
+                self.problem.sparse_batch_accumulate(self.v, x, u, tail, coef)
+                self._sync_w()
+            self.block_gaps[host_idx.to(dev)] = gaps
+            self._counters(before, counts[:3].tolist())
+
     def _step_sizes(self, idx, direction, c, upper, host_free):
         if self._batch is None:  # the whole batch is this rank's: the single-process step
             return super()._step_sizes(idx, direction, c, upper, host_free)
@@ -136,6 +179,7 @@ class DistributedBCFW(ShardedSolver, BCFW):
 
     def _move(self, idx, direction, gamma) -> None:
         if self._batch is None:
+            self._moved = (idx, direction, gamma)  # what a sparse chain's owner sends (`_share_owned_sparse`)
             super()._move(idx, direction, gamma)
         # else `_exchange` has moved v by every rank's blocks
 
@@ -147,29 +191,48 @@ class DistributedBCFW(ShardedSolver, BCFW):
         (its last three: the counters' increments); one all-reduce (sum, exact: one non-zero term per entry) gives
         every rank the same ``P (B, d)``. Every rank then solves ``min_{0 <= gamma <= u} -c^T gamma + 1/2 gamma^T H
         gamma`` with ``H = P P^T / (lam n^2)`` and applies ``v += P^T gamma / (lam n)``: the products
-        `ChainProblem.gram` and `accumulate` make on one process, on the same (contiguous) rows."""
+        `ChainProblem.gram` and `accumulate` make on one process, on the same (contiguous) rows.
+
+        On a chain of sparse attributes the buffer holds instead what determines the rows, ``sparse_size`` floats
+        (`ShardedProblem.sparse_pack`: the batch's token attributes, unary directions and tails), and every rank
+        builds ``H`` and the update with `ChainProblem.sparse_batch_gram` and `sparse_batch_accumulate` on the
+        unpacked batch (`sparse_unpack`), laid out as one process lays it out: the bits of one process."""
         host_idx, mine, before = self._batch
+        sh = self.shard
         B, d, dev = host_idx.shape[0], self.v.numel(), self.v.device
-        buf = torch.zeros(B * d + 3 * B + 3, dtype=torch.float64, device=dev)
-        P = buf[: B * d].view(B, d)
-        c_all, upper_all, gaps = (buf[B * d + k * B: B * d + (k + 1) * B] for k in range(3))
-        counts = buf[B * d + 3 * B:]
+        # the blocks' part: dense rows P (B, d), or a sparse chain's attributes and directions (`sparse_pack`)
+        D = sh.sparse_size(host_idx) if sh.sparse_chain else B * d
+        buf = torch.zeros(D + 3 * B + 3, dtype=torch.float64, device=dev)
+        P = buf[:D] if sh.sparse_chain else buf[:D].view(B, d)
+        c_all, upper_all, gaps = (buf[D + k * B: D + (k + 1) * B] for k in range(3))
+        counts = buf[D + 3 * B:]
         rows = mine.to(dev)
         if idx is not None:
-            P[rows] = self.shard.joint_features(idx, direction, self.shard.batch_width(host_idx))
+            if sh.sparse_chain:
+                sh.sparse_pack(P, host_idx, rows, idx, direction)
+            else:
+                P[rows] = sh.joint_features(idx, direction, sh.batch_width(host_idx))
             c_all[rows] = c.to(torch.float64)
             upper_all[rows] = upper.to(torch.float64)
             gaps[rows] = self.block_gaps[idx]  # this rank's view (`_local_update`)
         counts.copy_(torch.tensor([a - b for a, b in zip((self.oracle_calls, self.cache_hits, self.visits), before)],
                                   dtype=torch.float64))
-        self.shard.comm.all_reduce(buf)
+        sh.comm.all_reduce(buf)
         self._gaps_global[host_idx.to(dev)] = gaps
         self._counters(before, counts.tolist())
         n, lam = self.n, self.lam
-        curvature = (P @ P.T) / (lam * n * n)
+        if sh.sparse_chain:  # the batch's Gram matrix and update by the problem's own methods, as one process
+            x, u, tail = sh.sparse_unpack(P, host_idx)
+            gram, attribute_rows = self.problem.sparse_batch_gram(x, u, tail)
+        else:
+            gram = P @ P.T
+        curvature = gram / (lam * n * n)
         gamma = box_qp(c_all, curvature, upper_all, method=self.qp_method, max_iter=self.qp_max_iter,
                        unconverged=self._qp_unconverged)
-        self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
+        if sh.sparse_chain:
+            self.problem.sparse_batch_accumulate(self.v, x, u, tail, gamma / (lam * n), rows=attribute_rows)
+        else:
+            self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
         self._sync_w()
         return gamma[rows.to(gamma.device)]
 

@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 
+from ..data.token_features import TokenFeatures
 from ..optim.problems import ChainProblem, DualProblem, FeatureTableProblem
 from .comm import Collectives
 
@@ -41,11 +42,21 @@ class ShardedProblem:
         self.local = problem
         self.comm = Collectives(process_group, timeout=timeout)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
-        shape = self.comm.all_gather(torch.tensor([problem.n, problem.d], dtype=torch.float64, device=problem.device))
+        chain = isinstance(problem, ChainProblem)
+        self.sparse_chain = chain and problem.sparse  # the B > 1 step sends the batch's attributes, not rows
+        x = problem.x if self.sparse_chain else None
+        mine = [problem.n, problem.d, x.ids.shape[2] if x is not None else 0, x is not None and x.values is not None]
+        shape = self.comm.all_gather(torch.tensor(mine, dtype=torch.float64, device=problem.device))
         sizes, ds = shape[:, 0].long().tolist(), shape[:, 1].long().tolist()
         if len(set(ds)) > 1:
             raise ValueError(f"problem: the ranks' problems have different numbers of parameters d = {ds} (rank r "
                              "at index r): every shard must be of one model")
+        # a sparse chain: the most attributes per token of any shard, and whether they carry values (all or none)
+        self.attributes = int(shape[:, 2].max())
+        self.attribute_values = bool(shape[0, 3])
+        if len(set(shape[:, 3].tolist())) > 1:
+            raise ValueError(f"problem: some ranks' attributes carry values and others' do not ({shape[:, 3].tolist()}"
+                             ", rank r at index r): every shard must be of one data set")
         self.sizes = sizes
         self.offsets = [0]
         for s in sizes:
@@ -54,9 +65,10 @@ class ShardedProblem:
         self.offset = self.offsets[self.rank]
         self.n_local = problem.n
         self._ends = torch.tensor(self.offsets[1:], dtype=torch.long)
-        # a dense chain's rows depend on the padded length of the batch they are computed in: every example's length
+        # a chain's batch is padded to its longest sentence, whose rows' rounding follows it (dense), and whose
+        # tokens a sparse batch's exchange lays out: every example's length
         self._lengths = None
-        if isinstance(problem, ChainProblem) and not problem.sparse:
+        if chain:
             self._lengths = self.gather(problem.lengths.to(torch.long)).cpu()
 
     @property
@@ -133,7 +145,7 @@ class ShardedProblem:
         batch), explicit tables take their own product; any other problem goes through `DualProblem.accumulate`,
         one block at a time (the same values to rounding)."""
         p = self.local
-        if self._lengths is not None:
+        if self._lengths is not None and not self.sparse_chain:
             return _chain_rows(p, idx, z, width if width is not None else p._batch_T(idx))
         rows = getattr(p, "_phi", None)  # FeatureTableProblem: the factor of its gram
         if isinstance(p, FeatureTableProblem) and rows is not None:
@@ -143,6 +155,70 @@ class ShardedProblem:
         for b in range(idx.shape[0]):
             p.accumulate(out[b], idx[b: b + 1], z[b: b + 1], one)
         return out
+
+    # -- a sparse chain's batch: its attributes and directions, not its rows ----------------------------------
+    def sparse_size(self, idx: torch.Tensor) -> int:
+        """Floats that `sparse_pack` writes for the global examples ``idx (B,)`` of a sparse chain: per token (of
+        their lengths) its ``A`` attribute ids, their ``A`` values (when the data set has them) and its ``K`` unary
+        direction values, per block its tail (transition, start and end: ``L``)."""
+        return int(self._lengths[idx.cpu()].sum()) * self._token_width() + idx.shape[0] * self._tail_width()
+
+    def _token_width(self) -> int:
+        return self.attributes * (2 if self.attribute_values else 1) + self.local.K
+
+    def _tail_width(self) -> int:
+        slices = self.local.parameter_slices()
+        return sum(b - a for name, (a, b, _) in slices.items() if name in ("transition", "start", "end"))
+
+    def sparse_pack(self, out: torch.Tensor, idx: torch.Tensor, mine: torch.Tensor, local_idx: torch.Tensor,
+                    z: torch.Tensor) -> None:
+        """Write this rank's blocks of the batch ``idx (B,)`` (global) into ``out`` (`sparse_size` floats, zero
+        elsewhere): the blocks at positions ``mine`` of the batch, local indices ``local_idx``, with directions ``z
+        (B_r, m_r)`` (`ChainProblem.sparse_batch`). The ids travel as ``id + 1`` (0: none; exact in float64 below
+        2^53), so that a sum over ranks of one owner's values and zeros leaves the owner's bits."""
+        lengths = self._lengths[idx.cpu()].to(out.device)
+        A, K, L = self.attributes, self.local.K, self._tail_width()
+        S = int(lengths.sum())
+        tokens = out[: S * self._token_width()].view(S, -1)
+        tails = out[S * self._token_width():].view(idx.shape[0], L)
+        x, u, tail = self.local.sparse_batch(local_idx, z)
+        T = u.shape[1]
+        valid = torch.arange(T, device=out.device).unsqueeze(0) < lengths[mine].unsqueeze(1)
+        # the batch's tokens in order (block, position): the rows of this rank's blocks
+        slot = torch.cumsum(lengths, 0) - lengths
+        rows = (slot[mine].unsqueeze(1) + torch.arange(T, device=out.device).unsqueeze(0))[valid]
+        Ar = x.ids.shape[2]
+        tokens[rows, :Ar] = (x.ids[valid] + 1).to(torch.float64)
+        if self.attribute_values:
+            tokens[rows, A: A + Ar] = x.values[valid].to(torch.float64)
+        tokens[rows, tokens.shape[1] - K:] = u[valid].to(torch.float64)
+        tails[mine] = tail.to(torch.float64)
+
+    def sparse_unpack(self, buf: torch.Tensor, idx: torch.Tensor):
+        """``(x, u, tail)`` of the whole batch ``idx (B,)`` from the summed buffer of `sparse_pack`: its sentences
+        padded to the batch's longest (`batch_width`, as one process pads them), ``-1`` ids and zeros beyond their
+        lengths; what `ChainProblem.sparse_batch_gram` takes."""
+        p = self.local
+        lengths = self._lengths[idx.cpu()].to(buf.device)
+        A, K, B = self.attributes, p.K, idx.shape[0]
+        S, T = int(lengths.sum()), self.batch_width(idx)
+        tokens = buf[: S * self._token_width()].view(S, -1)
+        valid = torch.arange(T, device=buf.device).unsqueeze(0) < lengths.unsqueeze(1)
+        ids = torch.full((B, T, A), -1, dtype=torch.long, device=buf.device)
+        ids[valid] = tokens[:, :A].to(torch.long) - 1
+        values = None
+        if self.attribute_values:
+            values = torch.zeros(B, T, A, dtype=p.dtype, device=buf.device)
+            values[valid] = tokens[:, A: 2 * A].to(p.dtype)
+        # u and the tail as views of a fresh (B, m) in the layout of one process on the whole data set (its m, its
+        # padded length): a BLAS product's rounding can follow its operands' strides and alignment
+        T_all, L = int(self._lengths.max()), self._tail_width()
+        z = torch.zeros(B, T_all * K + K * K + 2 * K, dtype=p.dtype, device=buf.device)
+        u = z[:, : T_all * K].view(B, T_all, K)[:, :T]
+        u[valid] = tokens[:, tokens.shape[1] - K:].to(p.dtype)
+        tail = z[:, T_all * K: T_all * K + L]
+        tail.copy_(buf[S * self._token_width():].view(B, L))
+        return TokenFeatures(ids, values), u, tail
 
     def __repr__(self) -> str:
         return (f"ShardedProblem({type(self.local).__name__}, rank {self.rank} of {self.world_size}, examples "

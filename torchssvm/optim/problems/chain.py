@@ -300,18 +300,74 @@ class ChainProblem(DualProblem):
         ua = self._split(z_a, T)[0]
         ub = ua if same else self._split(z_b, T)[0]
         if same:
-            rows = self._attribute_rows(self.x.ids, self.x.values, ua, index=idx_a)
+            G, rows = self._sparse_batch_gram(self.x, ua, z_a[:, self._tail], index=idx_a)
             # kept (with the tensors themselves, so identity is unambiguous) for `accumulate`
             self._gram_memo = (idx_a, z_a, (idx_a._version, z_a._version), T, rows)
-            G = self._sparse_gram(self.x.ids, self.x.values, ua, rows=rows)
-        else:
-            xa, xb, Ba = self._x(idx_a, T), self._x(idx_b, T), ua.shape[0]
-            vals = None if xa.values is None else torch.cat([xa.values, xb.values])
-            G = self._sparse_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
+            return G
+        xa, xb, Ba = self._x(idx_a, T), self._x(idx_b, T), ua.shape[0]
+        vals = None if xa.values is None else torch.cat([xa.values, xb.values])
+        G = self._sparse_gram(torch.cat([xa.ids, xb.ids]), vals, torch.cat([ua, ub]))[:Ba, Ba:]
         G = G + z_a[:, self._tail] @ z_b[:, self._tail].T  # transition, start and end: one product
         if "bias" in self._slices:
             G = G + ua.sum(1) @ ub.sum(1).T
         return G
+
+    def _sparse_batch_gram(self, x: TokenFeatures, u: torch.Tensor, tail: torch.Tensor, index=None):
+        """``(G (B, B), rows)``: the Gram matrix of a sparse batch's ``Phi_b z_b`` from their attributes ``x`` (the
+        data set's, read at rows ``index``, or the batch's own ``(B, T, A)`` when ``index`` is None), unary parts
+        ``u (B, T, K)`` and tails ``tail (B, L)``, with the (block, attribute) rows that `_sparse_batch_add` applies."""
+        rows = self._attribute_rows(x.ids, x.values, u, index=index)
+        G = self._sparse_gram(x.ids, x.values, u, rows=rows)
+        G = G + tail @ tail.T  # transition, start and end: one product
+        if "bias" in self._slices:
+            G = G + u.sum(1) @ u.sum(1).T
+        return G, rows
+
+    def _sparse_batch_add(self, w: torch.Tensor, rows, u: torch.Tensor, tail: torch.Tensor,
+                          coef: torch.Tensor) -> None:
+        """``w += Phi^T coef`` of a sparse batch from its (block, attribute) ``rows``, unary parts and tails."""
+        self._add_rows(self._part(w, "emission"), rows, coef)
+        self._add_tail(w, u, tail, coef)
+
+    def _add_tail(self, w: torch.Tensor, u: torch.Tensor, tail: torch.Tensor, coef: torch.Tensor) -> None:
+        tail = tail.T @ coef  # transition, start and end: one product
+        KK = self.K * self.K
+        self._part(w, "transition").view(-1).add_(tail[:KK])
+        if "start" in self._slices:
+            lo, hi = self._slices["start"][0], self._slices["end"][1]
+            w[lo:hi].add_(tail[KK:])
+        if "bias" in self._slices:
+            self._part(w, "bias").add_(u.sum(1).T @ coef)
+
+    # -- a sparse batch from what determines its rows (`torchssvm.distributed`) -------------------------
+    def sparse_batch(self, idx: torch.Tensor, z: torch.Tensor):
+        """``(x, u, tail)``: what determines the rows ``Phi_b z_b`` of a sparse chain's blocks ``idx (B,)`` with
+        ``z (B, m)``: their attributes ``x`` (`TokenFeatures` ``(B, T, A)``), unary parts ``u (B, T, K)`` (``T``: the
+        batch's longest sentence) and tails ``tail (B, L)`` (transition, start and end parts that ``w`` has). Another
+        process holding these values (e.g. received from the rank that holds the blocks) rebuilds the batch's Gram
+        matrix and update with `sparse_batch_gram` and `sparse_batch_accumulate`, bitwise as `gram` and `accumulate`
+        compute them here."""
+        if not self.sparse:
+            raise ValueError("sparse_batch: the problem's features are dense (its rows are `gram`'s own)")
+        T = self._batch_T(idx)
+        return self._x(idx, T), self._split(z, T)[0], z[:, self._tail]
+
+    def sparse_batch_gram(self, x: TokenFeatures, u: torch.Tensor, tail: torch.Tensor):
+        """``(G (B, B), rows)``: ``gram(idx, z)`` of the batch that `sparse_batch` describes by ``(x, u, tail)`` (the
+        sentences padded to one length ``T``, ``-1`` ids beyond); ``rows`` (the batch's (block, attribute) rows) go
+        to `sparse_batch_accumulate`. The same bits as `gram` on the problem that holds the blocks when ``u`` and
+        ``tail`` are laid out as there, views of a fresh ``(B, m)`` of its ``m`` (a BLAS product's rounding can
+        follow its operands' strides and alignment)."""
+        return self._sparse_batch_gram(x, u, tail)
+
+    def sparse_batch_accumulate(self, w: torch.Tensor, x: TokenFeatures, u: torch.Tensor, tail: torch.Tensor,
+                                coef: torch.Tensor, rows=None) -> None:
+        """``w += sum_b coef_b Phi_b z_b`` of the batch that ``(x, u, tail)`` describe (`sparse_batch`): the update
+        `accumulate` makes after `gram` or `sqnorm`, bitwise. ``rows``: those `sparse_batch_gram` returned for the
+        batch, if the caller has them."""
+        if rows is None:
+            rows = self._attribute_rows(x.ids, x.values, u)
+        self._sparse_batch_add(w, rows, u, tail, coef.to(self.dtype))
 
     def sqnorm(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = self._batch_T(idx)
@@ -340,8 +396,9 @@ class ChainProblem(DualProblem):
         E = self._part(w, "emission")
         u = self._split(z, T)[0]
         if memo is not None:  # the (block, attribute) rows `gram` or `sqnorm` built for this z
-            self._add_rows(E, memo, coef)
-        elif not self.sparse:  # one product over every token of the batch (no (B, d) matrix: any batch size)
+            self._sparse_batch_add(w, memo, u, z[:, self._tail], coef)
+            return
+        if not self.sparse:  # one product over every token of the batch (no (B, d) matrix: any batch size)
             uc = u * coef.view(-1, 1, 1)
             E.add_(self._x(idx, T).reshape(-1, self.D).T @ uc.reshape(-1, self.K))
         else:  # one row per present token attribute
@@ -353,14 +410,7 @@ class ChainProblem(DualProblem):
             if x.values is not None:
                 vals = vals * x.values.reshape(-1)[flat].unsqueeze(1)
             E.index_add_(0, ids[flat], vals)
-        tail = z[:, self._tail].T @ coef  # transition, start and end: one product
-        KK = self.K * self.K
-        self._part(w, "transition").view(-1).add_(tail[:KK])
-        if "start" in self._slices:
-            lo, hi = self._slices["start"][0], self._slices["end"][1]
-            w[lo:hi].add_(tail[KK:])
-        if "bias" in self._slices:
-            self._part(w, "bias").add_(u.sum(1).T @ coef)
+        self._add_tail(w, u, z[:, self._tail], coef)
 
     def _gram_memo_for(self, idx: torch.Tensor, z: torch.Tensor, T: int):
         """The attribute rows (sparse) or joint features (dense) of the last `gram` if it was called on these very,
