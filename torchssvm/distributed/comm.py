@@ -12,11 +12,14 @@ import torch.distributed as dist
 
 
 def resolve_group(process_group=None):
-    """``process_group``, or the world group when None; a ValueError when torch.distributed is not initialized."""
+    """``process_group`` as the collectives take it: None stands for the world group, and stays None. A solver
+    must not hold the world group's object: `torch.distributed.destroy_process_group` would then leave it alive
+    until the interpreter's exit, where gloo's teardown can abort the process ("terminate called without an active
+    exception"). A ValueError when torch.distributed is not initialized."""
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("process_group: torch.distributed is not initialized: call "
                          "torch.distributed.init_process_group (e.g. in a script launched by torchrun) first")
-    return dist.group.WORLD if process_group is None else process_group
+    return None if process_group is None or process_group is dist.group.WORLD else process_group
 
 
 class Collectives:
@@ -56,7 +59,7 @@ class Collectives:
             self.seconds += time.perf_counter() - t0
 
     def global_rank(self, rank: int) -> int:
-        return dist.get_global_rank(self.group, rank) if self.group is not dist.group.WORLD else rank
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``tensor`` reduced over the ranks in place (``op``: ``"sum"`` or ``"max"``), returned."""
