@@ -16,15 +16,13 @@ The ranks are processes started by forkserver (as tests/test_distributed.py); ea
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from test_distributed import _spawn  # the ranks' launcher (forkserver, a deadline, no process left behind)
 
 import torchssvm as ts
 from torchssvm.distributed import shard_dataset, shard_range
@@ -118,34 +116,6 @@ def _rank(rank: int, world_size: int, address: str, out: str) -> None:
             dist.destroy_process_group()
 
 
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _spawn(world_size: int, out: Path, deadline_s: float) -> list:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torchssvm", "torchssvm.distributed"])
-    address = _free_address()
-    procs = [ctx.Process(target=_rank, args=(r, world_size, address, str(out)), daemon=True)
-             for r in range(world_size)]
-    try:
-        for p in procs:
-            p.start()
-        end = time.monotonic() + deadline_s
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-        alive = [r for r, p in enumerate(procs) if p.is_alive()]
-        assert not alive, f"ranks {alive} still running after {deadline_s} s"
-        return [p.exitcode for p in procs]
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 @pytest.fixture(scope="module")
 def references():
     torch.set_num_threads(1)
@@ -198,7 +168,7 @@ def test_sharded_nslack_certifies_as_one_process_and_reaches_its_optimum(world_s
     ``PASSES`` passes both runs are within ``sqrt(2 (g + g') / lam)`` of each other and each one's dual is below
     the other's primal. On 2 ranks, `save_sharded` / `load_sharded` resume the run bitwise and a
     `fit(checkpoint=folder)` stopped after 2 passes and fitted again ends bitwise where one fit ends."""
-    codes = _spawn(world_size, tmp_path, deadline_s=120)
+    codes = _spawn(_rank, world_size, tmp_path, deadline_s=120)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     for r, res in enumerate(ranks):
         assert res["ok"], f"rank {r} failed:\n{res['error']}"

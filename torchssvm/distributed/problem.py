@@ -146,10 +146,9 @@ class ShardedProblem:
         one block at a time (the same values to rounding)."""
         p = self.local
         if self._lengths is not None and not self.sparse_chain:
-            return _chain_rows(p, idx, z, width if width is not None else p._batch_T(idx))
-        rows = getattr(p, "_phi", None)  # FeatureTableProblem: the factor of its gram
-        if isinstance(p, FeatureTableProblem) and rows is not None:
-            return rows(idx, z)
+            return p.joint_features(idx, z, width)
+        if isinstance(p, FeatureTableProblem):  # the factor of its gram
+            return p.joint_features(idx, z)
         out = torch.zeros(idx.shape[0], p.d, dtype=torch.float64, device=p.device)
         one = torch.ones(1, dtype=torch.float64, device=p.device)
         for b in range(idx.shape[0]):
@@ -223,21 +222,3 @@ class ShardedProblem:
     def __repr__(self) -> str:
         return (f"ShardedProblem({type(self.local).__name__}, rank {self.rank} of {self.world_size}, examples "
                 f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
-
-
-def _chain_rows(p: ChainProblem, idx: torch.Tensor, z: torch.Tensor, width: int) -> torch.Tensor:
-    """``Phi_b z_b`` ``(B, d)`` of a dense chain's blocks, their sentences padded to ``width`` (which may exceed the
-    shard's own padded length): the rows `ChainProblem.gram` builds for a batch of that padded length on one
-    process (`ChainProblem._joint_features`), bitwise."""
-    T = p._batch_T(idx)
-    if width == T:
-        return p._joint_features(idx, z, T)
-    u, t, s, e = p._split(z, T)
-    B, pad = idx.shape[0], (0, 0, 0, width - T)
-    u = torch.nn.functional.pad(u, pad)
-    x = torch.nn.functional.pad(p._x(idx, T), pad)
-    parts = {"emission": torch.bmm(x.transpose(1, 2), u).reshape(B, p.D * p.K), "transition": t.flatten(1),
-             "start": s, "end": e}
-    if "bias" in p._slices:
-        parts["bias"] = u.sum(1)
-    return torch.cat([parts[name] for name in p._slices], 1)

@@ -30,7 +30,7 @@ class MulticlassTableProblem(FeatureTableProblem):
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return self.x[idx] @ w.view(self.K, self.D).T
 
-    def _phi(self, idx, z):
+    def joint_features(self, idx, z, width=None):
         return (z.unsqueeze(2) * self.x[idx].unsqueeze(1)).reshape(z.shape[0], self.d)
 
     def gram(self, idx_a, z_a, idx_b=None, z_b=None):

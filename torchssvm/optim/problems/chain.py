@@ -285,6 +285,37 @@ class ChainProblem(DualProblem):
         parts["start"], parts["end"] = s, e
         return torch.cat([parts[name] for name in self._slices], 1)
 
+    def batch_width(self, idx: torch.Tensor) -> int:
+        """The padded length of a batch of blocks ``idx``: its longest sentence (what `gram` and `accumulate` pad
+        the batch's rows to)."""
+        return self._batch_T(idx)
+
+    def joint_features(self, idx: torch.Tensor, z: torch.Tensor, width: Optional[int] = None) -> torch.Tensor:
+        """``(B, d)``: the rows ``Phi_b z_b`` of dense-input blocks ``idx (B,)`` with ``z (B, m)``, in w's layout,
+        their sentences padded to ``width`` (default `batch_width`; at least that). These are the rows `gram`
+        multiplies for a batch padded to ``width``, bitwise: the matrix product's rounding follows the padded
+        length, so a caller that needs one batch's bits for a part of it (a shard of `torchssvm.distributed`) pads
+        the part to the whole batch's width."""
+        if self.sparse:
+            raise ValueError("joint_features: the rows of sparse token features are not built densely (d may be "
+                             "millions): use sparse_batch / sparse_batch_gram")
+        T = self._batch_T(idx)
+        width = T if width is None else int(width)
+        if width < T:
+            raise ValueError(f"width must be at least the batch's longest sentence {T}, got {width}")
+        if width == T:
+            return self._joint_features(idx, z, T)
+        u, t, s, e = self._split(z, T)
+        pad = (0, 0, 0, width - T)
+        u = torch.nn.functional.pad(u, pad)
+        x = torch.nn.functional.pad(self._x(idx, T), pad)
+        B = idx.shape[0]
+        parts = {"emission": torch.bmm(x.transpose(1, 2), u).reshape(B, self.D * self.K),
+                 "transition": t.flatten(1), "start": s, "end": e}
+        if "bias" in self._slices:
+            parts["bias"] = u.sum(1)
+        return torch.cat([parts[name] for name in self._slices], 1)
+
     def gram(self, idx_a, z_a, idx_b=None, z_b=None) -> torch.Tensor:
         same = idx_b is None
         if same:

@@ -102,16 +102,18 @@ class FeatureTableProblem(DualProblem):
     def inner(self, theta, z):
         return (theta * z).sum(1)
 
-    def _phi(self, idx, z):
+    def joint_features(self, idx, z, width=None):
+        """``(B, d)``: the rows ``Phi_b z_b = sum_y z_b(y) phi(x_b, y)`` that `gram` multiplies (``width`` unused:
+        a table has no padding)."""
         return torch.einsum("bkd,bk->bd", self.features[idx], z)
 
     def gram(self, idx_a, z_a, idx_b=None, z_b=None):
-        pa = self._phi(idx_a, z_a)
-        pb = pa if idx_b is None else self._phi(idx_b, z_b)
+        pa = self.joint_features(idx_a, z_a)
+        pb = pa if idx_b is None else self.joint_features(idx_b, z_b)
         return pa @ pb.T
 
     def sqnorm(self, idx, z):
-        p = self._phi(idx, z)
+        p = self.joint_features(idx, z)
         return (p * p).sum(1)
 
     def accumulate(self, w, idx, z, coef):
