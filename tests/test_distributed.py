@@ -15,6 +15,7 @@ import socket
 import time
 import traceback
 import warnings
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -119,6 +120,25 @@ def _trajectory(solver, steps: int) -> dict:
             "exact": {k: exact[k] for k in ("primal", "dual", "gap")}, "block_gaps": exact["block_gaps"].clone()}
 
 
+@contextmanager
+def rank_result(rank: int, out: str):
+    """A rank's body: yields the dict it fills, then saves it to ``out/rank{rank}.pt`` with ``ok`` True, or
+    ``{"ok": False, "error": <traceback>}`` when the body raised, and leaves the process group."""
+    import torch.distributed as dist
+
+    result = {}
+    try:
+        yield result
+        result["ok"] = True
+    except BaseException:  # noqa: BLE001 - reported to the test process
+        result.clear()
+        result.update(ok=False, error=traceback.format_exc())
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 # -- the ranks (top-level: the spawned processes import this module to find them) ------------------------------------
 def _init(rank: int, world_size: int, address: str, timeout_s: float) -> None:
     import torch.distributed as dist
@@ -129,12 +149,10 @@ def _init(rank: int, world_size: int, address: str, timeout_s: float) -> None:
 
 
 def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
-    import torch.distributed as dist
 
     from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe
 
-    result = {}
-    try:
+    with rank_result(rank, out) as result:
         _init(rank, world_size, address, 60)
         data = _data()
         shard = shard_dataset(data)
@@ -152,13 +170,6 @@ def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
             solver = DistributedBCFW(_sparse_model(sparse), shard_dataset(sparse), lam=LAM, seed=SEED, **kw)
             result[name] = _trajectory(solver, PASSES)
             result[name]["comm_bytes"] = solver.shard.comm_bytes
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the test process
-        result = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 # a sparse chain with many parameters (d = 3 * 400,000 + 18): what one update sends against the B d floats of rows
@@ -168,12 +179,10 @@ BIG_D, BIG_N, BIG_PASSES = 400_000, 12, 2
 def _rank_sparse_bytes(rank: int, world_size: int, address: str, out: str) -> None:
     """Uniform BCFW with B = 4 and B = 1 on the sparse chain of `BIG_D` attributes: the bytes this rank passed to
     collectives in each update (read from the progress hook after each), and ``w`` after each pass."""
-    import torch.distributed as dist
 
     from torchssvm.distributed import DistributedBCFW
 
-    result = {}
-    try:
+    with rank_result(rank, out) as result:
         _init(rank, world_size, address, 60)
         data = _sparse_data(n=BIG_N, num_features=BIG_D, seed=5)
         for B in (4, 1):
@@ -191,13 +200,6 @@ def _rank_sparse_bytes(rank: int, world_size: int, address: str, out: str) -> No
             per_pass = [marks[k * (updates + 1): (k + 1) * (updates + 1)] for k in range(BIG_PASSES)]
             result[B] = {"bytes": [b - a for m in per_pass for a, b in zip(m, m[1:])], "w": torch.stack(ws),
                          "d": solver.problem.d}
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the test process
-        result = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _rank_that_fails(rank: int, world_size: int, address: str, out: str, how: str) -> None:
@@ -238,8 +240,7 @@ def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
 
     from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe, load_sharded, save_sharded
 
-    result = {}
-    try:
+    with rank_result(rank, out) as result:
         _init(rank, world_size, address, 60)
         data = _data()
         shard = shard_dataset(data)
@@ -291,13 +292,6 @@ def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a ConvergenceWarning: stopped by the time budget
             result["budget"] = [r["time"] for r in solver.fit(max_passes=1000, time_budget=0.5, gap_tol=1e-12)]
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the test process
-        result = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _edited(state: dict) -> dict:

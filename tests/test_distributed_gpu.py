@@ -12,13 +12,12 @@ GPU time goes on a broken test."""
 from __future__ import annotations
 
 import os
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import _close, _data, _free_address, _model  # noqa: F401 - the shared fixtures of the ranks
+from test_distributed import _close, _data, _free_address, rank_result  # the ranks' shared parts
 
 import torchssvm as ts
 
@@ -60,8 +59,7 @@ def _rank_nccl(rank: int, world_size: int, address: str, out: str) -> None:
 
     from torchssvm.distributed import DistributedBCFW, DistributedFrankWolfe, shard_dataset
 
-    result = {}
-    try:
+    with rank_result(rank, out) as result:
         if not DRY_RUN:
             torch.cuda.set_device(rank)
         dist.init_process_group("gloo" if DRY_RUN else "nccl", init_method=address, rank=rank, world_size=world_size,
@@ -73,13 +71,6 @@ def _rank_nccl(rank: int, world_size: int, address: str, out: str) -> None:
         result["bcfw"] = _run(DistributedBCFW(model, shard, lam=LAM, seed=SEED, **BCFW_KW), PASSES)
         model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=device)
         result["fw"] = _run(DistributedFrankWolfe(model, shard, lam=LAM), PASSES)
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the test process
-        result = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _spawn_nccl(world_size: int, out: Path) -> list:

@@ -16,13 +16,12 @@ The ranks are processes started by forkserver (as tests/test_distributed.py); ea
 
 from __future__ import annotations
 
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import _spawn  # the ranks' launcher (forkserver, a deadline, no process left behind)
+from test_distributed import _spawn, _table, rank_result  # the ranks' launcher and body, the seeded tables
 
 import torchssvm as ts
 from torchssvm.distributed import shard_dataset, shard_range
@@ -45,17 +44,6 @@ def _model(data):
     return ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64)
 
 
-def _table(rows=None):
-    """Seeded tables of 23 examples with 4 outputs and d = 6 (`FeatureTableProblem`), or the examples ``rows``."""
-    g = torch.Generator().manual_seed(5)
-    features = torch.randn(N, 4, 6, generator=g, dtype=torch.float64)
-    truth = torch.randint(4, (N,), generator=g)
-    losses = torch.rand(N, 4, generator=g, dtype=torch.float64)
-    losses[torch.arange(N), truth] = 0.0
-    rows = slice(None) if rows is None else slice(rows.start, rows.stop)
-    return ts.optim.problems.FeatureTableProblem(features[rows], losses[rows], truth[rows])
-
-
 def _trajectory(solver) -> dict:
     """The first pass (its report and ``w``), then `fit` for ``PASSES`` passes: ``w``, the blocks, the certificate."""
     first = {k: v for k, v in solver.step().items() if isinstance(v, (int, float))}
@@ -75,8 +63,7 @@ def _rank(rank: int, world_size: int, address: str, out: str) -> None:
     from torchssvm.distributed import DistributedNSlackCuttingPlane, load_sharded, save_sharded
 
     torch.set_num_threads(1)
-    result = {}
-    try:
+    with rank_result(rank, out) as result:
         dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=60))
         data = _data()
@@ -107,13 +94,6 @@ def _rank(rank: int, world_size: int, address: str, out: str) -> None:
             cut = make("chain-B4")
             cut.fit(max_passes=3, checkpoint=folder / "fit-cut")
             result["state"] = (whole, again, one.w.clone(), cut.w.clone(), one.steps_done, cut.steps_done)
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the test process
-        result = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
