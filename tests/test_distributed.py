@@ -307,10 +307,13 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _spawn(target, world_size: int, out: Path, deadline_s: float) -> list:
-    """Run ``target(rank, world_size, address, out)`` in ``world_size`` spawned processes; their exit codes."""
-    ctx = multiprocessing.get_context("forkserver")  # torch imported once, in the server (as test_checkpoint.py)
-    ctx.set_forkserver_preload(["torch", "torchssvm", "torchssvm.distributed"])
+def _spawn(target, world_size: int, out: Path, deadline_s: float, start: str = "forkserver") -> list:
+    """Run ``target(rank, world_size, address, out)`` in ``world_size`` processes started by ``start``
+    (``"forkserver"``: torch imported once, in the server, as test_checkpoint.py; ``"spawn"`` where the ranks use
+    CUDA); their exit codes. Every rank is joined by the deadline and killed if still alive."""
+    ctx = multiprocessing.get_context(start)
+    if start == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torchssvm", "torchssvm.distributed"])
     address = _free_address()
     procs = [ctx.Process(target=target, args=(r, world_size, address, str(out)), daemon=True)
              for r in range(world_size)]

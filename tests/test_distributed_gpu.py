@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import _close, _data, _free_address, rank_result  # the ranks' shared parts
+from test_distributed import _close, _data, _spawn, rank_result  # the ranks' shared parts
 
 import torchssvm as ts
 
@@ -73,27 +72,6 @@ def _rank_nccl(rank: int, world_size: int, address: str, out: str) -> None:
         result["fw"] = _run(DistributedFrankWolfe(model, shard, lam=LAM), PASSES)
 
 
-def _spawn_nccl(world_size: int, out: Path) -> list:
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")  # CUDA in the children: no fork after CUDA is initialized
-    address = _free_address()
-    procs = [ctx.Process(target=_rank_nccl, args=(r, world_size, address, str(out)), daemon=True)
-             for r in range(world_size)]
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(300)
-        assert not any(p.is_alive() for p in procs), "a rank still runs after 300 s"
-        return [p.exitcode for p in procs]
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_sharded_solvers_on_nccl_take_the_single_process_iterates(world_size, tmp_path):
     if world_size > _gpus():
@@ -104,7 +82,7 @@ def test_sharded_solvers_on_nccl_take_the_single_process_iterates(world_size, tm
     ref["bcfw"] = _run(ts.optim.BCFW(model, data, lam=LAM, seed=SEED, **BCFW_KW), PASSES)
     model = ts.LinearChainModel(data.num_features, data.num_labels, dtype=torch.float64, device=_device(0))
     ref["fw"] = _run(ts.optim.FrankWolfe(model, data, lam=LAM), PASSES)
-    codes = _spawn_nccl(world_size, tmp_path)
+    codes = _spawn(_rank_nccl, world_size, tmp_path, 300, start="spawn")  # CUDA: no fork
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     for r, res in enumerate(ranks):
         assert res["ok"], f"rank {r} failed:\n{res['error']}"
