@@ -80,8 +80,8 @@ def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell
                      progress=None, *, n: Optional[int] = None):
     """Exact block gaps ``g_i`` and hinge terms ``max_y H_i(y; w)`` by one oracle call per block:
     ``g_i = (<theta_i, z_i> + max_y H_i) / n - l_i`` (Osokin et al., 2016, in marginal coordinates).
-    ``progress(done, n)``, when given, is called after each chunk. ``n``: the number of examples of the objective
-    (default ``problem.n``; a shard of `torchssvm.distributed` holds fewer)."""
+    ``progress(done, problem.n)``, when given, is called after each chunk. ``n``: the number of examples of the
+    objective (default ``problem.n``; a shard of `torchssvm.distributed` holds fewer)."""
     n = problem.n if n is None else n
     gaps = torch.empty(problem.n, dtype=torch.float64, device=problem.device)
     hinge = torch.empty_like(gaps)
@@ -94,7 +94,7 @@ def exact_block_gaps(problem: DualProblem, w: torch.Tensor, z: torch.Tensor, ell
         gaps[idx] = (problem.inner(theta, z[idx]) + H) / n - ell[idx]
         done += idx.shape[0]
         if progress is not None:
-            progress(done, n)
+            progress(done, problem.n)  # the blocks this process decodes (a shard's, under torchssvm.distributed)
     return gaps, hinge
 
 
