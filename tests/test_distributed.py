@@ -36,6 +36,17 @@ CASES = {
     "uniform-fw-B5": dict(sampling="uniform", step="fw", batch_size=5),
     "gap-pairwise-B4-cache": dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4, gap_check_every=1),
     "uniform-away-B3-box": dict(sampling="uniform", step="away", batch_size=3, box={"transition": (0.0, None)}),
+    # the host-free step (`DistributedBCFW._device_step`): every rank computes B of its blocks, fillers included;
+    # B = 2 on n = 23 ends each pass with a batch of one (`_free_exchange`'s B = 1 step)
+    "free-uniform-away-B3-box": dict(sampling="uniform", step="away", batch_size=3, box={"transition": (0.0, None)},
+                                     host_free=True),
+    "free-gap-pairwise-B4-cache": dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4,
+                                       gap_check_every=1, host_free=True),
+    "free-gap-fw-B2-cache": dict(sampling="gap", step="fw", batch_size=2, cache_size=3, gap_check_every=1,
+                                 host_free=True),
+    # the host step with the cache's misses counted on the device, as on a GPU (`device_counters`: see `_bcfw`)
+    "device-counted-gap-fw-B4-cache": dict(sampling="gap", step="fw", batch_size=4, cache_size=3,
+                                           gap_check_every=2, device_counters=True),
 }
 # explicit tables (`FeatureTableProblem`), margin- and slack-rescaled (`SlackRescaledProblem`, whose rows are built
 # through `DualProblem.accumulate`): their update of v is not the product of the Gram's rows, so they agree to
@@ -44,6 +55,7 @@ CASES = {
 TABLES = {
     "table-fw-B4": dict(sampling="uniform", step="fw", batch_size=4),
     "table-slack-fw-B3": dict(sampling="uniform", step="fw", batch_size=3, rescaling="slack"),
+    "table-free-fw-B4": dict(sampling="uniform", step="fw", batch_size=4, host_free=True),
 }
 # BCFW on a chain of sparse token attributes (`TokenFeatures`): a batch of B > 1 blocks travels as its attributes and
 # its directions in marginal space, from which every rank rebuilds the Gram matrix and the update with the problem's
@@ -109,6 +121,18 @@ def _table(rows=None):
     return ts.optim.problems.FeatureTableProblem(features[rows], losses[rows], truth[rows])
 
 
+def _bcfw(make, kw: dict):
+    """``make(**kw)``, a `BCFW` or `DistributedBCFW`; with ``device_counters`` the solver counts its cache's misses
+    on its device (a 0-dim tensor read with the report) as it does on a GPU, where the step decodes the whole batch
+    and takes the answers of the misses: the counting a device run does, on the CPU."""
+    kw = dict(kw)
+    device_counters = kw.pop("device_counters", False)
+    solver = make(**kw)
+    if device_counters:
+        solver._misses = torch.zeros((), dtype=torch.long)
+    return solver
+
+
 def _trajectory(solver, steps: int) -> dict:
     """``w`` after each step, the reports, then the exact `duality_gap` and the blocks of the end."""
     ws, reports = [], []
@@ -159,9 +183,22 @@ def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
         fw = DistributedFrankWolfe(_model(data), shard, lam=LAM)
         result["fw"] = _trajectory(fw, FW_STEPS)
         for name, kw in CASES.items():
-            solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **kw)
+            solver = _bcfw(lambda **k: DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **k), kw)
             result[name] = _trajectory(solver, PASSES)
             result[name]["comm_bytes"] = solver.shard.comm_bytes
+        refused = {}
+        for case, make in (
+                ("sparse", lambda: DistributedBCFW(_sparse_model(_sparse_data()), shard_dataset(_sparse_data()),
+                                                   lam=LAM, batch_size=2, host_free=True)),
+                ("small shards", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=N // world_size + 1,
+                                                         host_free=True)),
+                ("graph", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=2, cuda_graph=True))):
+            try:
+                make()
+                refused[case] = "built"
+            except ValueError as e:
+                refused[case] = str(e)
+        result["refused"] = refused
         for name, kw in TABLES.items():
             table = _table(shard_range(N, rank, world_size))
             result[name] = _trajectory(DistributedBCFW(table, lam=LAM, seed=SEED, **kw), PASSES)
@@ -200,6 +237,60 @@ def _rank_sparse_bytes(rank: int, world_size: int, address: str, out: str) -> No
             per_pass = [marks[k * (updates + 1): (k + 1) * (updates + 1)] for k in range(BIG_PASSES)]
             result[B] = {"bytes": [b - a for m in per_pass for a, b in zip(m, m[1:])], "w": torch.stack(ws),
                          "d": solver.problem.d}
+
+
+def _rank_host_free_syncs(rank: int, world_size: int, address: str, out: str) -> None:
+    """The host-free step on the simulated CUDA device (`torchssvm.testing.simulated_cuda`; gloo passes the CPU
+    tensors it wraps): the host reads from the device after each step (from the progress hook) and over whole
+    passes."""
+    from torchssvm.distributed import DistributedBCFW
+    from torchssvm.testing import simulated_cuda
+
+    with rank_result(rank, out) as result:
+        _init(rank, world_size, address, 60)
+        data = ts.data.synthetic_chain("train", 64, num_labels=5, num_features=8, seed=0)
+        with simulated_cuda() as mode:
+            model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
+            solver = DistributedBCFW(model, shard_dataset(data).to("cuda"), lam=0.01, batch_size=16, seed=0,
+                                     backend="torch", host_free=True, sampling="gap", step="pairwise",
+                                     cache_size=4, gap_check_every=2)
+            solver.step()  # the first pass visits every block once
+            marks = []
+            solver.progress = lambda phase, done, total: marks.append(mode.syncs) if phase == "pass" else None
+            before, mode.sync_sites = mode.syncs, type(mode.sync_sites)()
+            per_step = []
+            for _ in range(2):
+                marks.append(mode.syncs)
+                report = solver.step()
+                per_step += [b - a for a, b in zip(marks, marks[1:])]
+                marks.clear()
+            result.update(per_step=per_step, syncs=mode.syncs - before, sites=dict(mode.sync_sites),
+                          device=str(solver.w.device), oracle_calls=report["oracle_calls"])
+            try:  # on CUDA a collective waited with a timeout blocks the host (NCCL)
+                DistributedBCFW(model, shard_dataset(data).to("cuda"), lam=0.01, batch_size=16, host_free=True,
+                                timeout=5)
+                result["timeout"] = "built"
+            except ValueError as e:
+                result["timeout"] = str(e)
+
+
+def _rank_replicas(rank: int, world_size: int, address: str, out: str) -> None:
+    """Rank 1's replicated ``v`` is moved by 1e-9 after the last step of a pass (a rank whose arithmetic drifted);
+    the pass's report must raise on every rank."""
+    from torchssvm.distributed import DistributedBCFW
+
+    with rank_result(rank, out) as result:
+        _init(rank, world_size, address, 60)
+        data = _data()
+        solver = DistributedBCFW(_model(data), shard_dataset(data), lam=LAM, seed=SEED, batch_size=4)
+        solver.step()
+        if rank == 1:  # after the pass's last step, before its report (a step broadcasting v would heal it)
+            solver.progress = lambda phase, done, total: solver.v[3].add_(1e-9) if done == total else None
+        try:
+            solver.step()
+            result["outcome"] = "returned"
+        except RuntimeError as e:
+            result["outcome"] = str(e)
 
 
 def _rank_that_fails(rank: int, world_size: int, address: str, out: str, how: str) -> None:
@@ -247,6 +338,8 @@ def _rank_state(rank: int, world_size: int, address: str, out: str) -> None:
         folder = Path(out) / "state"
         for name, make in (("bcfw", lambda: DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED,
                                                             **CASES["gap-pairwise-B4-cache"])),
+                           ("bcfw-free", lambda: DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED,
+                                                                 **CASES["free-gap-pairwise-B4-cache"])),
                            ("fw", lambda: DistributedFrankWolfe(_model(data), shard, lam=LAM))):
             solver = make()
             solver.step()
@@ -340,7 +433,7 @@ def references():
     data = _data()
     out = {"fw": _trajectory(FrankWolfe(_model(data), data, lam=LAM), FW_STEPS)}
     for name, kw in CASES.items():
-        out[name] = _trajectory(BCFW(_model(data), data, lam=LAM, seed=SEED, **kw), PASSES)
+        out[name] = _trajectory(_bcfw(lambda **k: BCFW(_model(data), data, lam=LAM, seed=SEED, **k), kw), PASSES)
     for name, kw in TABLES.items():
         out[name] = _trajectory(BCFW(_table(), lam=LAM, seed=SEED, **kw), PASSES)
     for name, kw in SPARSE.items():
@@ -386,6 +479,11 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
         assert res["ok"], f"rank {r} failed:\n{res['error']}"
     assert codes == [0] * world_size
     data, sparse = _data(), _sparse_data()
+    for res in ranks:  # what the host-free step refuses, on every rank alike
+        refused = res["refused"]
+        assert "sparse attributes" in refused["sparse"], refused
+        assert f"at least batch_size = {N // world_size + 1}" in refused["small shards"], refused
+        assert "cuda_graph" in refused["graph"], refused
     for name in ["fw", *CASES, *TABLES, *SPARSE]:
         ref = references[name]
         bitwise = name in CASES or name in SPARSE or world_size == 1  # a group of one: single-process steps
@@ -472,7 +570,7 @@ def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree
     manifest = (tmp_path / "state" / "bcfw" / "manifest.json").read_text()
     assert '"world_size": 2' in manifest and '"step2/rank1.ckpt"' in manifest
     for r, res in enumerate(ranks):
-        for name in ("bcfw", "fw"):
+        for name in ("bcfw", "bcfw-free", "fw"):
             whole, again = res[name]
             assert whole[:2] == again[:2] and torch.equal(whole[2], again[2]), f"rank {r} {name}: resumed run differs"
         w_whole, w_resumed, steps_whole, steps_resumed, resumed_steps = res["fit"]
@@ -484,6 +582,35 @@ def test_state_per_rank_resumes_the_run_a_wrong_one_is_refused_and_budgets_agree
     assert ranks[0]["budget"] == ranks[1]["budget"] and 1 <= len(ranks[0]["budget"]) < 1000, ranks[0]["budget"]
     assert "state_dict['v']" in ranks[1]["refusals"]["edited v"], ranks[1]["refusals"]
     assert "rank 1 refused" in ranks[0]["refusals"]["edited v"], ranks[0]["refusals"]
+
+
+def test_host_free_step_on_shards_never_waits_for_the_device(tmp_path):
+    """On 2 ranks of the simulated CUDA device, the host-free step (gap sampling, pairwise steps, a cache, B = 16 of
+    n = 64) reads nothing from the device: the host waits only for the reports, as many times per pass as one
+    process does (the report's read, the replica check's read, one read per exact gap pass), and the ranks' counters
+    agree. With the solver's ``timeout=`` (whose NCCL wait blocks the host) it is refused."""
+    codes = _spawn(_rank_host_free_syncs, 2, tmp_path, deadline_s=120)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+    assert codes == [0, 0]
+    for res in ranks:
+        assert res["device"] == "cuda:0"
+        assert res["per_step"] == [0] * 8, res  # 4 steps a pass, 2 passes
+        assert res["syncs"] == 2 * 2 + 1, res["sites"]  # two reads per report, one exact gap pass (pass 2 of 2..3)
+        assert "blocks the host" in res["timeout"], res["timeout"]
+    assert ranks[0]["oracle_calls"] == ranks[1]["oracle_calls"]
+
+
+def test_replicas_that_drift_apart_make_every_rank_raise(tmp_path):
+    """The replica check of each report (`ShardedProblem.check_replicated`): ``v`` differing in one coordinate by
+    1e-9 on one of 2 ranks is a RuntimeError on both, naming ``v`` and the spread."""
+    codes = _spawn(_rank_replicas, 2, tmp_path, deadline_s=60)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, res in enumerate(ranks):
+        assert res["ok"], f"rank {r} failed:\n{res['error']}"
+        assert res["outcome"].startswith("v differs between the ranks (by up to 1e-09"), res["outcome"]
+    assert codes == [0, 0]
 
 
 @pytest.mark.parametrize("how", ["dies", "stalls"])

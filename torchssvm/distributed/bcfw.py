@@ -8,13 +8,14 @@ B) are solved from the blocks of every rank, and ``v`` moves identically on ever
 
 from __future__ import annotations
 
+import math
 import numbers
 from datetime import timedelta
 from typing import Optional, Union
 
 import torch
 
-from ..optim.frank_wolfe.bcfw import BCFW, SAMPLINGS, STEPS
+from ..optim.frank_wolfe.bcfw import BCFW, HOST_FREE_MIN_BATCH, SAMPLINGS, STEPS
 from ..optim.frank_wolfe.box_qp import METHODS as QP_METHODS
 from ..optim.frank_wolfe.box_qp import box_qp
 from .dual_solver import ShardedSolver, as_sharded
@@ -30,7 +31,14 @@ class DistributedBCFW(ShardedSolver, BCFW):
         timeout: seconds each collective may wait (`Collectives`); None: the process group's timeout.
         lam, sampling, step, cache_size, cache_factor, cache_nu, gap_check_every, batch_size, qp_method,
             qp_max_iter, box, seed, writer, structure, backend, rescaling: as `BCFW`, the same on every rank
-            (checked when built). ``host_free`` and ``cuda_graph`` must stay off (not on shards yet).
+            (checked when built).
+        host_free: the step without host reads (`_device_step`: every rank computes a fixed-size batch of
+            ``batch_size`` of its blocks, the drawn ones it holds and unchanged fillers; docs/distributed.md).
+            Default: as `BCFW` (on a device from B = 512), when every shard holds at least ``batch_size``
+            examples (required when True), the chain is not one of sparse attributes (refused when True: its
+            exchange's size is the batch's tokens, which the host reads) and, on CUDA, ``timeout`` is None
+            (refused when True: NCCL's wait with a timeout blocks the host).
+        cuda_graph: not on shards (a ValueError): capturing the step's collectives has not been verified.
 
     With the same seed and ``batch_size`` the iterates are those of `BCFW` on the whole data set: bitwise when each
     drawn batch lies on one rank (always for ``batch_size=1``), on dense chains, whose update of ``v`` is the
@@ -47,21 +55,40 @@ class DistributedBCFW(ShardedSolver, BCFW):
                  batch_size: int = 1, qp_method: str = "newton", qp_max_iter: Optional[int] = None, box=None,
                  seed: int = 0, host_free: Optional[bool] = None, cuda_graph: Optional[bool] = None, writer=None,
                  structure=None, backend: str = "auto", rescaling: str = "margin"):
-        if host_free or cuda_graph:
-            raise ValueError("host_free and cuda_graph are not available on shards yet (docs/distributed.md)")
+        if cuda_graph:
+            raise ValueError("cuda_graph is not available on shards: capturing the step's collectives (NCCL in a "
+                             "CUDA graph) has not been verified (docs/distributed.md)")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
         sharded = as_sharded(model, dataset, structure, backend, rescaling, process_group, timeout)
+        smallest = min(sharded.sizes)
+        # NCCL's wait with a timeout blocks the host until the collective is done (without one, the stream waits)
+        blocking = sharded.comm.timeout is not None and sharded.device.type == "cuda"
+        if host_free is None:
+            host_free = sharded.device.type != "cpu" and batch_size >= HOST_FREE_MIN_BATCH and \
+                smallest >= batch_size and not sharded.sparse_chain and not blocking
+        elif host_free and blocking:
+            raise ValueError("host_free: on CUDA a collective waited with the solver's timeout= blocks the host at "
+                             "every step; give the process group's timeout instead (init_process_group(timeout=...), "
+                             "which NCCL's watchdog enforces)")
+        elif host_free and sharded.sparse_chain:
+            raise ValueError("host_free: a chain of sparse attributes exchanges its batch's tokens, whose number the "
+                             "host reads at each step; use host_free=False")
+        elif host_free and smallest < batch_size:
+            raise ValueError(f"host_free needs every shard to hold at least batch_size = {batch_size} examples (each "
+                             f"rank computes a batch of that size); the smallest holds {smallest}")
         # the local solver's checks of batch_size are against its shard: the global batch is checked below
         super().__init__(sharded.local, None, lam, sampling=sampling, step=step, cache_size=cache_size,
                          cache_factor=cache_factor, cache_nu=cache_nu, gap_check_every=gap_check_every,
                          batch_size=1, qp_method=qp_method, qp_max_iter=qp_max_iter, box=box, seed=seed,
-                         host_free=False, cuda_graph=False, writer=writer, backend=backend, rescaling=rescaling)
+                         host_free=bool(host_free), cuda_graph=False, writer=writer, backend=backend,
+                         rescaling=rescaling)
         if batch_size > sharded.n:
             raise ValueError(f"batch_size must be <= n = {sharded.n}, got {batch_size}")
         sharded.check_same(n=sharded.n, lam=self.lam, seed=self.seed, batch_size=batch_size,
+                           host_free=self.host_free,
                            sampling=SAMPLINGS.index(sampling), step=STEPS.index(step), cache_size=cache_size,
                            cache_factor=cache_factor, cache_nu=cache_nu, gap_check_every=gap_check_every,
                            qp_method=QP_METHODS.index(qp_method), qp_max_iter=self.qp_max_iter,
@@ -72,6 +99,8 @@ class DistributedBCFW(ShardedSolver, BCFW):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.first_visit = torch.randperm(self.n, generator=self.generator)
         p = self.problem
+        if self.host_free:  # the device sampler's first tier, of all n blocks
+            self._first_rank = self._first_visit_ranks().to(p.device)
         max_loss = sharded.gather(p.max_loss(torch.arange(p.n, device=p.device)).to(torch.float64))
         self.global_gap = float(max_loss.sum()) / self.n
         self._gaps_global = self.block_gaps  # `block_gaps` but while `_local_update` shows this rank's range of it
@@ -84,8 +113,17 @@ class DistributedBCFW(ShardedSolver, BCFW):
         """The step of the global blocks ``host_idx (B,)`` drawn on every rank (`BCFW._sample`): the batch's owner
         takes the single-process step and broadcasts ``v`` when one rank holds it all, else every rank computes its
         blocks and `_exchange` solves the step from all of them."""
-        if idx is not None:
-            raise RuntimeError("DistributedBCFW has no host-free step")
+        if idx is not None:  # `_device_step` calls `_free_update`
+            raise RuntimeError("DistributedBCFW: the host-free step goes through _device_step")
+        B = host_idx.shape[0]
+        unread = self._visits_unread
+        self._step_of(host_idx)
+        if self._misses is not None and self.cache_size > 0:
+            # on a device the cache's misses are counted there (on each rank, for its blocks: summed at the report,
+            # `_count_misses`); the visits they are of are the whole batch, on every rank
+            self._visits_unread = unread + B
+
+    def _step_of(self, host_idx: torch.Tensor) -> None:
         sh = self.shard
         owner = sh.owner(host_idx)
         before = (self.oracle_calls, self.cache_hits, self.visits)
@@ -118,6 +156,108 @@ class DistributedBCFW(ShardedSolver, BCFW):
         lo = self.shard.offset
         with self._swapped("block_gaps", self._gaps_global[lo: lo + self.shard.n_local]):
             super()._update(local_idx)
+
+    # -- the host-free step: fixed shapes, no host read --------------------------------------------------------
+    @torch.no_grad()
+    def _device_step(self, B: int, draw) -> None:
+        """The host-free step of ``B`` blocks (`BCFW._host_free_step` keeps the counters, the same on every rank).
+
+        Every rank draws the same ``B`` global blocks on the device (`BCFW._sample_device_at` on the replicated
+        gaps). Which of them a rank holds is known on the device only, so each rank runs `BCFW._update` on ``B`` of
+        its own blocks in the batch's order: position b is the drawn block when the rank holds it (``live``), else
+        a filler, a distinct local block that was not drawn (from its first ``min(n_r, 2 B)`` blocks; every shard
+        holds at least ``B``). A filler's state (``z``, ``l``, its atoms, its block gap) is restored after the step,
+        its step size is 0, its row is not sent, and its block gap is set to ``inf`` during the step so that it
+        misses the cache, whose miss counter then drops the fillers' count; so the step is the single-process one
+        on the drawn blocks. `_free_exchange` solves it from every rank's live rows."""
+        sh, p = self.shard, self.problem
+        drawn = self._sample_device_at(B, draw)
+        if sh.world_size == 1:  # every block is this rank's: one process's step, nothing to send
+            BCFW._update(self, None, p.static_block_index(drawn))
+            return
+        lo, n_r = sh.offset, sh.n_local
+        live = (drawn >= lo) & (drawn < lo + n_r)
+        local = torch.where(live, drawn - lo, 0)
+        window = min(n_r, 2 * B)
+        inside = live & (local < window)
+        taken = torch.zeros(window, dtype=torch.long, device=drawn.device)
+        taken.index_put_((torch.where(inside, local, 0),), inside.long(), accumulate=True)
+        free = torch.argsort(taken, stable=True)  # the window's undrawn blocks first, in order
+        filler = free[(torch.cumsum((~live).long(), 0) - 1).clamp_min(0)]
+        idx = p.static_block_index(torch.where(live, local, filler))
+        gaps = self._gaps_global[lo: lo + n_r]
+        keep = lambda t: t[idx].clone()  # noqa: E731
+        saved = {"z": keep(self.z), "ell": keep(self.ell), "gaps": keep(gaps)}
+        store = self.atoms
+        if store is not None:
+            saved.update({k: keep(getattr(store, k)) for k in ("labels", "loss", "alpha", "count", "alpha_valid")})
+        gaps[idx] = torch.where(live, saved["gaps"], math.inf)
+        self._batch = ("free", drawn, live)
+        try:
+            with self._swapped("block_gaps", gaps):
+                BCFW._update(self, None, idx)
+        finally:
+            self._batch = None
+        if self._misses is not None and store is not None and self.cache_size > 0:
+            self._misses -= (~live).sum()
+
+        def restore(t, old):
+            mask = live.view(-1, *([1] * (old.dim() - 1)))
+            t[idx] = torch.where(mask, t[idx], old)
+
+        restore(self.z, saved["z"])
+        restore(self.ell, saved["ell"])
+        restore(gaps, saved["gaps"])
+        if store is not None:
+            for k in ("labels", "loss", "alpha", "count", "alpha_valid"):
+                restore(getattr(store, k), saved[k])
+
+    def _free_exchange(self, idx, direction, c, upper) -> torch.Tensor:
+        """`_exchange` of the host-free step: every rank writes the rows of its live positions (`_device_step`)
+        and zeros elsewhere into one buffer of ``B d + 3 B`` floats, of a fixed size; one all-reduce (sum, exact),
+        then the single-process host-free step on the batch: a dense chain's rows padded to the data set's longest
+        sentence (`ChainProblem.static_block_index`), ``H = P P^T / (lam n^2)``, `box_qp` without host reads, ``v
+        += P^T gamma / (lam n)``. Returns this rank's step sizes, 0 at its fillers."""
+        _, drawn, live = self._batch
+        sh = self.shard
+        B, d, dev = drawn.shape[0], self.v.numel(), self.v.device
+        n, lam = self.n, self.lam
+        if B == 1:  # one process's B = 1 step (`sqnorm`, `accumulate`): the owner's, whose v travels
+            gamma = torch.where(live, BCFW._step_sizes(self, idx, direction, c, upper, True), 0.0)
+            moved = self.v.clone()
+            self.problem.accumulate(moved, idx, direction, gamma / (lam * n))
+            buf = torch.cat([torch.where(live, moved, 0.0), torch.where(live, self.block_gaps[idx], 0.0)])
+            sh.comm.all_reduce(buf)
+            self.v.copy_(buf[:d])
+            self._gaps_global[drawn] = buf[d:]
+            self._sync_w()
+            return gamma
+        buf = torch.zeros(B * d + 3 * B, dtype=torch.float64, device=dev)
+        P = buf[: B * d].view(B, d)
+        c_all, upper_all, gaps = (buf[B * d + k * B: B * d + (k + 1) * B] for k in range(3))
+        rows = sh.joint_features(idx, direction, sh.static_width())
+        P.copy_(torch.where(live.unsqueeze(1), rows, 0.0))
+        c_all.copy_(torch.where(live, c.to(torch.float64), 0.0))
+        upper_all.copy_(torch.where(live, upper.to(torch.float64), 0.0))
+        gaps.copy_(torch.where(live, self.block_gaps[idx], 0.0))  # this rank's view (`_device_step`)
+        sh.comm.all_reduce(buf)
+        self._gaps_global[drawn] = gaps
+        gamma = box_qp(c_all, (P @ P.T) / (lam * n * n), upper_all, method=self.qp_method, max_iter=self.qp_max_iter,
+                       sync_free=True, unconverged=self._qp_unconverged)
+        self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
+        self._sync_w()
+        return torch.where(live, gamma, 0.0)
+
+    def _sum_misses(self) -> None:
+        """On a device each rank counts its own blocks' cache misses (`BCFW._misses`, read with the report): sum
+        them over the ranks in place, on the device (one all-reduce of one integer), before the counters read them,
+        so that every rank's counters are the same."""
+        self.shard.comm.all_reduce(self._misses)
+
+    def _extra_state(self) -> dict:
+        if self._misses is not None and self._visits_unread:  # as `BCFW._extra_state` reads them (the same on
+            self._sum_misses()                                  # every rank: the visits are the batches')
+        return super()._extra_state()
 
     def _counters(self, before, delta) -> None:
         self.oracle_calls, self.cache_hits, self.visits = (b + int(x) for b, x in zip(before, delta))
@@ -175,6 +315,8 @@ class DistributedBCFW(ShardedSolver, BCFW):
     def _step_sizes(self, idx, direction, c, upper, host_free):
         if self._batch is None:  # the whole batch is this rank's: the single-process step
             return super()._step_sizes(idx, direction, c, upper, host_free)
+        if isinstance(self._batch[0], str):  # ("free", drawn, live): the host-free step
+            return self._free_exchange(idx, direction, c, upper)
         return self._exchange(idx, direction, c, upper)
 
     def _move(self, idx, direction, gamma) -> None:
@@ -239,6 +381,8 @@ class DistributedBCFW(ShardedSolver, BCFW):
     # -- reports ---------------------------------------------------------------------------------------------
     def _report(self, exact: bool) -> dict:
         self._check_replicas()
+        if self._misses is not None:
+            self._sum_misses()
         return super()._report(exact)
 
     def rescale_lambda(self, lam_new: float):

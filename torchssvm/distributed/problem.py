@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 
+from .._device import host_to_device
 from ..data.token_features import TokenFeatures
 from ..optim.problems import ChainProblem, DualProblem, FeatureTableProblem
 from .comm import Collectives
@@ -121,14 +122,17 @@ class ShardedProblem:
         every rank takes the same decision on a time budget): one all-reduce of the max of ``(tensor, -tensor,
         maxima)``."""
         flat = tensor.reshape(-1).to(torch.float64)
-        extra = torch.tensor([float(x) for x in maxima], dtype=torch.float64, device=flat.device)
+        extra = host_to_device(torch.tensor([float(x) for x in maxima], dtype=torch.float64), flat.device)
         both = self.comm.all_reduce(torch.cat([flat, -flat, extra]), op="max")
         k = flat.numel()
-        if not (torch.equal(both[:k], flat) and torch.equal(-both[k: 2 * k], flat)):
-            spread = float((both[:k] + both[k: 2 * k]).abs().max())
-            raise RuntimeError(f"{name} differs between the ranks (by up to {spread:.3g}): the replicated computation "
-                               "diverged (ranks with different arithmetic, or a rank that skipped a step)")
-        return both[2 * k:].tolist()
+        top, low = both[:k], -both[k: 2 * k]
+        differ = ((top != flat) | (low != flat)).any().to(torch.float64).view(1)  # NaN differs too
+        spread = (top - low).abs().max().view(1) if k else differ.new_zeros(1)
+        values = torch.cat([differ, spread, both[2 * k:]]).tolist()  # the one read from the device
+        if values[0]:
+            raise RuntimeError(f"{name} differs between the ranks (by up to {values[1]:.3g}): the replicated "
+                               "computation diverged (ranks with different arithmetic, or a rank that skipped a step)")
+        return values[2:]
 
     # -- the blocks in w-space -----------------------------------------------------------------------
     def batch_width(self, idx: torch.Tensor):
@@ -137,6 +141,11 @@ class ShardedProblem:
         if self._lengths is None:
             return None
         return int(self._lengths[idx.cpu()].max())
+
+    def static_width(self):
+        """The padded length of a host-free batch on one process (`ChainProblem.static_block_index`): the whole
+        data set's longest sentence; None for problems without one."""
+        return None if self._lengths is None else int(self._lengths.max())
 
     def joint_features(self, idx: torch.Tensor, z: torch.Tensor, width=None) -> torch.Tensor:
         """``(B, d)``: ``Phi_b z_b`` of the local blocks ``idx (B,)`` with ``z (B, m_r)``: the rows the mini-batch
