@@ -133,6 +133,18 @@ def _bcfw(make, kw: dict):
     return solver
 
 
+RESCALED = dict(sampling="gap", step="pairwise", batch_size=4, cache_size=4)  # gaps estimated between exact passes
+
+
+def _rescaled(solver) -> dict:
+    """One pass, `rescale_lambda` to ``LAM / 2`` (its ``delta``, the block gaps and global gap it moves), then
+    `_trajectory` of 2 passes at ``LAM / 2``."""
+    solver.step()
+    delta = solver.rescale_lambda(LAM / 2)
+    moved = {"delta": delta.clone(), "block_gaps": solver.block_gaps.clone(), "global_gap": solver.global_gap}
+    return {**_trajectory(solver, 2), "moved": moved}
+
+
 def _trajectory(solver, steps: int) -> dict:
     """``w`` after each step, the reports, then the exact `duality_gap` and the blocks of the end."""
     ws, reports = [], []
@@ -186,6 +198,9 @@ def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
             solver = _bcfw(lambda **k: DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **k), kw)
             result[name] = _trajectory(solver, PASSES)
             result[name]["comm_bytes"] = solver.shard.comm_bytes
+        # Prop. 1's move to lam / 2 after a pass (`rescale_lambda`: delta, the gaps), then two passes at lam / 2
+        solver = DistributedBCFW(_model(data), shard, lam=LAM, seed=SEED, **RESCALED)
+        result["rescaled"] = _rescaled(solver)
         refused = {}
         for case, make in (
                 ("sparse", lambda: DistributedBCFW(_sparse_model(_sparse_data()), shard_dataset(_sparse_data()),
@@ -436,6 +451,7 @@ def references():
         out[name] = _trajectory(_bcfw(lambda **k: BCFW(_model(data), data, lam=LAM, seed=SEED, **k), kw), PASSES)
     for name, kw in TABLES.items():
         out[name] = _trajectory(BCFW(_table(), lam=LAM, seed=SEED, **kw), PASSES)
+    out["rescaled"] = _rescaled(BCFW(_model(data), data, lam=LAM, seed=SEED, **RESCALED))
     for name, kw in SPARSE.items():
         sparse, kw = _sparse_case(kw)
         out[name] = _trajectory(BCFW(_sparse_model(sparse), sparse, lam=LAM, seed=SEED, **kw), PASSES)
@@ -470,7 +486,8 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
     """Every rank's ``w`` after each step, the reports, the exact gap pass (``duality_gap``: the certificate and the
     ``(n,)`` block gaps) and the blocks ``z``, ``l`` gathered from the ranks equal the single-process
     `FrankWolfe` and `BCFW` runs (same seed and batch size): BCFW on a dense chain bitwise (uniform and gap
-    sampling, FW, pairwise and away steps, B = 1 and B > 1, a cache, a box), batch Frank-Wolfe and BCFW on
+    sampling, FW, pairwise and away steps, B = 1 and B > 1, a cache, a box; the host step and the host-free step;
+    `rescale_lambda` between passes), batch Frank-Wolfe and BCFW on
     explicit tables to 1e-12 relative (bitwise on a group of one, which sends nothing); the ranks agree bitwise with
     each other; counters equal."""
     codes = _spawn(_rank_solvers, world_size, tmp_path, deadline_s=150)
@@ -484,9 +501,9 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
         assert "sparse attributes" in refused["sparse"], refused
         assert f"at least batch_size = {N // world_size + 1}" in refused["small shards"], refused
         assert "cuda_graph" in refused["graph"], refused
-    for name in ["fw", *CASES, *TABLES, *SPARSE]:
+    for name in ["fw", *CASES, *TABLES, *SPARSE, "rescaled"]:
         ref = references[name]
-        bitwise = name in CASES or name in SPARSE or world_size == 1  # a group of one: single-process steps
+        bitwise = name not in TABLES and name != "fw" or world_size == 1  # a group of one: single-process steps
         chain = sparse if name in SPARSE else data
         lengths, K = chain.lengths, chain.num_labels
         T = int(lengths.max())
@@ -510,6 +527,10 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
             for key in ("primal", "dual", "gap"):
                 _same(torch.tensor(got["exact"][key]), torch.tensor(ref["exact"][key]), bitwise, f"{name}: {key}")
             _same(got["block_gaps"], ref["block_gaps"], bitwise, f"{name}: block gaps")
+            if "moved" in ref:  # `rescale_lambda`: its delta, the block gaps and the global gap it moved
+                for key in ("delta", "block_gaps"):
+                    _same(got["moved"][key], ref["moved"][key], bitwise, f"{name}: rescale_lambda's {key}")
+                assert got["moved"]["global_gap"] == ref["moved"]["global_gap"], name
         # the blocks: rank r holds the examples of shard_range(n, r, W), in its own layout
         z_parts, ell_parts = [], []
         for r, res in enumerate(ranks):

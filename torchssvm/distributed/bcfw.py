@@ -385,5 +385,23 @@ class DistributedBCFW(ShardedSolver, BCFW):
             self._sum_misses()
         return super()._report(exact)
 
-    def rescale_lambda(self, lam_new: float):
-        raise self._not_yet("rescale_lambda (the regularization path)")
+    @torch.no_grad()
+    def rescale_lambda(self, lam_new: float) -> torch.Tensor:
+        """`BCFW.rescale_lambda` on shards (Osokin et al., 2016, Prop. 1): every rank rescales its blocks and atoms,
+        and the block gaps and the global gap move by ``(1 - rho) delta`` with ``delta (n,)`` all-gathered in global
+        order (returned, the same on every rank); a collective, with the same ``lam_new`` on every rank (checked)."""
+        sh = self.shard
+        sh.check_same(lam_new=float(lam_new))
+        lam_old, gap_old = self.lam, self.global_gap
+        # the base moves this rank's gaps and the global gap by its blocks' delta: both are redone over every rank
+        with self._swapped("block_gaps", torch.zeros(sh.n_local, dtype=torch.float64, device=self.problem.device)):
+            delta = sh.gather(super().rescale_lambda(lam_new))
+        rho = self.lam / lam_old
+        self.block_gaps.add_((1 - rho) * delta)
+        self.global_gap = gap_old + (1 - rho) * float(delta.sum())
+        return delta
+
+    def _block_inner(self) -> torch.Tensor:
+        """``<theta_i(w), z_i>`` of this rank's blocks ``(n_r,)``."""
+        with self._swapped("n", self.shard.n_local):
+            return super()._block_inner()

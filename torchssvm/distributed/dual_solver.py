@@ -84,11 +84,6 @@ class ShardedSolver:
         on every rank and every rank stops `fit` at the same step on a ``time_budget``."""
         (self.seconds,) = self.shard.check_replicated("v", self.v, maxima=(self.seconds,))
 
-    # -- not yet on shards ---------------------------------------------------------------------------------
-    def _not_yet(self, what: str):
-        return NotImplementedError(f"{type(self).__name__}: {what} is not implemented on shards yet "
-                                   "(docs/distributed.md, 'Not done yet')")
-
     def fit(self, max_passes=None, gap_tol=None, time_budget=None, *, exact: bool = True, callback=None,
             checkpoint=None, checkpoint_every: int = 1):
         """`DualSolver.fit` on every rank at once (each step is a collective). ``checkpoint`` is a folder seen by
