@@ -328,53 +328,25 @@ class DistributedBCFW(ShardedSolver, BCFW):
     def _exchange(self, idx, direction, c, upper) -> torch.Tensor:
         """The step of a batch spread over ranks; returns this rank's step sizes (``(B_r,)``, in its order).
 
-        Every owner writes its blocks' rows ``Phi_b d_b`` (`ShardedProblem.joint_features`: the rows one process
-        computes), ``c_b``, ``u_b`` and the block gaps into one buffer of ``B d + 3 B + 3`` floats, zero elsewhere
-        (its last three: the counters' increments); one all-reduce (sum, exact: one non-zero term per entry) gives
-        every rank the same ``P (B, d)``. Every rank then solves ``min_{0 <= gamma <= u} -c^T gamma + 1/2 gamma^T H
-        gamma`` with ``H = P P^T / (lam n^2)`` and applies ``v += P^T gamma / (lam n)``: the products
-        `ChainProblem.gram` and `accumulate` make on one process, on the same (contiguous) rows.
-
-        On a chain of sparse attributes the buffer holds instead what determines the rows, ``sparse_size`` floats
-        (`ShardedProblem.sparse_pack`: the batch's token attributes, unary directions and tails), and every rank
-        builds ``H`` and the update with `ChainProblem.sparse_batch_gram` and `sparse_batch_accumulate` on the
-        unpacked batch (`sparse_unpack`), laid out as one process lays it out: the bits of one process."""
+        One `ShardedProblem.exchange` (an all-reduce of ``B d + 3 B + 3`` floats on a dense chain, of
+        ``sparse_size + 3 B + 3`` on a sparse one) gives every rank the batch's blocks, their ``c_b``, ``u_b`` and
+        block gaps, and the counters' increments. Every rank then solves ``min_{0 <= gamma <= u} -c^T gamma + 1/2
+        gamma^T H gamma`` with ``H = G / (lam n^2)``, ``G`` the batch's Gram matrix, and applies ``v += sum_b gamma_b
+        Phi_b d_b / (lam n)``: the products one process makes (`ExchangedBatch`), so its bits."""
         host_idx, mine, before = self._batch
         sh = self.shard
-        B, d, dev = host_idx.shape[0], self.v.numel(), self.v.device
-        # the blocks' part: dense rows P (B, d), or a sparse chain's attributes and directions (`sparse_pack`)
-        D = sh.sparse_size(host_idx) if sh.sparse_chain else B * d
-        buf = torch.zeros(D + 3 * B + 3, dtype=torch.float64, device=dev)
-        P = buf[:D] if sh.sparse_chain else buf[:D].view(B, d)
-        c_all, upper_all, gaps = (buf[D + k * B: D + (k + 1) * B] for k in range(3))
-        counts = buf[D + 3 * B:]
-        rows = mine.to(dev)
-        if idx is not None:
-            if sh.sparse_chain:
-                sh.sparse_pack(P, host_idx, rows, idx, direction)
-            else:
-                P[rows] = sh.joint_features(idx, direction, sh.batch_width(host_idx))
-            c_all[rows] = c.to(torch.float64)
-            upper_all[rows] = upper.to(torch.float64)
-            gaps[rows] = self.block_gaps[idx]  # this rank's view (`_local_update`)
-        counts.copy_(torch.tensor([a - b for a, b in zip((self.oracle_calls, self.cache_hits, self.visits), before)],
-                                  dtype=torch.float64))
-        sh.comm.all_reduce(buf)
-        self._gaps_global[host_idx.to(dev)] = gaps
-        self._counters(before, counts.tolist())
         n, lam = self.n, self.lam
-        if sh.sparse_chain:  # the batch's Gram matrix and update by the problem's own methods, as one process
-            x, u, tail = sh.sparse_unpack(P, host_idx)
-            gram, attribute_rows = self.problem.sparse_batch_gram(x, u, tail)
-        else:
-            gram = P @ P.T
-        curvature = gram / (lam * n * n)
-        gamma = box_qp(c_all, curvature, upper_all, method=self.qp_method, max_iter=self.qp_max_iter,
-                       unconverged=self._qp_unconverged)
-        if sh.sparse_chain:
-            self.problem.sparse_batch_accumulate(self.v, x, u, tail, gamma / (lam * n), rows=attribute_rows)
-        else:
-            self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
+        rows = mine.to(self.v.device)
+        columns = None if idx is None else torch.stack([c.to(torch.float64), upper.to(torch.float64),
+                                                        self.block_gaps[idx]], 1)  # gaps: this rank's view
+        counts = torch.tensor([a - b for a, b in zip((self.oracle_calls, self.cache_hits, self.visits), before)],
+                              dtype=torch.float64, device=self.v.device)
+        batch, (c_all, upper_all, gaps), counts = sh.exchange(host_idx, rows, idx, direction, columns, 3, counts)
+        self._gaps_global[host_idx.to(gaps.device)] = gaps
+        self._counters(before, counts.tolist())
+        gamma = box_qp(c_all, batch.gram() / (lam * n * n), upper_all, method=self.qp_method,
+                       max_iter=self.qp_max_iter, unconverged=self._qp_unconverged)
+        batch.accumulate(self.v, gamma / (lam * n))
         self._sync_w()
         return gamma[rows.to(gamma.device)]
 

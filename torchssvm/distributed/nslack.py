@@ -103,13 +103,17 @@ class DistributedNSlackCuttingPlane(ShardedSolver, NSlackCuttingPlane):
     @torch.no_grad()
     def _qp_batch_step(self, host_idx: torch.Tensor) -> None:
         """The coordinated step of the global blocks ``host_idx``: a mini-batch held by one rank is its single-process
-        step, then ``v`` is broadcast (``d`` floats); a spread one is exchanged as `DistributedBCFW._exchange` does
-        (one all-reduce of every move's row ``Phi_b dz_b`` and gain, ``B (d + 1)`` floats), and every rank solves the
-        same box QP and moves ``v`` by the same product."""
+        step, then ``v`` is broadcast (``d`` floats); a spread one goes through `ShardedProblem.exchange`, as a
+        spread BCFW mini-batch does (one all-reduce of every move and gain: ``B (d + 1)`` floats of rows on a dense
+        chain, the moves' attributes and directions on a sparse one), and every rank solves the same box QP and
+        moves ``v`` by the same products."""
         sh, p = self.shard, self.problem
         owner = sh.owner(host_idx)
         first = int(owner[0])
-        if bool((owner == first).all()):
+        # a sparse chain's batch always goes through the exchange: every rank, the owner included, builds its Gram
+        # matrix and update from the same tensors, laid out as one process lays them out (as `DistributedBCFW`)
+        spread = sh.sparse_chain and sh.world_size > 1
+        if bool((owner == first).all()) and not spread:
             if first == sh.rank:
                 super()._qp_batch_step(sh.local_index(host_idx).to(p.device))
             sh.comm.broadcast(self.v, first)
@@ -117,24 +121,20 @@ class DistributedNSlackCuttingPlane(ShardedSolver, NSlackCuttingPlane):
                 self._sync_w()
             return
         n, lam, dev = self.n, self.lam, self.v.device
-        B, d = host_idx.shape[0], self.v.numel()
-        buf = torch.zeros(B * d + B, dtype=torch.float64, device=dev)
-        P, gain = buf[: B * d].view(B, d), buf[B * d:]
         mine = (owner == sh.rank).nonzero().squeeze(1).to(dev)
+        local = moves = None
         if mine.numel():
             local = sh.local_index(host_idx[mine.cpu()]).to(p.device)
-            used, move, own_gain, dz = self._qp_moves(local)
-            P[mine] = sh.joint_features(local, dz, sh.batch_width(host_idx))
-            gain[mine] = own_gain.to(torch.float64)
-        sh.comm.all_reduce(buf)
-        if not bool((gain > 0).any()):
+            used, move, gain, dz = moves = self._qp_moves(local)
+        batch, (gain_all,), _ = sh.exchange(host_idx, mine, local, None if moves is None else dz,
+                                           None if moves is None else gain.unsqueeze(1), 1)
+        if not bool((gain_all > 0).any()):
             return
-        curvature = (P @ P.T) / (lam * n * n)
-        gamma = box_qp(gain.clamp_min(0), curvature, torch.ones_like(gain))
-        if mine.numel():
+        gamma = box_qp(gain_all.clamp_min(0), batch.gram() / (lam * n * n), torch.ones_like(gain_all))
+        if moves is not None:
             g = gamma[mine].unsqueeze(1)
             self.alpha[local] = (self.alpha[local] + g * move).clamp_min(0) * used
-        self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
+        batch.accumulate(self.v, gamma / (lam * n))
         self._sync_w()
 
     def _primal_w(self, alpha: torch.Tensor, corners) -> torch.Tensor:

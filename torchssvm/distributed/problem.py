@@ -228,6 +228,66 @@ class ShardedProblem:
         tail.copy_(buf[S * self._token_width():].view(B, L))
         return TokenFeatures(ids, values), u, tail
 
+    # -- a mini-batch spread over ranks: one all-reduce gives every rank every block ------------------------
+    def exchange(self, idx: torch.Tensor, mine: torch.Tensor, local_idx, z, columns, n_columns: int,
+                 totals=None):
+        """Every rank's blocks of a mini-batch of the global examples ``idx (B,)`` on every rank, in one all-reduce
+        (sum) of a buffer in which each rank writes its blocks' values and zeros elsewhere (a sum of one value and
+        zeros is that value's bits): the blocks at positions ``mine (B_r,)`` of the batch, local indices
+        ``local_idx`` (None when this rank holds none of them) with directions ``z (B_r, m_r)``, and
+        ``columns (B_r, n_columns)`` of per-block numbers (step bounds, gains, ...), then ``totals`` (a 1-d float64
+        tensor summed over the ranks: counters).
+
+        The blocks travel as their rows ``Phi_b z_b`` (``B d`` floats, `joint_features`, padded to the batch's
+        longest sentence) or, on a chain of sparse attributes, as what determines them (`sparse_pack`:
+        ``sparse_size`` floats, never ``d`` per block). Returns ``(batch, columns (n_columns, B), totals)`` with
+        ``batch`` an `ExchangedBatch`, whose Gram matrix and update of ``w`` are one process's products."""
+        B, d = idx.shape[0], self.d
+        D = self.sparse_size(idx) if self.sparse_chain else B * d
+        t = 0 if totals is None else totals.numel()
+        buf = torch.zeros(D + n_columns * B + t, dtype=torch.float64, device=self.device)
+        part = buf[:D]
+        cols = buf[D: D + n_columns * B].view(n_columns, B)
+        if local_idx is not None:
+            if self.sparse_chain:
+                self.sparse_pack(part, idx, mine, local_idx, z)
+            else:
+                part.view(B, d)[mine] = self.joint_features(local_idx, z, self.batch_width(idx))
+            cols[:, mine] = columns.to(torch.float64).T
+        if t:
+            buf[D + n_columns * B:] = totals
+        self.comm.all_reduce(buf)
+        return ExchangedBatch(self, idx, part), cols, buf[D + n_columns * B:]
+
     def __repr__(self) -> str:
         return (f"ShardedProblem({type(self.local).__name__}, rank {self.rank} of {self.world_size}, examples "
                 f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
+
+
+class ExchangedBatch:
+    """The blocks of a mini-batch after `ShardedProblem.exchange`, the same on every rank: ``gram()``, the ``(B, B)``
+    matrix ``<Phi_b z_b, Phi_c z_c>``, and ``accumulate(w, coef)``, ``w += sum_b coef_b Phi_b z_b``; the products
+    the problem makes on one process (`ChainProblem.gram` and `accumulate` on the dense rows; on a sparse chain
+    `ChainProblem.sparse_batch_gram` and `sparse_batch_accumulate` on the unpacked batch, laid out as one process
+    lays it out)."""
+
+    def __init__(self, sharded: ShardedProblem, idx: torch.Tensor, part: torch.Tensor):
+        self.problem = sharded.local
+        if sharded.sparse_chain:
+            self.rows = None
+            self.x, self.u, self.tail = sharded.sparse_unpack(part, idx)
+            self._attribute_rows = None
+        else:
+            self.rows = part.view(idx.shape[0], sharded.d)
+
+    def gram(self) -> torch.Tensor:
+        if self.rows is not None:
+            return self.rows @ self.rows.T
+        G, self._attribute_rows = self.problem.sparse_batch_gram(self.x, self.u, self.tail)
+        return G
+
+    def accumulate(self, w: torch.Tensor, coef: torch.Tensor) -> None:
+        if self.rows is not None:
+            w.addmv_(self.rows.T, coef.to(torch.float64))
+        else:
+            self.problem.sparse_batch_accumulate(w, self.x, self.u, self.tail, coef, rows=self._attribute_rows)
