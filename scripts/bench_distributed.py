@@ -188,7 +188,8 @@ def _mb(x: float) -> str:
 def _formula(n: int, B: int, d: int, ranks: list) -> float:
     """Bytes per step from docs/distributed.md: a batch on one rank broadcasts ``v``, its gaps and the counters, a
     spread one all-reduces its rows (the pass's last batch is smaller), weighted by the chance that a uniform draw
-    of that size lies on one rank; plus the pass's report (the all-gathered ``l``, the replica check of ``v``)."""
+    of that size lies on one rank; plus the pass's report (the all-gathered ``l``; the replica check: two
+    fingerprints of ``v`` and the clock)."""
     if len(ranks) == 1:
         return 0.0  # every collective of a group of one is the identity (`Collectives`)
     sizes = [B] * (n // B) + ([n % B] if n % B else [])
@@ -196,7 +197,7 @@ def _formula(n: int, B: int, d: int, ranks: list) -> float:
     for b in sizes:
         p_one = sum(math.comb(r["n_local"], b) for r in ranks) / math.comb(n, b)
         total += p_one * 8 * (d + b + 3) + (1 - p_one) * 8 * (b * d + 3 * b + 3)
-    return (total + 8 * max(r["n_local"] for r in ranks) + 16 * d + 8) / len(sizes)
+    return (total + 8 * max(r["n_local"] for r in ranks) + 8 * 3) / len(sizes)
 
 
 def report(res: dict) -> list:
@@ -257,7 +258,7 @@ def report(res: dict) -> list:
         "\"In collectives\": the share of the pass the slowest rank spent inside collectives, waiting for the other "
         "ranks included. Bytes per step: those of the pass divided by its steps; the formula is docs/distributed.md's "
         "(a batch on one rank: a broadcast of `8 (d + B + 3)` bytes; a batch spread over ranks: an all-reduce of "
-        "`8 (B d + 3 B + 3)`; the per-pass report: `8 n_max + 16 d + 8`; a group of one sends nothing).",
+        "`8 (B d + 3 B + 3)`; the per-pass report: `8 n_max + 24`; a group of one sends nothing).",
         "",
         "## Projection to N GPUs",
         "",
@@ -374,7 +375,8 @@ def report_sparse(res: dict) -> list:
         f"labels, D = {D:,} binary attributes, A = {A} per token (d = {d:,}), float64; `DistributedBCFW` with uniform "
         f"sampling, FW steps, lam = {cfg['lam']:.3g}, one pass, gloo on 127.0.0.1. Bytes: those this rank passed to "
         "collectives in each update (`ShardedProblem.comm_bytes`, read after each), rank 0's; the per-pass report "
-        f"(replica check of `v`: `16 d` = {16 * d / 1e6:.1f} MB) is not an update's. Design: "
+        "(the all-gathered `l`; the replica check: two fingerprints of `v` and the clock, 24 bytes) is not an "
+        "update's. Design: "
         "[docs/distributed.md](../distributed.md).",
         "",
         "| B | ranks | updates / pass | bytes / update (mean) | min | max | dense rows `8 (B d + 3 B + 3)` | ratio |",

@@ -672,3 +672,18 @@ def test_no_process_group_is_a_clear_error():
     data = _data()
     with pytest.raises(ValueError, match="not initialized"):
         DistributedBCFW(_model(data), data, lam=LAM)
+
+
+def test_replica_fingerprints_see_any_one_entry_change():
+    """`check_replicated`'s fingerprints of the bits of ``v``: flipping any single bit of any entry (the lowest
+    mantissa bit, an exponent bit, the sign) changes both; the same bits give the same fingerprints."""
+    from torchssvm.distributed.problem import _fingerprints
+
+    v = torch.randn(257, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    base = _fingerprints(v)
+    assert torch.equal(_fingerprints(v.clone()), base)
+    for k in (0, 100, 256):
+        for bit in (0, 31, 52, 62, 63):
+            bits = v.clone().view(torch.int64)
+            bits[k] ^= 1 << bit if bit < 63 else -(2**63)
+            assert bool((_fingerprints(bits.view(torch.float64)) != base).all()), (k, bit)

@@ -119,20 +119,27 @@ class ShardedProblem:
     def check_replicated(self, name: str, tensor: torch.Tensor, maxima=()) -> list:
         """Raise a RuntimeError if ``tensor`` (replicated: the same bits on every rank) differs between the ranks,
         and return the largest value over the ranks of each number of ``maxima`` (e.g. the seconds spent, so that
-        every rank takes the same decision on a time budget): one all-reduce of the max of ``(tensor, -tensor,
-        maxima)``."""
-        flat = tensor.reshape(-1).to(torch.float64)
+        every rank takes the same decision on a time budget).
+
+        One all-gather of ``2 + len(maxima)`` numbers per rank, not of the tensor: two 64-bit fingerprints of its
+        bits, ``sum_k bits_k m_k mod 2^64`` with odd multipliers ``m_k`` (`_fingerprints`), which differ whenever
+        one entry's bits differ (an odd multiplier is invertible mod 2^64) and collide for several differences with
+        probability about ``2^-64`` each. Only when they differ does a second collective (the max of ``(tensor,
+        -tensor)``) measure by how much, for the error."""
+        flat = tensor.reshape(-1).to(torch.float64).contiguous()
         extra = host_to_device(torch.tensor([float(x) for x in maxima], dtype=torch.float64), flat.device)
-        both = self.comm.all_reduce(torch.cat([flat, -flat, extra]), op="max")
-        k = flat.numel()
-        top, low = both[:k], -both[k: 2 * k]
-        differ = ((top != flat) | (low != flat)).any().to(torch.float64).view(1)  # NaN differs too
-        spread = (top - low).abs().max().view(1) if k else differ.new_zeros(1)
-        values = torch.cat([differ, spread, both[2 * k:]]).tolist()  # the one read from the device
+        # the fingerprints travel as the float64 of their bits: an all-gather copies bits, it adds nothing
+        table = self.comm.all_gather(torch.cat([_fingerprints(flat).view(torch.float64), extra]))
+        prints = table[:, :2].contiguous().view(torch.int64)
+        differ = (prints != prints[:1]).any().to(torch.float64).view(1)
+        values = torch.cat([differ, table[:, 2:].amax(0)]).tolist()  # the one read from the device
         if values[0]:
-            raise RuntimeError(f"{name} differs between the ranks (by up to {values[1]:.3g}): the replicated "
+            k = flat.numel()
+            both = self.comm.all_reduce(torch.cat([flat, -flat]), op="max")
+            spread = float((both[:k] + both[k:]).abs().max()) if k else 0.0
+            raise RuntimeError(f"{name} differs between the ranks (by up to {spread:.3g}): the replicated "
                                "computation diverged (ranks with different arithmetic, or a rank that skipped a step)")
-        return values[2:]
+        return values[1:]
 
     # -- the blocks in w-space -----------------------------------------------------------------------
     def batch_width(self, idx: torch.Tensor):
@@ -262,6 +269,17 @@ class ShardedProblem:
     def __repr__(self) -> str:
         return (f"ShardedProblem({type(self.local).__name__}, rank {self.rank} of {self.world_size}, examples "
                 f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
+
+
+def _fingerprints(flat: torch.Tensor) -> torch.Tensor:
+    """``(2,)`` int64: ``sum_k bits_k m_k`` (wrapping, mod 2^64) of the bits of ``flat`` (float64) for two sequences
+    of odd multipliers ``m_k = (k a + b) | 1``; exact integer sums, so every rank and every order of summation gives
+    the same value for the same bits."""
+    bits = flat.view(torch.int64)
+    k = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
+    out = [(bits * ((k * a + b) | 1)).sum() for a, b in ((0x5851F42D4C957F2D, 0x14057B7EF767814F),
+                                                         (0x2545F4914F6CDD1D, 0x27BB2EE687B0B0FD))]
+    return torch.stack(out)
 
 
 class ExchangedBatch:
