@@ -3,7 +3,8 @@ iterates those of one process (docs/distributed.md).
 
 - `shard_range`, `shard_dataset`: which examples a rank holds (contiguous ranges in rank order).
 - `ShardedProblem`: a rank's `DualProblem` with the global n, the offsets and the collectives (`Collectives`).
-- `DistributedBCFW`, `DistributedFrankWolfe`: `BCFW` and `FrankWolfe` on shards, with a ``process_group``.
+- `DistributedBCFW`, `DistributedFrankWolfe`, `DistributedNSlackCuttingPlane`: `BCFW` (every variant, the host-free
+  step included), `FrankWolfe` and `NSlackCuttingPlane` on shards, with a ``process_group``.
 - `save_sharded`, `load_sharded`: a state per rank and a manifest written by rank 0.
 
 Imported explicitly (``import torchssvm.distributed``), never by the root package: single-process users load
