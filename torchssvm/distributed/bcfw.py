@@ -186,11 +186,10 @@ class DistributedBCFW(ShardedSolver, BCFW):
         filler = free[(torch.cumsum((~live).long(), 0) - 1).clamp_min(0)]
         idx = p.static_block_index(torch.where(live, local, filler))
         gaps = self._gaps_global[lo: lo + n_r]
-        keep = lambda t: t[idx].clone()  # noqa: E731
-        saved = {"z": keep(self.z), "ell": keep(self.ell), "gaps": keep(gaps)}
+        saved = {"z": self.z[idx], "ell": self.ell[idx], "gaps": gaps[idx]}  # copies (advanced indexing)
         store = self.atoms
         if store is not None:
-            saved.update({k: keep(getattr(store, k)) for k in ("labels", "loss", "alpha", "count", "alpha_valid")})
+            saved.update({k: getattr(store, k)[idx] for k in ("labels", "loss", "alpha", "count", "alpha_valid")})
         gaps[idx] = torch.where(live, saved["gaps"], math.inf)
         self._batch = ("free", drawn, live)
         try:
