@@ -163,3 +163,72 @@ def test_first_parallel_call_keeps_torch_threads():
                          capture_output=True, text=True, check=True)
     _, threads, levels_before, levels = run.stdout.split()[-4:]
     assert (threads, levels) == ("1", levels_before)  # the nesting limit of torch's OpenMP pool too
+
+
+def _probe(obj, name: str, seen: list) -> None:
+    """Record ``torch.get_num_threads()`` at every call of ``obj.name`` (an instance attribute over the method)."""
+    method = getattr(obj, name)
+
+    def probed(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return method(*args, **kwargs)
+
+    setattr(obj, name, probed)
+
+
+def _small_solvers():
+    """``{name: (solver, object and method called inside its small steps)}`` on a small seeded chain."""
+    import torchssvm as ts
+
+    data = ts.data.synthetic_chain("train", 40, num_labels=4, num_features=6, seed=0, dtype=torch.float64)
+
+    def model():
+        return ts.LinearChainModel(6, 4, dtype=torch.float64)
+
+    bcfw = ts.optim.BCFW(model(), data, lam=0.1, batch_size=4, gap_check_every=0)
+    nslack = ts.optim.NSlackCuttingPlane(model(), data, lam=0.1, qp_batch=4, qp_max_iter=3)
+    ssg = ts.optim.SSG(model(), data, lam=0.1, eval_every=0)
+    return {"bcfw": (bcfw, bcfw.problem, "oracle"), "nslack": (nslack, nslack, "_qp_moves"),
+            "ssg": (ssg, ssg.problem, "oracle")}
+
+
+@pytest.mark.parametrize("name", ["bcfw", "nslack", "ssg"])
+def test_small_steps_take_one_thread_callbacks_and_returns_see_the_users(restore_threads, name):
+    """A solver's small inner steps (a BCFW mini-batch, an n-slack QP batch, an SSG example: below
+    `torchssvm._threads.SMALL_WORK`) run on one torch thread, which on a busy machine spares a scheduler slice per
+    OpenMP region (docs/benchmarks/contention.md); the progress callback between steps (BCFW, SSG) and the caller
+    after the pass see the user's 3 threads."""
+    solver, obj, method = _small_solvers()[name]
+    torch.set_num_threads(3)
+    inside, ticks = [], []
+    _probe(obj, method, inside)
+    solver.progress = lambda phase, done, total: ticks.append(torch.get_num_threads())
+    before = _settings()
+    solver.step()
+    assert _settings() == before
+    assert inside and set(inside) == {1}, inside
+    if name != "nslack":  # the n-slack solver reports no progress within a pass
+        assert ticks and set(ticks) == {3}, ticks
+
+
+def test_large_steps_and_devices_keep_the_users_threads(restore_threads, monkeypatch):
+    """At or above `SMALL_WORK` a step runs on the caller's threads (its products gain from them on an idle
+    machine), and so does any step on a device; the count is put back when the step raises."""
+    from torchssvm import _threads
+    from torchssvm._threads import one_thread_for
+
+    torch.set_num_threads(3)
+    monkeypatch.setattr(_threads, "SMALL_WORK", 1)
+    solver, problem, method = _small_solvers()["bcfw"]
+    inside = []
+    _probe(problem, method, inside)
+    solver.step()
+    assert inside and set(inside) == {3}, inside
+    monkeypatch.undo()
+    with one_thread_for(10, "cuda"):
+        assert torch.get_num_threads() == 3
+    with pytest.raises(RuntimeError, match="inside"):
+        with one_thread_for(10, "cpu"):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == 3
