@@ -1,7 +1,6 @@
 """How much a busy machine slows the library down: an OCR-small mini-batch BCFW pass and a chain
 `StructuredHingeLoss` forward + backward, with 0, 1, 2 and 4 busy background processes (pure-Python spin loops),
-at torch's default thread count, at the same with the solvers' small steps on the caller's threads (the library
-before `torchssvm._threads.one_thread_for`: ``SMALL_WORK = 0``), and at ``torch.set_num_threads(1)``.
+at torch's default thread count and at ``torch.set_num_threads(1)``.
 
 Each round starts the busy processes of each level in turn, times every (setting, workload) pair under them
 (interleaved), then kills them; the table gives each pair's median time without busy processes and its slowdown
@@ -107,18 +106,12 @@ def main() -> None:
     if levels[0] != 0:
         levels = [0] + levels
     cores = os.cpu_count() or 1
-    from torchssvm import _threads
-
     default_threads = torch.get_num_threads()
-    small = _threads.SMALL_WORK
-    # setting: (torch threads, the solvers' small-step threshold)
-    settings = {f"default ({default_threads} threads)": (default_threads, small),
-                f"default, small steps on {default_threads} threads (before)": (default_threads, 0),
-                "set_num_threads(1)": (1, small)}
+    settings = {f"default ({default_threads} threads)": default_threads, "set_num_threads(1)": 1}
 
     work = workloads(args.batch_size, args.loss_calls)
     states = {}
-    for s, (n, _) in settings.items():
+    for s, n in settings.items():
         torch.set_num_threads(n)
         for w, (setup, _) in work.items():
             states[s, w] = setup()
@@ -132,8 +125,7 @@ def main() -> None:
             try:
                 time.sleep(0.3)
                 load[k].append(os.getloadavg()[0])
-                for s, (n, small_work) in settings.items():
-                    _threads.SMALL_WORK = small_work
+                for s, n in settings.items():
                     for w, (_, run) in work.items():
                         torch.set_num_threads(n)
                         t = time.perf_counter()
@@ -141,7 +133,6 @@ def main() -> None:
                         times[s, w, k].append(time.perf_counter() - t)
                         if torch.get_num_threads() != n:
                             changed.append((s, w, torch.get_num_threads()))
-                    _threads.SMALL_WORK = small
             finally:
                 stop_busy(procs)
     elapsed = time.time() - t_start
@@ -161,7 +152,7 @@ def main() -> None:
     print(f"\n| setting | workload | 0 busy (s) | {cols} |")
     print("|" + "---|" * (3 + len(levels) - 1))
     rows = []
-    for s, (n, _) in settings.items():
+    for s, n in settings.items():
         for w in work:
             base = statistics.median(times[s, w, 0])
             cells = []
@@ -173,15 +164,14 @@ def main() -> None:
             print(f"| {s} | {w} | {base:.3f} | " + " | ".join(cells) + " |")
     print("\nslowdown: median time with k busy processes / median time with none, in the same run; "
           "'over': (busy + threads) / cores.")
-    (s_def, (n_def, _)), (s_before, _), (s_one, _) = settings.items()
+    (s_def, n_def), (s_one, _) = settings.items()
     if n_def != 1:
+        print(f"\n{s_def} / {s_one}, time ratio at each level (same rounds):\n")
+        print("| workload | " + " | ".join(f"{k} busy" for k in levels) + " |")
+        print("|" + "---|" * (1 + len(levels)))
         med = {key: statistics.median(v) for key, v in times.items()}
-        for s in (s_def, s_before):
-            print(f"\n{s} / {s_one}, time ratio at each level (same rounds):\n")
-            print("| workload | " + " | ".join(f"{k} busy" for k in levels) + " |")
-            print("|" + "---|" * (1 + len(levels)))
-            for w in work:
-                print(f"| {w} | " + " | ".join(f"{med[s, w, k] / med[s_one, w, k]:.1f}x" for k in levels) + " |")
+        for w in work:
+            print(f"| {w} | " + " | ".join(f"{med[s_def, w, k] / med[s_one, w, k]:.1f}x" for k in levels) + " |")
     if changed:
         print(f"WARNING: a call changed torch's thread count: {changed[:3]}")
     if args.json:

@@ -38,7 +38,6 @@ from typing import Callable, Union
 
 import torch
 
-from ..._threads import one_thread_for
 from ..._validation import check_seed
 from ...kernels import project_simplex
 from .._state import check_range, checked_generator_state, checked_tensor, require_keys
@@ -215,7 +214,6 @@ class NSlackCuttingPlane(DualSolver):
         the coupling between blocks through shared parameters costs no step length. Sweeps stop at a
         Frank-Wolfe gap ``<= qp_tol * eps`` (``qp_gap``: that gap at the current iterate, when the caller has it)."""
         p, n = self.problem, self.n
-        size = self.z.shape[1] + self.v.numel()  # a block's part of a step: its marginals and a row of d
         target = self.qp_tol * self.eps
         gen = self.generator
         sweeps, qp_gap = 0, self._qp_gap() if qp_gap is None else qp_gap
@@ -223,8 +221,7 @@ class NSlackCuttingPlane(DualSolver):
             sweeps += 1
             order = torch.randperm(n, generator=gen).to(p.device)
             for s in range(0, n, self.qp_batch):
-                with one_thread_for(self.qp_batch * size, p.device):  # a small step: one thread (_threads.py)
-                    self._qp_batch_step(order[s : s + self.qp_batch])
+                self._qp_batch_step(order[s : s + self.qp_batch])
             qp_gap = self._qp_gap()
         self._sync_duals(self._slot_corners())
         return sweeps, qp_gap

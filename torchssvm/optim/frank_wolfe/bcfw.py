@@ -23,7 +23,6 @@ import time
 import torch
 
 from ..._device import host_to_device
-from ..._threads import one_thread_for
 from ...kernels import apply_block_step, select_atoms
 from ...kernels.step.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
 from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
@@ -534,14 +533,13 @@ class BCFW(DualSolver):
         """One pass: n block visits (``ceil(n / batch_size)`` updates), then the exact gap pass when
         ``gap_check_every`` divides the number of passes done."""
         t0 = time.perf_counter()
-        done, size, dev = 0, self.z.shape[1] + self.v.numel(), self.problem.device
+        done = 0
         while done < self.n:
             B = min(self.batch_size, self.n - done)
-            with one_thread_for(B * size, dev):  # a small step: one thread (torchssvm/_threads.py)
-                if self.host_free:
-                    self._host_free_step(B)
-                else:
-                    self._update(self._sample(B))
+            if self.host_free:
+                self._host_free_step(B)
+            else:
+                self._update(self._sample(B))
             done += B
             self._tick("pass", done, self.n)
         self.steps_done += 1

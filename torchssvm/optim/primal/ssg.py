@@ -16,7 +16,6 @@ from typing import Optional
 
 import torch
 
-from ..._threads import one_thread_for
 from .._state import box_state, check_close, check_range, checked_generator_state, require_keys
 from ..dual_solver import _check_lam, parse_box
 from ..problems import make_problem, rescaling_of
@@ -61,18 +60,16 @@ class SSG(Solver):
         t0 = time.perf_counter()
         p, lam = self.problem, self.lam
         order = torch.randint(self.n, (self.n,), generator=self.generator)
-        size = p.m + self.w.numel()  # one example's step: its marginals and a row of d
         for done, i in enumerate(order.tolist(), 1):
-            with one_thread_for(size, p.device):  # a small step: one thread (torchssvm/_threads.py)
-                idx = torch.tensor([i], device=p.device)
-                labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
-                gamma = 1.0 / (self.k + 1)
-                self.w.mul_(1 - gamma)
-                p.accumulate(self.w, idx, p.corner(idx, labels), torch.tensor([gamma / lam], dtype=torch.float64))
-                self._project(self.w)
-                if self.averaging:
-                    self.w_avg.mul_(self.k / (self.k + 2)).add_(self.w, alpha=2 / (self.k + 2))
-                self.k += 1
+            idx = torch.tensor([i], device=p.device)
+            labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
+            gamma = 1.0 / (self.k + 1)
+            self.w.mul_(1 - gamma)
+            p.accumulate(self.w, idx, p.corner(idx, labels), torch.tensor([gamma / lam], dtype=torch.float64))
+            self._project(self.w)
+            if self.averaging:
+                self.w_avg.mul_(self.k / (self.k + 2)).add_(self.w, alpha=2 / (self.k + 2))
+            self.k += 1
             self._tick("pass", done, self.n)
         self.oracle_calls += self.n
         self.steps_done += 1
