@@ -142,8 +142,12 @@ def main() -> None:
     import numba
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel ran (a batch too small for one): the layer never started
+        layer = "not started"
     head = (f"machine: {cpu_description()}; torch {torch.__version__}, numba {numba.__version__} "
-            f"(layer {numba.threading_layer()}); commit {code_version()}; {when}\n"
+            f"(layer {layer}); commit {code_version()}; {when}\n"
             f"env: {env or 'no thread variables set'}; {args.rounds} rounds, {elapsed:.0f} s; "
             f"load average (1 min) per level: " + ", ".join(f"{k} busy: {statistics.median(v):.1f}"
                                                            for k, v in load.items()))
