@@ -19,6 +19,7 @@ def _model(train):
     (lambda m, d: ts.optim.BCFW(m, d, lam=0.1, seed=0, batch_size=7, gap_check_every=1), None),
     (lambda m, d: ts.optim.FrankWolfe(m, d, lam=0.1, chunk=16), 16),
     (lambda m, d: ts.optim.SSG(m, d, lam=0.1, seed=0), None),
+    (lambda m, d: ts.optim.NSlackCuttingPlane(m, d, lam=0.1, seed=0, chunk=16, qp_max_iter=5), 16),
 ])
 def test_progress_counts_blocks_and_leaves_iterates_unchanged(make, chunk):
     train = _data()
@@ -30,7 +31,12 @@ def test_progress_counts_blocks_and_leaves_iterates_unchanged(make, chunk):
         hooked.step()
     assert torch.equal(plain.w, hooked.w)
     passes = [c for c in calls if c[0] == "pass"]
-    assert all(total == 40 for _, _, total in calls)
+    qp = [c for c in calls if c[0] == "qp"]
+    assert all(total == 40 for phase, _, total in calls if phase != "qp")
+    if isinstance(hooked, ts.optim.NSlackCuttingPlane):  # the working-set QP's sweeps, at most qp_max_iter
+        assert qp and all(total == 5 and 1 <= done <= 5 for _, done, total in qp)
+    else:
+        assert not qp
     # within each pass the count rises to n, then starts again
     ends = [i for i, c in enumerate(passes) if c[1] == 40]
     assert len(ends) == 2

@@ -293,8 +293,9 @@ class _Progress:
                 phase, done, total = within
                 what = "batches" if phase == "epoch" else "blocks"
                 text += (f": exact gap pass, {done} of {total} blocks" if phase == "gap"
+                         else f": working-set QP, sweep {done} of at most {total}" if phase == "qp"
                          else f": {done} of {total} {what}")
-                if phase != "gap" and total and done >= total / 10:
+                if phase not in ("gap", "qp") and total and done >= total / 10:
                     left = (now - self.last) * (total - done) / done
             if left is None and self.durations:
                 left = max(0.0, sum(self.durations) / len(self.durations) - (now - self.last))
@@ -306,7 +307,7 @@ class _Progress:
         """The recipes' ``progress`` hook: where the running pass or epoch is (read by the periodic line)."""
         self.within = (phase, done, total)
         if self.bar is not None:
-            what = {"gap": "gap pass", "epoch": "batches"}.get(phase, "blocks")
+            what = {"gap": "gap pass", "epoch": "batches", "qp": "QP sweeps"}.get(phase, "blocks")
             self.bar.set_postfix_str(f"{what} {done}/{total}", refresh=False)
 
     def __call__(self, metrics: dict) -> None:

@@ -207,10 +207,11 @@ class Solver:
         """A callable ``progress(phase, done, total)`` called while a step runs, or None (default).
 
         ``phase`` is ``"pass"`` while a pass visits blocks (``done`` of ``total`` blocks visited; BCFW calls it
-        after every update, batch Frank-Wolfe and SSG after every oracle call) and ``"gap"`` while an exact gap
-        pass runs (``done`` of ``total`` blocks decoded, per chunk). For a progress bar or a periodic line when
-        a pass takes minutes; the call costs one Python call per update and reads nothing from a device. It must
-        not change the solver."""
+        after every update, batch Frank-Wolfe and SSG after every oracle call, the n-slack cutting plane per chunk
+        of its separation), ``"gap"`` while an exact gap pass runs (``done`` of ``total`` blocks decoded, per
+        chunk) and ``"qp"`` after each sweep of the n-slack working-set QP (``done`` sweeps of at most
+        ``total``). For a progress bar or a periodic line when a pass takes minutes; the call costs one Python call
+        per update and reads nothing from a device. It must not change the solver."""
         return self._progress_hook
 
     @progress.setter

@@ -223,6 +223,7 @@ class NSlackCuttingPlane(DualSolver):
             for s in range(0, n, self.qp_batch):
                 self._qp_batch_step(order[s : s + self.qp_batch])
             qp_gap = self._qp_gap()
+            self._tick("qp", sweeps, self.qp_max_iter)
         self._sync_duals(self._slot_corners())
         return sweeps, qp_gap
 
@@ -348,7 +349,7 @@ class NSlackCuttingPlane(DualSolver):
         hinge = torch.zeros(p.n, dtype=torch.float64, device=p.device)
         gaps = torch.zeros_like(hinge)
         added = 0
-        t_sep = 0.0
+        t_sep, done = 0.0, 0
         pending = []
         for idx in p.chunks(self.chunk):
             theta = p.potentials(self.w, idx)
@@ -368,6 +369,8 @@ class NSlackCuttingPlane(DualSolver):
             if bool(new.any()):
                 pending.append((idx[new], labels[new], loss[new]))
                 added += int(new.sum())
+            done += idx.shape[0]
+            self._tick("pass", done, p.n)
         return hinge, gaps, pending, added, t_sep
 
     def _add_cuts(self, pending) -> None:
