@@ -207,7 +207,9 @@ def _rank_solvers(rank: int, world_size: int, address: str, out: str) -> None:
                                                    lam=LAM, batch_size=2, host_free=True)),
                 ("small shards", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=N // world_size + 1,
                                                          host_free=True)),
-                ("graph", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=2, cuda_graph=True))):
+                ("graph", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=2, cuda_graph=True)),
+                ("slack", lambda: DistributedBCFW(_model(data), shard, lam=LAM, batch_size=2, host_free=True,
+                                                  rescaling="slack"))):
             try:
                 make()
                 refused[case] = "built"
@@ -501,6 +503,7 @@ def test_sharded_solvers_take_the_single_process_iterates(world_size, tmp_path, 
         assert "sparse attributes" in refused["sparse"], refused
         assert f"at least batch_size = {N // world_size + 1}" in refused["small shards"], refused
         assert "cuda_graph" in refused["graph"], refused
+        assert "SlackRescaledProblem" in refused["slack"] and "block at a time" in refused["slack"], refused
     for name in ["fw", *CASES, *TABLES, *SPARSE, "rescaled"]:
         ref = references[name]
         bitwise = name not in TABLES and name != "fw" or world_size == 1  # a group of one: single-process steps
@@ -674,16 +677,33 @@ def test_no_process_group_is_a_clear_error():
         DistributedBCFW(_model(data), data, lam=LAM)
 
 
-def test_replica_fingerprints_see_any_one_entry_change():
+def test_replica_fingerprints_see_one_entry_changes_and_ulp_drift():
     """`check_replicated`'s fingerprints of the bits of ``v``: flipping any single bit of any entry (the lowest
-    mantissa bit, an exponent bit, the sign) changes both; the same bits give the same fingerprints."""
+    mantissa bit, an exponent bit, the sign) changes both; so do patterns that a linear fingerprint (a sum of the
+    bits times odd multipliers) misses: two sign flips, +-1-ulp patterns such as (+1, -2, +1) at even positions,
+    and 2,000 random +-1-ulp drifts of 2 to 8 entries (a BLAS's drift); the same bits give the same fingerprints."""
     from torchssvm.distributed.problem import _fingerprints
 
-    v = torch.randn(257, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(257, generator=g, dtype=torch.float64)
     base = _fingerprints(v)
     assert torch.equal(_fingerprints(v.clone()), base)
+
+    def changed(delta: dict) -> bool:
+        bits = v.clone().view(torch.int64)
+        for k, d in delta.items():
+            bits[k] = bits[k] ^ d if d == -(2**63) else bits[k] + d
+        return bool((_fingerprints(bits.view(torch.float64)) != base).all())
+
     for k in (0, 100, 256):
         for bit in (0, 31, 52, 62, 63):
             bits = v.clone().view(torch.int64)
             bits[k] ^= 1 << bit if bit < 63 else -(2**63)
             assert bool((_fingerprints(bits.view(torch.float64)) != base).all()), (k, bit)
+    assert changed({3: -(2**63), 10: -(2**63)})  # two sign flips
+    assert changed({0: 1, 2: -2, 4: 1}) and changed({5: 1, 7: -1, 9: -1, 11: 1})
+    for _ in range(2000):
+        m = int(torch.randint(2, 9, (1,), generator=g))
+        where = torch.randperm(257, generator=g)[:m].tolist()
+        signs = (torch.randint(0, 2, (m,), generator=g) * 2 - 1).tolist()
+        assert changed(dict(zip(where, signs))), (where, signs)

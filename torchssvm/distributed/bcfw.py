@@ -18,6 +18,7 @@ import torch
 from ..optim.frank_wolfe.bcfw import BCFW, HOST_FREE_MIN_BATCH, SAMPLINGS, STEPS
 from ..optim.frank_wolfe.box_qp import METHODS as QP_METHODS
 from ..optim.frank_wolfe.box_qp import box_qp
+from ..optim.problems import ChainProblem, FeatureTableProblem
 from .dual_solver import ShardedSolver, as_sharded
 
 
@@ -35,8 +36,9 @@ class DistributedBCFW(ShardedSolver, BCFW):
         host_free: the step without host reads (`_device_step`: every rank computes a fixed-size batch of
             ``batch_size`` of its blocks, the drawn ones it holds and unchanged fillers; docs/distributed.md).
             Default: as `BCFW` (on a device from B = 512), when every shard holds at least ``batch_size``
-            examples (required when True), the chain is not one of sparse attributes (refused when True: its
-            exchange's size is the batch's tokens, which the host reads) and, on CUDA, ``timeout`` is None
+            examples (required when True), the problem is a dense chain or an explicit table (refused when True:
+            a sparse chain's exchange is sized by the batch's tokens, which the host reads; slack-rescaled and
+            tree problems build their rows block by block, with host reads) and, on CUDA, ``timeout`` is None
             (refused when True: NCCL's wait with a timeout blocks the host).
         cuda_graph: not on shards (a ValueError): capturing the step's collectives has not been verified.
 
@@ -66,9 +68,12 @@ class DistributedBCFW(ShardedSolver, BCFW):
         smallest = min(sharded.sizes)
         # NCCL's wait with a timeout blocks the host until the collective is done (without one, the stream waits)
         blocking = sharded.comm.timeout is not None and sharded.device.type == "cuda"
+        # the problems whose batch rows are one product, without host reads (others build them block by block)
+        local = sharded.local
+        fixed_rows = isinstance(local, FeatureTableProblem) or (isinstance(local, ChainProblem) and not local.sparse)
         if host_free is None:
             host_free = sharded.device.type != "cpu" and batch_size >= HOST_FREE_MIN_BATCH and \
-                smallest >= batch_size and not sharded.sparse_chain and not blocking
+                smallest >= batch_size and fixed_rows and not blocking
         elif host_free and blocking:
             raise ValueError("host_free: on CUDA a collective waited with the solver's timeout= blocks the host at "
                              "every step; give the process group's timeout instead (init_process_group(timeout=...), "
@@ -76,6 +81,10 @@ class DistributedBCFW(ShardedSolver, BCFW):
         elif host_free and sharded.sparse_chain:
             raise ValueError("host_free: a chain of sparse attributes exchanges its batch's tokens, whose number the "
                              "host reads at each step; use host_free=False")
+        elif host_free and not fixed_rows:
+            raise ValueError(f"host_free: the batch rows of a {type(local).__name__} (slack rescaling, trees) are "
+                             "built one block at a time, with host reads; on shards the host-free step takes dense "
+                             "chains and explicit tables: use host_free=False")
         elif host_free and smallest < batch_size:
             raise ValueError(f"host_free needs every shard to hold at least batch_size = {batch_size} examples (each "
                              f"rank computes a batch of that size); the smallest holds {smallest}")
@@ -113,7 +122,7 @@ class DistributedBCFW(ShardedSolver, BCFW):
         """The step of the global blocks ``host_idx (B,)`` drawn on every rank (`BCFW._sample`): the batch's owner
         takes the single-process step and broadcasts ``v`` when one rank holds it all, else every rank computes its
         blocks and `_exchange` solves the step from all of them."""
-        if idx is not None:  # `_device_step` calls `_free_update`
+        if idx is not None:  # the host-free step is `_device_step`'s
             raise RuntimeError("DistributedBCFW: the host-free step goes through _device_step")
         B = host_idx.shape[0]
         unread = self._visits_unread
@@ -174,6 +183,7 @@ class DistributedBCFW(ShardedSolver, BCFW):
         drawn = self._sample_device_at(B, draw)
         if sh.world_size == 1:  # every block is this rank's: one process's step, nothing to send
             BCFW._update(self, None, p.static_block_index(drawn))
+            self._moved = None  # (what `_move` keeps for a sparse chain's broadcast: none here)
             return
         lo, n_r = sh.offset, sh.n_local
         live = (drawn >= lo) & (drawn < lo + n_r)

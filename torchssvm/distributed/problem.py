@@ -122,10 +122,10 @@ class ShardedProblem:
         every rank takes the same decision on a time budget).
 
         One all-gather of ``2 + len(maxima)`` numbers per rank, not of the tensor: two 64-bit fingerprints of its
-        bits, ``sum_k bits_k m_k mod 2^64`` with odd multipliers ``m_k`` (`_fingerprints`), which differ whenever
-        one entry's bits differ (an odd multiplier is invertible mod 2^64) and collide for several differences with
-        probability about ``2^-64`` each. Only when they differ does a second collective (the max of ``(tensor,
-        -tensor)``) measure by how much, for the error."""
+        bits (`_fingerprints`: wrapping sums of the entries' bits mixed with their positions), which differ whenever
+        one entry's bits differ and, for several differences, each collide with probability about ``2^-64``. Only
+        when they differ does a second collective (the max of ``(tensor, -tensor)``) measure by how much, for the
+        error."""
         flat = tensor.reshape(-1).to(torch.float64).contiguous()
         extra = host_to_device(torch.tensor([float(x) for x in maxima], dtype=torch.float64), flat.device)
         # the fingerprints travel as the float64 of their bits: an all-gather copies bits, it adds nothing
@@ -271,15 +271,32 @@ class ShardedProblem:
                 f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
 
 
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15 - 2**64, 0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64
+
+
+def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """The logical right shift of int64 ``x`` by ``s`` bits (torch's ``>>`` on int64 is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 ``x`` (wrapping arithmetic): a bijection of the 64-bit values that spreads
+    every input bit over the output (Steele et al., 2014)."""
+    x = x + _GOLDEN
+    x = (x ^ _shift(x, 30)) * _MIX1
+    x = (x ^ _shift(x, 27)) * _MIX2
+    return x ^ _shift(x, 31)
+
+
 def _fingerprints(flat: torch.Tensor) -> torch.Tensor:
-    """``(2,)`` int64: ``sum_k bits_k m_k`` (wrapping, mod 2^64) of the bits of ``flat`` (float64) for two sequences
-    of odd multipliers ``m_k = (k a + b) | 1``; exact integer sums, so every rank and every order of summation gives
-    the same value for the same bits."""
+    """``(2,)`` int64: ``sum_k mix(bits_k ^ mix(k + s))`` (wrapping, mod 2^64) of the bits of ``flat`` (float64)
+    for two seeds ``s``. An integer sum, so every rank and every order of summation gives the same value for the
+    same bits; ``mix`` is a bijection, so a change of one entry always changes both; for changes of several
+    entries the changed terms are pseudo-random, and each fingerprint collides with probability about
+    ``2^-64``."""
     bits = flat.view(torch.int64)
     k = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
-    out = [(bits * ((k * a + b) | 1)).sum() for a, b in ((0x5851F42D4C957F2D, 0x14057B7EF767814F),
-                                                         (0x2545F4914F6CDD1D, 0x27BB2EE687B0B0FD))]
-    return torch.stack(out)
+    return torch.stack([_mix(bits ^ _mix(k + seed)).sum() for seed in (0x5851F42D4C957F2D, 0x2545F4914F6CDD1D)])
 
 
 class ExchangedBatch:
