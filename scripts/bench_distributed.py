@@ -74,6 +74,15 @@ def _tensor_bytes(obj) -> int:
     return total
 
 
+def _init_rank(rank: int, world_size: int, address: str) -> None:
+    """One thread, and this rank's place in the gloo group."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=600))
+
+
 def _rank(rank: int, world_size: int, address: str, cfg: dict, out: str) -> None:
     import torch.distributed as dist
 
@@ -81,9 +90,7 @@ def _rank(rank: int, world_size: int, address: str, cfg: dict, out: str) -> None
     from torchssvm.distributed import DistributedBCFW, shard_dataset
     from torchssvm.optim import BCFW
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=600))
+    _init_rank(rank, world_size, address)
     data = _data(cfg)
     shard = shard_dataset(data)
     result = {"rank": rank, "n_local": len(shard), "tokens_local": int(shard.lengths.sum()), "by_B": {}}
@@ -312,9 +319,7 @@ def _rank_sparse(rank: int, world_size: int, address: str, cfg: dict, out: str) 
     import torchssvm as ts
     from torchssvm.distributed import DistributedBCFW, shard_dataset
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=600))
+    _init_rank(rank, world_size, address)
     data = _sparse_data(cfg)
     shard = shard_dataset(data)
     result = {"rank": rank, "n_local": len(shard), "by_B": {}}

@@ -222,14 +222,14 @@ class DistributedBCFW(ShardedSolver, BCFW):
                 restore(getattr(store, k), saved[k])
 
     def _free_exchange(self, idx, direction, c, upper) -> torch.Tensor:
-        """`_exchange` of the host-free step: every rank writes the rows of its live positions (`_device_step`)
-        and zeros elsewhere into one buffer of ``B d + 3 B`` floats, of a fixed size; one all-reduce (sum, exact),
-        then the single-process host-free step on the batch: a dense chain's rows padded to the data set's longest
-        sentence (`ChainProblem.static_block_index`), ``H = P P^T / (lam n^2)``, `box_qp` without host reads, ``v
-        += P^T gamma / (lam n)``. Returns this rank's step sizes, 0 at its fillers."""
+        """`_exchange` of the host-free step: every rank computes all ``B`` positions and keeps its live ones
+        (`_device_step`): `ShardedProblem.exchange` with a mask, one all-reduce of ``B d + 3 B`` floats (a fixed
+        size); then the single-process host-free step on the batch: a dense chain's rows padded to the data set's
+        longest sentence (`ChainProblem.static_block_index`), ``H = P P^T / (lam n^2)``, `box_qp` without host
+        reads, ``v += P^T gamma / (lam n)``. Returns this rank's step sizes, 0 at its fillers."""
         _, drawn, live = self._batch
         sh = self.shard
-        B, d, dev = drawn.shape[0], self.v.numel(), self.v.device
+        B, d = drawn.shape[0], self.v.numel()
         n, lam = self.n, self.lam
         if B == 1:  # one process's B = 1 step (`sqnorm`, `accumulate`): the owner's, whose v travels
             gamma = torch.where(live, BCFW._step_sizes(self, idx, direction, c, upper, True), 0.0)
@@ -241,19 +241,14 @@ class DistributedBCFW(ShardedSolver, BCFW):
             self._gaps_global[drawn] = buf[d:]
             self._sync_w()
             return gamma
-        buf = torch.zeros(B * d + 3 * B, dtype=torch.float64, device=dev)
-        P = buf[: B * d].view(B, d)
-        c_all, upper_all, gaps = (buf[B * d + k * B: B * d + (k + 1) * B] for k in range(3))
-        rows = sh.joint_features(idx, direction, sh.static_width())
-        P.copy_(torch.where(live.unsqueeze(1), rows, 0.0))
-        c_all.copy_(torch.where(live, c.to(torch.float64), 0.0))
-        upper_all.copy_(torch.where(live, upper.to(torch.float64), 0.0))
-        gaps.copy_(torch.where(live, self.block_gaps[idx], 0.0))  # this rank's view (`_device_step`)
-        sh.comm.all_reduce(buf)
+        # the block gaps: this rank's view (`_device_step`)
+        columns = torch.stack([c.to(torch.float64), upper.to(torch.float64), self.block_gaps[idx]], 1)
+        batch, (c_all, upper_all, gaps), _ = sh.exchange(drawn, live, idx, direction, columns, 3,
+                                                         width=sh.static_width())
         self._gaps_global[drawn] = gaps
-        gamma = box_qp(c_all, (P @ P.T) / (lam * n * n), upper_all, method=self.qp_method, max_iter=self.qp_max_iter,
-                       sync_free=True, unconverged=self._qp_unconverged)
-        self.v.addmv_(P.T, (gamma / (lam * n)).to(torch.float64))
+        gamma = box_qp(c_all, batch.gram() / (lam * n * n), upper_all, method=self.qp_method,
+                       max_iter=self.qp_max_iter, sync_free=True, unconverged=self._qp_unconverged)
+        batch.accumulate(self.v, gamma / (lam * n))
         self._sync_w()
         return torch.where(live, gamma, 0.0)
 

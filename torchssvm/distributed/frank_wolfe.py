@@ -34,13 +34,10 @@ class DistributedFrankWolfe(ShardedSolver, FrankWolfe):
                            box=None if self.box is None else float(torch.stack(self.box).nan_to_num().sum()))
         self._attach(sharded)
 
-    def step(self) -> dict:
-        """One pass: the oracle on this rank's blocks (its chunks), then ``v_s`` summed over the ranks (one
-        all-reduce of ``d`` floats) and the gaps and hinge terms all-gathered (`_reduce`); the line search
-        ``gamma = clip(gap / (lam ||v - v_s||^2), 0, 1)`` and the move are then the same on every rank."""
-        return super().step()
-
     def _reduce(self, v_s, gaps, hinge):
+        """After the oracle on this rank's blocks: ``v_s`` summed over the ranks (one all-reduce of ``d`` floats),
+        the gaps and hinge terms all-gathered; `FrankWolfe.step`'s line search ``gamma = clip(gap / (lam ||v -
+        v_s||^2), 0, 1)`` and move are then the same on every rank."""
         self.shard.comm.all_reduce(v_s)
         both = self.shard.gather(torch.stack([gaps, hinge], 1))
         return v_s, both[:, 0].contiguous(), both[:, 1]

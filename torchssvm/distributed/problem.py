@@ -237,29 +237,36 @@ class ShardedProblem:
 
     # -- a mini-batch spread over ranks: one all-reduce gives every rank every block ------------------------
     def exchange(self, idx: torch.Tensor, mine: torch.Tensor, local_idx, z, columns, n_columns: int,
-                 totals=None):
+                 totals=None, width=None):
         """Every rank's blocks of a mini-batch of the global examples ``idx (B,)`` on every rank, in one all-reduce
         (sum) of a buffer in which each rank writes its blocks' values and zeros elsewhere (a sum of one value and
         zeros is that value's bits): the blocks at positions ``mine (B_r,)`` of the batch, local indices
         ``local_idx`` (None when this rank holds none of them) with directions ``z (B_r, m_r)``, and
         ``columns (B_r, n_columns)`` of per-block numbers (step bounds, gains, ...), then ``totals`` (a 1-d float64
-        tensor summed over the ranks: counters).
+        tensor summed over the ranks: counters). ``mine`` may instead be a ``(B,)`` bool mask, with ``local_idx``,
+        ``z`` and ``columns`` given for every position and kept where it is True (the host-free step: no host
+        read, no shape that depends on values; dense rows only).
 
-        The blocks travel as their rows ``Phi_b z_b`` (``B d`` floats, `joint_features`, padded to the batch's
-        longest sentence) or, on a chain of sparse attributes, as what determines them (`sparse_pack`:
-        ``sparse_size`` floats, never ``d`` per block). Returns ``(batch, columns (n_columns, B), totals)`` with
-        ``batch`` an `ExchangedBatch`, whose Gram matrix and update of ``w`` are one process's products."""
+        The blocks travel as their rows ``Phi_b z_b`` (``B d`` floats, `joint_features`, padded to ``width``,
+        default the batch's longest sentence) or, on a chain of sparse attributes, as what determines them
+        (`sparse_pack`: ``sparse_size`` floats, never ``d`` per block). Returns ``(batch, columns (n_columns, B),
+        totals)`` with ``batch`` an `ExchangedBatch`, whose Gram matrix and update of ``w`` are one process's
+        products."""
         B, d = idx.shape[0], self.d
         D = self.sparse_size(idx) if self.sparse_chain else B * d
         t = 0 if totals is None else totals.numel()
         buf = torch.zeros(D + n_columns * B + t, dtype=torch.float64, device=self.device)
         part = buf[:D]
         cols = buf[D: D + n_columns * B].view(n_columns, B)
-        if local_idx is not None:
+        if mine.dtype == torch.bool:
+            rows = self.joint_features(local_idx, z, width)
+            part.view(B, d).copy_(torch.where(mine.unsqueeze(1), rows, 0.0))
+            cols.copy_(torch.where(mine, columns.to(torch.float64).T, 0.0))
+        elif local_idx is not None:
             if self.sparse_chain:
                 self.sparse_pack(part, idx, mine, local_idx, z)
             else:
-                part.view(B, d)[mine] = self.joint_features(local_idx, z, self.batch_width(idx))
+                part.view(B, d)[mine] = self.joint_features(local_idx, z, width or self.batch_width(idx))
             cols[:, mine] = columns.to(torch.float64).T
         if t:
             buf[D + n_columns * B:] = totals
