@@ -460,7 +460,9 @@ def references():
     return out
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+def _close(a, b, what: str) -> None:
+    """``a`` equals ``b`` (tensors or numbers) to `RTOL` relative to ``max(1, |b|)``."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
     scale = max(1.0, float(b.abs().max()))
     err = float((a - b).abs().max()) if a.numel() else 0.0
     assert err <= RTOL * scale, f"{what}: off by {err:.3g} (scale {scale:.3g})"

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import _sparse_data, _sparse_model, _spawn, _table, rank_result  # shared with BCFW's tests
+from test_distributed import _close, _sparse_data, _sparse_model, _spawn, _table, rank_result  # BCFW's tests'
 
 import torchssvm as ts
 from torchssvm.distributed import shard_dataset, shard_range
 from torchssvm.optim import NSlackCuttingPlane
 
-N, LAM, SEED, PASSES, RTOL = 23, 0.1, 7, 4, 1e-12
+N, LAM, SEED, PASSES = 23, 0.1, 7, 4  # and test_distributed.RTOL (1e-12) in `_close`
 # qp_batch 4 and 3 spread most mini-batches over ranks (the exchange); some lie on one rank (a broadcast of v)
 CASES = {
     "chain-B4": dict(qp_batch=4, eps=1e-2),
@@ -157,13 +157,6 @@ def _certificate_at(name: str, ranks: list, world_size: int) -> dict:
     solver.v = ranks[0][name]["w"].clone()
     solver._sync_w()
     return solver.duality_gap()
-
-
-def _close(a, b, what: str) -> None:
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
-    scale = max(1.0, float(b.abs().max()))
-    err = float((a - b).abs().max()) if a.numel() else 0.0
-    assert err <= RTOL * scale, f"{what}: off by {err:.3g} (scale {scale:.3g})"
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
