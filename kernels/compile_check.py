@@ -45,9 +45,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 TRITON_MODULES = ("step.atoms_insert_triton", "step.atoms_select_triton", "step.block_step_triton",
-                  "projections.box_equality_triton", "chain.chain_hinge_triton", "chain.chain_marginals_triton",
-                  "chain.chain_score_triton", "tree.distance_transform_triton", "projections.simplex_triton",
-                  "chain.slack_chain_triton", "tree.tree_triton", "chain.viterbi_triton")
+                  "step.box_qp_triton", "projections.box_equality_triton", "chain.chain_hinge_triton",
+                  "chain.chain_marginals_triton", "chain.chain_score_triton", "tree.distance_transform_triton",
+                  "projections.simplex_triton", "chain.slack_chain_triton", "tree.tree_triton", "chain.viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -69,6 +69,11 @@ OUTPUTS = {
     "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
                              "slot_ptr", "append_ptr"),
     "_block_step_kernel": ("z_ptr", "ell_ptr", "alpha_ptr"),
+    "_qp_init_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
+    "_qp_prepare_kernel": ("M_ptr", "descent_ptr"),
+    "_qp_trials_kernel": ("trials_ptr",),
+    "_qp_values_kernel": ("values_ptr",),
+    "_qp_select_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
     "_chain_inner_kernel": ("out_ptr",),
     "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr"),
     "_hinge_grad_kernel": ("gu_ptr", "gt_ptr", "gs_ptr", "ge_ptr"),
@@ -292,6 +297,15 @@ def _block_step(B, n, m, C, step):
     return run
 
 
+def _box_qp(B):
+    def run():
+        from .step.box_qp_triton import projected_newton_triton
+
+        c = torch.ones(B, dtype=f64)
+        projected_newton_triton(c, torch.eye(B, dtype=f64), c, 1, 1e-12, 100.0)
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .projections.simplex_triton import project_simplex_triton
@@ -377,6 +391,8 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "block step OCR (64 of 6251, m 1092, cache 10), FW": _block_step(64, 6251, 1092, 10, "fw"),
     "block step OCR (64 of 6251, m 1092, cache 10), pairwise": _block_step(64, 6251, 1092, 10, "pairwise"),
     "block step CoNLL (256 of 8936, m 2244, cache 50), away": _block_step(256, 8936, 2244, 50, "away"),
+    "box QP B=300 (one iteration)": _box_qp(300),
+    "box QP B=4096 (one iteration)": _box_qp(4096),
     "simplex M=26": _simplex(64, 26, f32, False),
     "simplex M=26 masked float64": _simplex(64, 26, f64, True),
     "simplex M=16384 (largest row)": _simplex(4, 1 << 14, f32, False),

@@ -14,6 +14,7 @@ QP (copies and waits included) and checks that all reach the same objective.
 
     python scripts/bench_box_qp.py                 # docs/benchmarks/box_qp.{json,md}
     python scripts/bench_box_qp.py --device cuda   # docs/benchmarks/box_qp_cuda.{json,md}
+    python scripts/bench_box_qp.py --device cuda --batch-sizes 256 1024 4096 --count 8   # the host-free sizes
 """
 
 from __future__ import annotations
@@ -29,20 +30,22 @@ from _bench_machine import code_version, device_description, measured_or_saved, 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 
-def capture(B: int, count: int, seed: int = 0) -> list:
-    """Up to ``count`` box QPs ``(c, H, upper)`` (CPU, float64) of BCFW steps at batch size ``B``."""
+def capture(B: int, count: int, seed: int = 0, device: str = "cpu") -> list:
+    """Up to ``count`` box QPs ``(c, H, upper)`` (CPU, float64) of BCFW steps at batch size ``B``, on a chain of
+    ``max(2048, 2 B)`` sequences (two steps per pass at least); on a GPU the run takes the host-free step (its QPs
+    solved on the device: the host's loop is slow at thousands of blocks)."""
     import torchssvm as ts
     from torchssvm.optim.frank_wolfe import bcfw
 
-    ds = ts.data.synthetic_chain("train", 2048, num_labels=26, num_features=128, seed=seed)
-    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
-    solver = ts.optim.BCFW(model, ds, lam=1e-3, batch_size=B, sampling="gap", step="pairwise", cache_size=10,
-                           gap_check_every=0, seed=seed)
+    ds = ts.data.synthetic_chain("train", max(2048, 2 * B), num_labels=26, num_features=128, seed=seed)
+    model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device=device)
+    solver = ts.optim.BCFW(model, ds.to(device), lam=1e-3, batch_size=B, sampling="gap", step="pairwise",
+                           cache_size=10, gap_check_every=0, seed=seed, host_free=torch.device(device).type != "cpu")
     qps, solve = [], bcfw.box_qp
 
     def record(c, H, upper, **kw):
         if solver.steps_done >= 2 and c.shape[0] == B and len(qps) < count:
-            qps.append((c.clone(), H.clone(), upper.clone()))
+            qps.append(tuple(t.detach().to("cpu", torch.float64, copy=True) for t in (c, H, upper)))
         return solve(c, H, upper, **kw)
 
     bcfw.box_qp = record
@@ -89,6 +92,48 @@ def time_paths(qps: list, device: torch.device, repeats: int) -> dict:
     return out
 
 
+def time_sync_free(qps: list, device: torch.device, repeats: int, max_iter: int) -> dict:
+    """The host-free step's QP, ``max_iter`` iterations of each form on ``device``: milliseconds per QP (the minimum
+    over ``repeats`` rounds, one wait per round), the QPs short of the tolerance, and the largest relative excess of
+    its objective over the host's compiled loop (or numpy's) at 50 iterations."""
+    from torchssvm.kernels.backends import triton_available
+
+    from torchssvm.optim.frank_wolfe import box_qp as bq
+    from torchssvm.optim.frank_wolfe import box_qp_numba
+
+    host = box_qp_numba.projected_newton if box_qp_numba.available() else bq._projected_newton_numpy
+    best = [float(bq.qp_objective(c, H, torch.from_numpy(host(c.numpy(), H.numpy(), u.numpy(), 50, 1e-12))))
+            for c, H, u in qps]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    on = [tuple(t.to(device) for t in qp) for qp in qps]
+    out = {"max_iter": max_iter}
+    forms = ("torch", "triton") if triton_available() and (device.type == "cuda" or _interpreted()) else ("torch",)
+    for form in forms:
+        flag = torch.zeros((), dtype=torch.long, device=device)
+        def solve(c, H, u, flag=flag, form=form):
+            return bq.box_qp(c, H, u, sync_free=True, max_iter=max_iter, unconverged=flag, backend=form)
+
+        solve(*on[0])  # compiles the kernels
+        ms = float("inf")
+        for _ in range(repeats):
+            flag.zero_()
+            sync()
+            t0 = time.perf_counter()
+            got = [solve(*qp) for qp in on]
+            sync()
+            ms = min(ms, 1e3 * (time.perf_counter() - t0) / len(on))
+        excess = max((float(bq.qp_objective(c, H, g.cpu())) - f) / max(abs(f), 1e-300)
+                     for (c, H, _), g, f in zip(qps, got, best))
+        out[form] = {"ms": ms, "unconverged": int(flag), "objective_excess": excess}
+    return out
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _picked(B: int, results: dict) -> str:
     numba, cuda = results.get("numba_installed", True), results.get("cuda", False)
     if numba and (not cuda or B <= results["numba_device_max_b"]):
@@ -109,11 +154,29 @@ def write(results: dict, out: Path, cuda: bool) -> None:
              "`box_qp` takes | objectives' largest relative difference |",
              "|---|---|---|---|---|---|---|---|"]
     for B, r in results["sizes"].items():
+        if "numpy" not in r:  # --skip-host
+            continue
         nb = r.get("numba")
         cells = [f"{nb:.3f}" if nb else "-", f"{r['numpy']:.3f}", f"{r['device']:.3f}",
                  f"{r['numpy'] / nb:.1f}" if nb else "-", f"{r['device'] / nb:.1f}" if nb else "-"]
         lines.append(f"| {B} | {' | '.join(cells)} | {_picked(int(B), results)} | {r['objective_rel_diff']:.1e} |")
     lines.append("")
+    sync_free = {B: r["sync_free"] for B, r in results["sizes"].items() if "sync_free" in r}
+    if sync_free:
+        lines += ["The host-free step's QP (`box_qp(..., sync_free=True)`, a fixed number of iterations, no host read; "
+                  "the time of the whole list of QPs over their count, one wait at the end): the torch iteration "
+                  "against the Triton kernels (`kernels/step/box_qp_triton.py`); short: the QPs left above the "
+                  "tolerance; excess: the largest relative excess of an objective over the host loop's at 50 "
+                  "iterations.", "",
+                  "| B | iterations | torch (ms) | Triton (ms) | torch / Triton | short (torch, Triton) | "
+                  "excess (torch, Triton) |", "|---|---|---|---|---|---|---|"]
+        for B, r in sync_free.items():
+            t, tr = r["torch"], r.get("triton")
+            cells = [f"{t['ms']:.3f}", f"{tr['ms']:.3f}" if tr else "-", f"{t['ms'] / tr['ms']:.1f}" if tr else "-",
+                     f"{t['unconverged']}, {tr['unconverged'] if tr else '-'}",
+                     f"{t['objective_excess']:.1e}, " + (f"{tr['objective_excess']:.1e}" if tr else "-")]
+            lines.append(f"| {B} | {r['max_iter']} | {' | '.join(cells)} |")
+        lines.append("")
     write_report(out, "box_qp_cuda" if cuda else "box_qp", lines)
 
 
@@ -125,6 +188,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--sync-free", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time the host-free step's QP (default: with --device cuda)")
+    parser.add_argument("--max-iter", type=int, default=10, help="the host-free QP's iterations (BCFW's default)")
+    parser.add_argument("--skip-host", action="store_true", help="only the host-free QP (large B)")
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -137,8 +204,12 @@ def main() -> None:
                    "count": args.count, "repeats": args.repeats, "numpy_max_b": _NUMPY_MAX_B,
                    "numba_device_max_b": _NUMBA_DEVICE_MAX_B, "numba_installed": box_qp_numba.available(),
                    "sizes": {}}
+        sync_free = cuda if args.sync_free is None else args.sync_free
         for B in args.batch_sizes:
-            results["sizes"][str(B)] = time_paths(capture(B, args.count), device, args.repeats)
+            qps = capture(B, args.count, device=str(device))
+            results["sizes"][str(B)] = {} if args.skip_host else time_paths(qps, device, args.repeats)
+            if sync_free:
+                results["sizes"][str(B)]["sync_free"] = time_sync_free(qps, device, args.repeats, args.max_iter)
             print(B, json.dumps(results["sizes"][str(B)]), flush=True)
         return results
 

@@ -22,6 +22,7 @@
 #          (bench_bcfw_backends.py --device cuda; a few minutes)
 #   step   issue 40 in one call (at most STEP_SECONDS=540): the host / host-free eager / CUDA-graph step at B = 256,
 #          1024, 4096 (seconds per pass, GPU busy fraction, waits and launches per pass; bench_bcfw_gpu_step.py),
+#          the host-free step's box QP, torch iteration against Triton kernels (bench_box_qp.py --skip-host),
 #          tests/test_gpu.py (the CUDA-graph step against the eager one, the host-free step's waits), time to 1e-3
 #          with the CUDA-graph step, cold and warm start-up (bench_startup.py), the hinge loss's cost per call
 #          (bench_loss_cost.py) and the Viterbi roofline (bench_oracles.py --roofline)
@@ -81,6 +82,8 @@ case "$stage" in
         export STEP_END=$(( $(date +%s) + ${STEP_SECONDS:-540} ))
         LIMIT=200 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
             --passes 3 --out "$OUT"
+        LIMIT=60 run python3 scripts/bench_box_qp.py --device cuda --batch-sizes 256 1024 4096 --count 8 \
+            --skip-host --out "$OUT"
         LIMIT=120 run python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
         LIMIT=110 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
             --modes graph --passes 1 --time-to-gap --budget 25 --out "$OUT/time_to_gap"

@@ -207,8 +207,10 @@ def test_device_box_qp_reads_its_stop_flag_every_few_iterations(monkeypatch):
     """Above the host-solve size the projected Newton iteration runs on the device, reading its stop flag once
     per `_DEVICE_CHECK_EVERY` iterations; a converged iterate stays frozen, so the answer is the one of the same
     iteration on the CPU, which reads the flag every iteration."""
+    from torchssvm.kernels.step.box_qp_torch import _DEVICE_CHECK_EVERY
+
     from torchssvm.optim.frank_wolfe import box_qp as box_qp_module
-    from torchssvm.optim.frank_wolfe.box_qp import _DEVICE_CHECK_EVERY, _projected_newton, box_qp
+    from torchssvm.optim.frank_wolfe.box_qp import _projected_newton, box_qp
 
     monkeypatch.setattr(box_qp_module, "_host_solver", lambda B, device: None)  # every size on the device
     g = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
-"""The mini-batch BCFW step"s bookkeeping: the cache test with the away atoms, the cache insertion and the end of the
-step; the torch, Triton and numba twins and their dispatchers (`dispatch`)."""
+"""The mini-batch BCFW step's kernels: the cache test with the away atoms, the cache insertion, the host-free step's
+box QP and the end of the step; the torch, Triton and numba twins and their dispatchers (`dispatch`)."""
 
-from .dispatch import apply_block_step, select_atoms
+from .dispatch import apply_block_step, box_qp_newton, select_atoms
 
-__all__ = ["select_atoms", "apply_block_step"]
+__all__ = ["select_atoms", "apply_block_step", "box_qp_newton"]

@@ -1,5 +1,5 @@
-"""The mini-batch BCFW step's bookkeeping: the cache test with the away atoms, and the end of the step; each dispatched
-to its torch, Triton or numba twin by the backend table (`backends.resolve`)."""
+"""The mini-batch BCFW step's kernels: the cache test with the away atoms, the host-free step's box QP and the end of
+the step; each dispatched to its torch, Triton or numba twin by the backend table (`backends.resolve`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 from ..backends import resolve
 from .atoms_select_torch import select_atoms_torch
 from .block_step_torch import STEP_TYPES, apply_block_step_torch
+from .box_qp_tolerance import RIDGE_FLOOR
+from .box_qp_torch import projected_newton_torch
 
 
 @torch.no_grad()
@@ -58,3 +60,19 @@ def apply_block_step(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha=None
                                       s_slot, away, upper, kind)
     return apply_block_step_torch(z, ell, idx, zi, ell_i, gamma, direction, d_ell, alpha, alpha_valid, step, s_slot,
                                   away, upper, kind)
+
+
+@torch.no_grad()
+def box_qp_newton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, max_iter: int, tol: float,
+                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gamma (B,), running ())``: ``max_iter`` projected Newton iterations of ``min -c^T gamma + 1/2 gamma^T H
+    gamma`` over ``0 <= gamma <= upper`` (float64, ``H`` PSD) from ``gamma = 0``, an iterate frozen once it meets the
+    tolerance, without the host reading anything; ``running``: a 0-dim bool tensor, True when the last iterate is
+    still short of it. Dispatch to `projected_newton_torch` (about 45 launches per iteration plus the solve's) or
+    `projected_newton_triton` (five plus the solve's; the same iteration to rounding). The contract:
+    ``optim.frank_wolfe.box_qp.box_qp(..., sync_free=True)``."""
+    if resolve("box_qp_newton", backend, c.device) == "triton":
+        from .box_qp_triton import projected_newton_triton
+
+        return projected_newton_triton(c, H, upper, max_iter, tol, RIDGE_FLOOR)
+    return projected_newton_torch(c, H, upper, max_iter, tol, check_every=0, with_flag=True)

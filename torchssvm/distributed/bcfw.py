@@ -247,7 +247,8 @@ class DistributedBCFW(ShardedSolver, BCFW):
                                                          width=sh.static_width())
         self._gaps_global[drawn] = gaps
         gamma = box_qp(c_all, batch.gram() / (lam * n * n), upper_all, method=self.qp_method,
-                       max_iter=self.qp_max_iter, sync_free=True, unconverged=self._qp_unconverged)
+                       max_iter=self.qp_max_iter, sync_free=True, unconverged=self._qp_unconverged,
+                       backend=self.backend)
         batch.accumulate(self.v, gamma / (lam * n))
         self._sync_w()
         return torch.where(live, gamma, 0.0)

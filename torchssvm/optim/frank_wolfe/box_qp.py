@@ -14,7 +14,9 @@ Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never 
   - otherwise on the device of the inputs: a fixed-size batched linear solve and a batched search along the
     projection arc per iteration, no Python loop over B.
   Each returns the QP's optimum to ``tol`` (in 3.5 steps on average on the OCR mini-batch QPs we measured),
-  at least as good as any number of coordinate sweeps.
+  at least as good as any number of coordinate sweeps. The host-free step (``sync_free=True``) runs the device
+  iteration a fixed number of times, on CUDA as Triton kernels (`kernels.step.box_qp_triton`: five launches and the
+  solve per iteration, the same iteration to rounding).
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
   reference of docs/design.md.
 """
@@ -25,7 +27,10 @@ import numpy as np
 import torch
 
 from ..._device import host_to_device
-from .box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
+from ...kernels import box_qp_newton
+from ...kernels.step.box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
+from ...kernels.step.box_qp_torch import _ARC
+from ...kernels.step.box_qp_torch import projected_newton_torch as _projected_newton
 
 METHODS = ("newton", "sweeps")
 
@@ -37,8 +42,8 @@ _NUMPY_MAX_B = 64
 
 # With numba, device problems up to this size are solved on the host (one copy of (c, H, upper), one wait): the
 # compiled loop is fast there, where the device iteration launches a few dozen small kernels per iteration and
-# reads its stop flag every `_DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3) factorization grows while
-# a GPU's does not (docs/benchmarks/box_qp.md, host_free_step.md).
+# reads its stop flag every `box_qp_torch._DEVICE_CHECK_EVERY` iterations; above it the host's O(B^3)
+# factorization grows while a GPU's does not (docs/benchmarks/box_qp.md, host_free_step.md).
 _NUMBA_DEVICE_MAX_B = 256
 
 
@@ -55,7 +60,8 @@ def _host_solver(B: int, device: torch.device):
 
 
 def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str = "newton", max_iter: int = 50,
-           tol: float = 1e-12, sync_free: bool = False, unconverged: torch.Tensor | None = None) -> torch.Tensor:
+           tol: float = 1e-12, sync_free: bool = False, unconverged: torch.Tensor | None = None,
+           backend: str = "auto") -> torch.Tensor:
     """Args:
         c ``(B,)``, H ``(B, B)`` PSD, upper ``(B,)`` >= 0 (float64 on any device).
         method: ``"newton"`` or ``"sweeps"``.
@@ -71,6 +77,10 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         unconverged: with ``sync_free``, a 0-dim integer tensor on the device to which 1 is added when the
             iteration ends short of the tolerance (``max_iter`` reached while still descending): a counter the
             caller reads when it reads anyway.
+        backend: the form of the ``sync_free`` iteration (the backend table's ``"box_qp_newton"``): ``"torch"``
+            (`kernels.projected_newton_torch`, about 45 launches per iteration plus the solve's) or ``"triton"``
+            (`kernels.step.box_qp_triton`: five launches per iteration plus the solve's, the same iteration to
+            rounding); ``"auto"``: Triton on CUDA (`kernels.box_qp_newton`).
 
     Returns ``gamma (B,)`` on the device of ``c``. A zero-curvature coordinate with a positive gain
     goes to its upper bound."""
@@ -82,7 +92,7 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
         if B == 1:  # `_coordinate` as tensor work
             h = H.reshape(1)
             return torch.where(h > 0, torch.minimum((c / h).clamp_min(0.0), upper), torch.where(c > 0, upper, 0.0))
-        gamma, running = _projected_newton(c, H, upper, max_iter, tol, check_every=0, with_flag=True)
+        gamma, running = box_qp_newton(c, H, upper, max_iter, tol, backend=backend)
         if unconverged is not None:
             unconverged.add_(running.to(unconverged.dtype))
         return gamma
@@ -107,109 +117,6 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
 def qp_objective(c: torch.Tensor, H: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """``f(gamma) = -c^T gamma + 1/2 gamma^T H gamma`` for ``gamma (..., B)``."""
     return -(gamma * c).sum(-1) + 0.5 * ((gamma @ H) * gamma).sum(-1)
-
-
-# Step lengths tried along each arc, relative to the arc's first breakpoint t_b (where the first free
-# coordinate reaches a bound): t_b * 2^j for j = -30..30, and 0 (keep the iterate). Relative lengths
-# matter when H is (nearly) singular: the Newton step is then huge along the null space and only
-# lengths near t_b leave the box's interior usable.
-_ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
-
-
-# Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
-_DEVICE_CHECK_EVERY = 4
-
-
-def _first_breakpoints(gamma, moves, upper):
-    """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
-    ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
-    # (bound - gamma) / move towards the bound it heads for; a zero move gives +-inf or NaN, which the test
-    # room > 0 keeps as +inf or drops, like a move that reaches nothing
-    room = (torch.where(moves > 0, upper, 0.0) - gamma) / moves
-    t = torch.where(room > 0, room, torch.inf).min(1).values
-    return torch.where(torch.isfinite(t), t, 1.0)
-
-
-def _arc_on(device: torch.device) -> torch.Tensor:
-    """`_ARC` made on ``device`` by two launches (no copy from the host, which a CUDA graph could not replay)."""
-    if device.type == "cpu":
-        return _ARC
-    steps = torch.arange(-30, 31, dtype=torch.float64, device=device)
-    return torch.cat([torch.exp2(steps), torch.zeros(1, dtype=torch.float64, device=device)])
-
-
-def _stop_test(gamma, grad, upper, scale, floor):
-    """``(bind, projected, descending)``: the coordinates held at a bound with the gradient pushing outward, the
-    gradient with those zeroed, and whether it is still above the tolerance ``scale + floor max(gamma)`` (the
-    ridge's resolution, `_RIDGE_FLOOR`)."""
-    bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
-    projected = torch.where(bind, 0.0, grad)
-    return bind, projected, projected.abs().amax() > scale + floor * gamma.amax()
-
-
-def _projected_newton(c, H, upper, max_iter, tol, check_every=None, with_flag=False):
-    """Projected Newton (Bertsekas 1982) with two arcs per iteration.
-
-    The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
-    direction solves the free-free system (``H_FF + r I``, a tiny ridge ``r`` for the semi-definite
-    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` solve so nothing
-    depends on the set's size. Along the Newton arc and along the projected-gradient arc
-    ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
-    once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
-    gradient arc makes every iteration at least a projected-gradient step with a line search.
-
-    ``check_every``: iterations between reads of the stop flag (default: 1 on the CPU, `_DEVICE_CHECK_EVERY` on a
-    device; 0: never, all ``max_iter`` iterations run). ``with_flag``: return ``(gamma, running)``, ``running`` a
-    0-dim bool tensor, True when the iteration ended on ``max_iter`` still short of the tolerance."""
-    B, dev = c.shape[0], c.device
-    # On a device the iteration runs without host reads: an iterate that has converged (or found no descent)
-    # stays frozen, so reading the stop flag only every few iterations gives the same answer.
-    if check_every is None:
-        check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
-    arc = _arc_on(dev)
-    ridge = 1e-13 * torch.diagonal(H).abs().max() + 1e-300
-    floor = _RIDGE_FLOOR * ridge
-    bound_diag = 1.0 + ridge  # the diagonal of a coordinate held at its bound (plus the ridge)
-    scale = tol * c.abs().max()
-    neg_c = -c
-    gamma = torch.zeros(B, dtype=torch.float64, device=dev)
-    grad = neg_c
-    f = torch.zeros((), dtype=torch.float64, device=dev)
-    lo = torch.zeros_like(upper)
-    steps = torch.zeros(2, arc.shape[0] + 1, dtype=torch.float64, device=dev)  # (2, A+1) trial step lengths
-    steps[0, -1].fill_(1.0)  # t = 1 on the Newton arc (a fill: assigning a number would copy it from the host)
-    running = torch.ones((), dtype=torch.bool, device=dev)
-    # Each line is one or two kernels: the iteration is a fixed sequence of about 45 launches plus the solve's,
-    # which a device runs without the host (and a CUDA graph replays as one).
-    for it in range(max_iter):
-        bind, projected, descending = _stop_test(gamma, grad, upper, scale, floor)
-        running = running & descending
-        if check_every and it % check_every == 0 and not bool(running):
-            break
-        free = torch.where(bind, 0.0, 1.0)
-        M = H * (free.unsqueeze(1) * free.unsqueeze(0))
-        M.diagonal().add_(torch.where(bind, bound_diag, ridge))
-        descent = -projected
-        # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
-        # non-finite trials would fail the descent test and freeze the iterate.
-        newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
-        moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
-        steps[:, :-1] = _first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc
-        trials = torch.addcmul(gamma, steps.unsqueeze(2), moves.unsqueeze(1)).clamp_(lo, upper).reshape(-1, B)
-        # f(x) = sum_j x_j ((H x)_j / 2 - c_j); a trial past float64's range (a Newton step along a direction of
-        # zero curvature) is no candidate
-        values = torch.nan_to_num((torch.add(neg_c, trials @ H, alpha=0.5) * trials).sum(1), nan=torch.inf)
-        best = torch.argmin(values).view(1)  # a tensor index: an int would be read on the host
-        value = values.index_select(0, best).squeeze(0)
-        running = running & (value < f)
-        gamma = torch.where(running, trials.index_select(0, best).squeeze(0), gamma)
-        f = torch.where(running, value, f)
-        grad = torch.addmv(neg_c, H, gamma)
-    if with_flag:
-        # the stop test at the last iterate: still above the tolerance (a frozen iterate found no descent, and
-        # `running` fell with it)
-        return gamma, running & _stop_test(gamma, grad, upper, scale, floor)[2]
-    return gamma
 
 
 def _projected_newton_numpy(c, H, upper, max_iter, tol):

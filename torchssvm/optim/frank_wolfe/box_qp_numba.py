@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...kernels import _numba
-from .box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
+from ...kernels.step.box_qp_tolerance import RIDGE_FLOOR as _RIDGE_FLOOR
 
 # sums may be reordered (vectorized dot products); infinities keep their meaning (the arcs' last piece)
 _jit = _numba.jit(fastmath={"reassoc", "contract"})

@@ -1,5 +1,5 @@
-"""The box QP's stop test floor, shared by its torch / numpy iteration (`box_qp`) and its compiled twin
-(`box_qp_numba`), which imports nothing from `box_qp` (that module loads the twin only when a QP first runs).
+"""The box QP's stop test floor, shared by its device iterations (`box_qp_torch`, `box_qp_triton`) and the
+host's (``optim.frank_wolfe.box_qp``'s numpy iteration, its compiled twin ``box_qp_numba``), below all of them.
 
 The Newton systems carry a ridge r (relative 1e-13 to H's diagonal), so the free coordinates' gradient is not
 resolved below about r max(gamma): the stop test allows `RIDGE_FLOOR` times that on top of tol max|c|. Without it

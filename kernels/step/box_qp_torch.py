@@ -1,0 +1,113 @@
+"""The mini-batch step's B x B box QP, projected Newton (Bertsekas 1982) as torch operations on the inputs' device:
+the twin of `box_qp_triton`, and the device iteration of ``optim.frank_wolfe.box_qp`` (which has the host's). The
+problem, its tolerance and the two solvers' contract: ``optim.frank_wolfe.box_qp.box_qp``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .box_qp_tolerance import RIDGE_FLOOR
+
+# Step lengths tried along each arc, relative to the arc's first breakpoint t_b (where the first free
+# coordinate reaches a bound): t_b * 2^j for j = -30..30, and 0 (keep the iterate). Relative lengths
+# matter when H is (nearly) singular: the Newton step is then huge along the null space and only
+# lengths near t_b leave the box's interior usable.
+_ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+
+
+# Iterations between reads of the stop flag on a device (each read makes the host wait for the device).
+_DEVICE_CHECK_EVERY = 4
+
+
+def _first_breakpoints(gamma, moves, upper):
+    """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
+    ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
+    # (bound - gamma) / move towards the bound it heads for; a zero move gives +-inf or NaN, which the test
+    # room > 0 keeps as +inf or drops, like a move that reaches nothing
+    room = (torch.where(moves > 0, upper, 0.0) - gamma) / moves
+    t = torch.where(room > 0, room, torch.inf).min(1).values
+    return torch.where(torch.isfinite(t), t, 1.0)
+
+
+def _arc_on(device: torch.device) -> torch.Tensor:
+    """`_ARC` made on ``device`` by two launches (no copy from the host, which a CUDA graph could not replay)."""
+    if device.type == "cpu":
+        return _ARC
+    steps = torch.arange(-30, 31, dtype=torch.float64, device=device)
+    return torch.cat([torch.exp2(steps), torch.zeros(1, dtype=torch.float64, device=device)])
+
+
+def _stop_test(gamma, grad, upper, scale, floor):
+    """``(bind, projected, descending)``: the coordinates held at a bound with the gradient pushing outward, the
+    gradient with those zeroed, and whether it is still above the tolerance ``scale + floor max(gamma)`` (the
+    ridge's resolution, `RIDGE_FLOOR`)."""
+    bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= upper) & (grad <= 0))
+    projected = torch.where(bind, 0.0, grad)
+    return bind, projected, projected.abs().amax() > scale + floor * gamma.amax()
+
+
+def projected_newton_torch(c, H, upper, max_iter, tol, check_every=None, with_flag=False,
+                           ridge_floor=RIDGE_FLOOR):
+    """Projected Newton (Bertsekas 1982) with two arcs per iteration.
+
+    The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
+    direction solves the free-free system (``H_FF + r I``, a tiny ridge ``r`` for the semi-definite
+    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` solve so nothing
+    depends on the set's size. Along the Newton arc and along the projected-gradient arc
+    ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
+    once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
+    gradient arc makes every iteration at least a projected-gradient step with a line search.
+
+    ``check_every``: iterations between reads of the stop flag (default: 1 on the CPU, `_DEVICE_CHECK_EVERY` on a
+    device; 0: never, all ``max_iter`` iterations run). ``with_flag``: return ``(gamma, running)``, ``running`` a
+    0-dim bool tensor, True when the iteration ended on ``max_iter`` still short of the tolerance."""
+    B, dev = c.shape[0], c.device
+    # On a device the iteration runs without host reads: an iterate that has converged (or found no descent)
+    # stays frozen, so reading the stop flag only every few iterations gives the same answer.
+    if check_every is None:
+        check_every = 1 if dev.type == "cpu" else _DEVICE_CHECK_EVERY
+    arc = _arc_on(dev)
+    ridge = 1e-13 * torch.diagonal(H).abs().max() + 1e-300
+    floor = ridge_floor * ridge
+    bound_diag = 1.0 + ridge  # the diagonal of a coordinate held at its bound (plus the ridge)
+    scale = tol * c.abs().max()
+    neg_c = -c
+    gamma = torch.zeros(B, dtype=torch.float64, device=dev)
+    grad = neg_c
+    f = torch.zeros((), dtype=torch.float64, device=dev)
+    lo = torch.zeros_like(upper)
+    steps = torch.zeros(2, arc.shape[0] + 1, dtype=torch.float64, device=dev)  # (2, A+1) trial step lengths
+    steps[0, -1].fill_(1.0)  # t = 1 on the Newton arc (a fill: assigning a number would copy it from the host)
+    running = torch.ones((), dtype=torch.bool, device=dev)
+    # Each line is one or two kernels: the iteration is a fixed sequence of about 45 launches plus the solve's,
+    # which a device runs without the host (and a CUDA graph replays as one).
+    for it in range(max_iter):
+        bind, projected, descending = _stop_test(gamma, grad, upper, scale, floor)
+        running = running & descending
+        if check_every and it % check_every == 0 and not bool(running):
+            break
+        free = torch.where(bind, 0.0, 1.0)
+        M = H * (free.unsqueeze(1) * free.unsqueeze(0))
+        M.diagonal().add_(torch.where(bind, bound_diag, ridge))
+        descent = -projected
+        # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
+        # non-finite trials would fail the descent test and freeze the iterate.
+        newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
+        moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
+        steps[:, :-1] = _first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc
+        trials = torch.addcmul(gamma, steps.unsqueeze(2), moves.unsqueeze(1)).clamp_(lo, upper).reshape(-1, B)
+        # f(x) = sum_j x_j ((H x)_j / 2 - c_j); a trial past float64's range (a Newton step along a direction of
+        # zero curvature) is no candidate
+        values = torch.nan_to_num((torch.add(neg_c, trials @ H, alpha=0.5) * trials).sum(1), nan=torch.inf)
+        best = torch.argmin(values).view(1)  # a tensor index: an int would be read on the host
+        value = values.index_select(0, best).squeeze(0)
+        running = running & (value < f)
+        gamma = torch.where(running, trials.index_select(0, best).squeeze(0), gamma)
+        f = torch.where(running, value, f)
+        grad = torch.addmv(neg_c, H, gamma)
+    if with_flag:
+        # the stop test at the last iterate: still above the tolerance (a frozen iterate found no descent, and
+        # `running` fell with it)
+        return gamma, running & _stop_test(gamma, grad, upper, scale, floor)[2]
+    return gamma

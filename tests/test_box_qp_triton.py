@@ -1,0 +1,132 @@
+"""The host-free step's box QP as Triton kernels (`kernels.step.box_qp_triton`): the torch iteration to rounding,
+the host projected Newton's optimum, a fixed number of launches and no host read (the simulated CUDA device)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import needs_triton
+from torchssvm.kernels.step.box_qp_tolerance import RIDGE_FLOOR
+
+import torchssvm as ts
+from torchssvm.optim.frank_wolfe.box_qp import _projected_newton, box_qp, qp_objective
+from torchssvm.testing import simulated_cuda
+
+pytestmark = needs_triton()
+
+
+def _triton(c, H, u, max_iter, chunk=1024):
+    from torchssvm.kernels.step.box_qp_triton import projected_newton_triton
+
+    return projected_newton_triton(c, H, u, max_iter, 1e-12, RIDGE_FLOOR, chunk=chunk)
+
+
+def _qp(B, rank, seed, *, zero_rows=0, zero_upper=0, shift=0.0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, rank, generator=g, dtype=torch.float64) + shift * torch.randn(1, rank, generator=g,
+                                                                                      dtype=torch.float64)
+    X[:zero_rows] = 0.0  # zero curvature: a positive gain sends the coordinate to its bound
+    c = torch.randn(B, generator=g, dtype=torch.float64)
+    u = torch.rand(B, generator=g, dtype=torch.float64)
+    u[B - zero_upper:] = 0.0
+    return c, X @ X.T, u
+
+
+def _fixture():
+    qp = json.loads((Path(__file__).parent / "fixtures" / "box_qp_late_bcfw.json").read_text())
+    return tuple(torch.tensor(qp[k], dtype=torch.float64) for k in ("c", "H", "upper"))
+
+
+PROBLEMS = {
+    "full-rank": lambda: _qp(33, 40, 0),
+    "rank-deficient": lambda: _qp(70, 6, 1),
+    "correlated": lambda: _qp(50, 20, 2, shift=3.0),
+    "zero-curvature-and-zero-bounds": lambda: _qp(40, 10, 3, zero_rows=4, zero_upper=5),
+    "no-gain": lambda: (-_qp(20, 20, 4)[0].abs(), *_qp(20, 20, 4)[1:]),
+    "late-bcfw-fixture": _fixture,
+}
+
+
+def _kkt(c, H, u, gamma):
+    grad = H @ gamma - c
+    bind = ((gamma <= 0) & (grad >= 0)) | ((gamma >= u) & (grad <= 0))
+    return float(torch.where(bind, 0.0, grad).abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+@pytest.mark.parametrize("chunk", [1024, 16])
+def test_triton_box_qp_is_the_torch_iteration_to_rounding(name, chunk):
+    """After 1, 2 and 5 iterations: the torch iteration's iterate (to 1e-9 of the box), its objective (to 1e-12) and
+    its stop flag; always feasible and never above 0. ``chunk=16`` runs the single programs' loops over B in several
+    rounds."""
+    c, H, u = PROBLEMS[name]()
+    for it in (1, 2, 5):
+        ref, ref_running = _projected_newton(c, H, u, it, 1e-12, check_every=0, with_flag=True)
+        gamma, running = _triton(c, H, u, it, chunk)
+        f, f_ref = float(qp_objective(c, H, gamma)), float(qp_objective(c, H, ref))
+        assert abs(f - f_ref) <= 1e-12 * max(abs(f_ref), 1e-300), (it, f, f_ref)
+        torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-9 * max(float(u.max()), 1e-300))
+        assert bool(running) == bool(ref_running) and running.dtype == torch.bool and running.dim() == 0
+        assert bool((gamma >= 0).all() and (gamma <= u).all()) and f <= 0.0
+
+
+def test_triton_box_qp_reaches_the_host_newtons_optimum():
+    """To the tolerance of the host's projected Newton (the compiled loop, or numpy's without numba): the same
+    objective to 1e-12, a KKT point, and the flag down once converged. Like the torch iteration it tries a grid of
+    lengths along each arc where the compiled loop takes the arc's exact minimum, so with zero-curvature
+    coordinates it needs more iterations (20 here, where the others need at most 12)."""
+    from torchssvm.optim.frank_wolfe import box_qp_numba
+    from torchssvm.optim.frank_wolfe.box_qp import _projected_newton_numpy
+
+    host = box_qp_numba.projected_newton if box_qp_numba.available() else _projected_newton_numpy
+    for (c, H, u), iterations in ((_fixture(), 12), (_qp(60, 60, 7), 12), (_qp(45, 30, 8, shift=2.0), 12),
+                                  (_qp(30, 12, 9, zero_rows=3), 20)):
+        ref = torch.from_numpy(host(*(np.ascontiguousarray(t.numpy()) for t in (c, H, u)), 50, 1e-12))
+        gamma, running = _triton(c, H, u, iterations)
+        f, f_ref = float(qp_objective(c, H, gamma)), float(qp_objective(c, H, ref))
+        assert f <= f_ref + 1e-12 * abs(f_ref), (f, f_ref)
+        assert _kkt(c, H, u, gamma) <= 1e-9 * float(c.abs().max())
+        assert not bool(running)
+
+
+def test_triton_box_qp_launches_six_kernels_per_iteration_and_never_waits():
+    """On the simulated device: no host read, and per iteration five kernels and the solve, where the torch
+    iteration launches about sixty (`test_bcfw_host_free.test_host_free_step_launches_are_counted`)."""
+    c, H, u = _qp(40, 20, 0)
+    counts = {}
+    for be in ("triton", "torch"):
+        for it in (2, 4):
+            flag = torch.zeros((), dtype=torch.long)
+            with simulated_cuda() as mode:
+                args = [t.to("cuda") for t in (c, H, u, flag)]
+                before, syncs = mode.launches, mode.syncs
+                gamma = box_qp(*args[:3], sync_free=True, max_iter=it, unconverged=args[3], backend=be)
+                assert mode.syncs == syncs
+                counts[be, it] = mode.launches - before
+                gamma, flag = gamma.cpu(), args[3].cpu()
+            ref, running = _projected_newton(c, H, u, it, 1e-12, check_every=0, with_flag=True)
+            torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-12)
+            assert int(flag) == int(running)
+    assert (counts["triton", 4] - counts["triton", 2]) / 2 == 6
+    assert (counts["torch", 4] - counts["torch", 2]) / 2 >= 40
+
+
+def test_bcfw_host_free_step_with_the_triton_qp():
+    """The host-free BCFW step with ``backend="triton"`` on the simulated device: no host read inside a step, the
+    torch run's duals to rounding, and the certificate identity."""
+    ds = ts.data.synthetic_chain("train", 32, num_labels=4, num_features=6, seed=1)
+    reports = {}
+    for be in ("triton", "torch"):
+        with simulated_cuda() as mode:
+            s = ts.optim.BCFW(ts.LinearChainModel(6, 4, dtype=torch.float64, device="cuda"), ds.to("cuda"),
+                              lam=0.01, batch_size=8, seed=0, backend=be, host_free=True, qp_max_iter=4,
+                              sampling="gap", step="pairwise", cache_size=3, gap_check_every=0)
+            s.step()
+            before = mode.syncs
+            reports[be] = s.step()
+            assert mode.syncs - before == 1  # the pass's report
+            gap = s.duality_gap()
+        assert abs(gap["primal"] - gap["dual"] - gap["gap"]) <= 1e-10 * max(1.0, abs(gap["primal"]))
+    assert reports["triton"]["dual"] == pytest.approx(reports["torch"]["dual"], rel=1e-9)
