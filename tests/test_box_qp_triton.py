@@ -40,6 +40,7 @@ def _fixture():
 
 
 PROBLEMS = {
+    "two-blocks": lambda: _qp(2, 1, 5),
     "full-rank": lambda: _qp(33, 40, 0),
     "rank-deficient": lambda: _qp(70, 6, 1),
     "correlated": lambda: _qp(50, 20, 2, shift=3.0),
