@@ -36,7 +36,8 @@ from .projections.simplex_torch import project_simplex_torch
 from .step.atoms_select_torch import select_atoms_torch
 from .step.block_step_torch import apply_block_step_torch
 from .step.box_qp_torch import projected_newton_torch
-from .step.dispatch import apply_block_step, box_qp_newton, select_atoms
+from .step.dispatch import apply_block_step, box_qp_newton, sampling_keys, select_atoms
+from .step.sampling_torch import sampling_keys_torch
 from .tree.dispatch import (
     check_quadratic_weights,
     distance_transform_1d,
@@ -60,7 +61,8 @@ __all__ = ["project_simplex", "project_shifted_simplex", "project_simplex_torch"
            "viterbi", "viterbi_torch", "chain_score_torch", "chain_labels_score", "chain_labels_score_torch",
            "chain_inner", "chain_inner_torch",
            "chain_marginals", "chain_marginals_torch", "select_atoms", "select_atoms_torch", "apply_block_step",
-           "apply_block_step_torch", "box_qp_newton", "projected_newton_torch", "slack_viterbi",
+           "apply_block_step_torch", "box_qp_newton", "projected_newton_torch", "sampling_keys",
+           "sampling_keys_torch", "slack_viterbi",
            "slack_viterbi_torch", "resolve_backend", "resolve", "check_backend", "FORMS",
            "triton_available", "numba_available",
            "BACKENDS", "tree_max_sum", "tree_max_sum_torch", "spatial_tree_max_sum", "spatial_tree_max_sum_torch",

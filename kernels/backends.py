@@ -53,6 +53,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "select_atoms": GPU,
     "insert_atoms": GPU,
     "apply_block_step": ALL,
+    "sampling_keys": GPU,  # the host-free step's draw (`sampling_triton`)
     "box_qp_newton": GPU,  # the host-free step's B x B box QP (`box_qp_triton`; the torch twin in `optim`)
     # a structure's oracle without kernels of its own (see the module's docstring)
     "structure_oracle": GPU,

@@ -45,9 +45,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 TRITON_MODULES = ("step.atoms_insert_triton", "step.atoms_select_triton", "step.block_step_triton",
-                  "step.box_qp_triton", "projections.box_equality_triton", "chain.chain_hinge_triton",
-                  "chain.chain_marginals_triton", "chain.chain_score_triton", "tree.distance_transform_triton",
-                  "projections.simplex_triton", "chain.slack_chain_triton", "tree.tree_triton", "chain.viterbi_triton")
+                  "step.box_qp_triton", "step.sampling_triton", "projections.box_equality_triton",
+                  "chain.chain_hinge_triton", "chain.chain_marginals_triton", "chain.chain_score_triton",
+                  "tree.distance_transform_triton", "projections.simplex_triton", "chain.slack_chain_triton",
+                  "tree.tree_triton", "chain.viterbi_triton")
 
 # Opt-in maximum of shared memory per block (bytes), by compute capability: A100 163 KiB, H100/H200 227 KiB.
 MAX_SHARED = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -69,6 +70,7 @@ OUTPUTS = {
     "_insert_atoms_kernel": ("store_labels_ptr", "store_loss_ptr", "store_alpha_ptr", "count_ptr", "valid_ptr",
                              "slot_ptr", "append_ptr"),
     "_block_step_kernel": ("z_ptr", "ell_ptr", "alpha_ptr"),
+    "_sampling_keys_kernel": ("keys_ptr",),
     "_qp_init_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
     "_qp_prepare_kernel": ("M_ptr", "descent_ptr"),
     "_qp_trials_kernel": ("trials_ptr",),
@@ -306,6 +308,15 @@ def _box_qp(B):
     return run
 
 
+def _sampling(n, gap, counter_on_device):
+    def run():
+        from .step.sampling_triton import sampling_keys_triton
+
+        gaps = torch.ones(n, dtype=f64) if gap else None
+        sampling_keys_triton(gaps, gaps, 0, torch.zeros((), dtype=torch.long) if counter_on_device else 3, n, "cpu")
+    return run
+
+
 def _simplex(B, M, dtype, masked):
     def run():
         from .projections.simplex_triton import project_simplex_triton
@@ -391,6 +402,8 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "block step OCR (64 of 6251, m 1092, cache 10), FW": _block_step(64, 6251, 1092, 10, "fw"),
     "block step OCR (64 of 6251, m 1092, cache 10), pairwise": _block_step(64, 6251, 1092, 10, "pairwise"),
     "block step CoNLL (256 of 8936, m 2244, cache 50), away": _block_step(256, 8936, 2244, 50, "away"),
+    "sampler keys, uniform, n=6251": _sampling(6251, False, False),
+    "sampler keys, gap, n=6251, the draw on the device (a CUDA graph)": _sampling(6251, True, True),
     "box QP B=300 (one iteration)": _box_qp(300),
     "box QP B=4096 (one iteration)": _box_qp(4096),
     "simplex M=26": _simplex(64, 26, f32, False),

@@ -264,7 +264,7 @@ def test_sync_free_box_qp_on_the_recorded_late_training_qp():
 def test_uniforms_stay_inside_the_open_interval():
     """The largest and smallest 64-bit outputs map inside (0, 1): a uniform of exactly 1 would make a Gumbel key
     +inf and outrank the unseen blocks' tier."""
-    from torchssvm.optim.frank_wolfe.device_sampling import _shift_right
+    from torchssvm.kernels.step.sampling_torch import _shift_right
 
     bits = torch.tensor([-1, 0], dtype=torch.int64)  # all ones, all zeros
     u = (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
@@ -324,3 +324,38 @@ def test_host_free_step_with_the_triton_kernels_is_the_torch_step(monkeypatch):
     torch.testing.assert_close(w0, w1, rtol=1e-10, atol=1e-12)
     for a, b in zip(r0, r1):
         assert (a["oracle_calls"], a["cache_hits"]) == (b["oracle_calls"], b["cache_hits"])
+
+
+@needs_triton()
+def test_triton_sampler_keys_are_the_torch_twins():
+    """One Triton launch computes the sampler's keys: the uniforms bit for bit (a counter given as an int or as a
+    device tensor, as a CUDA graph reads it), the gap tiers to the rounding of ``log``, and the same blocks drawn;
+    on the simulated device two launches per draw (keys, top-k) where the torch ops take over thirty, no host read."""
+    from torchssvm.kernels.step.sampling_torch import sampling_keys_torch
+    from torchssvm.kernels.step.sampling_triton import sampling_keys_triton
+
+    g = torch.Generator().manual_seed(0)
+    n = 3000  # three programs, the last one partly masked
+    gaps = torch.rand(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-300, 300, (n,), generator=g)
+    gaps[::7], gaps[::11], gaps[::13], gaps[5] = 0.0, -1.0, math.inf, 5e-324
+    rank = torch.randperm(n, generator=g).to(torch.float64)
+    for seed in (0, 7, 2 ** 62 + 3):
+        for counter in (0, 1, 5, 10 ** 12):
+            for counter_arg in (counter, torch.tensor(counter)):
+                u = sampling_keys_triton(None, None, seed, counter_arg, n, "cpu")
+                assert torch.equal(u, sampling_keys_torch(None, None, seed, counter, n, "cpu"))
+                keys = sampling_keys_triton(gaps, rank, seed, counter_arg, n, "cpu")
+                ref = sampling_keys_torch(gaps, rank, seed, counter, n, "cpu")
+                torch.testing.assert_close(keys, ref, rtol=1e-15, atol=0)
+                assert set(torch.topk(keys, 64).indices.tolist()) == set(torch.topk(ref, 64).indices.tolist())
+    launches = {}
+    for backend in ("triton", "torch"):
+        with simulated_cuda() as mode:
+            d_gaps, d_rank = gaps.to("cuda"), rank.to("cuda")
+            before, syncs = mode.launches, mode.syncs
+            idx = device_sampling.sample_gap(d_gaps, d_rank, 3, 4, 16, backend=backend)
+            launches[backend] = mode.launches - before
+            assert mode.syncs == syncs
+            idx = idx.cpu()
+        assert set(idx.tolist()) == set(device_sampling.sample_gap(gaps, rank, 3, 4, 16).tolist())
+    assert launches["triton"] == 2 and launches["torch"] >= 30, launches

@@ -1,5 +1,6 @@
-"""The mini-batch BCFW step's kernels: the cache test with the away atoms, the host-free step's box QP and the end of
-the step; each dispatched to its torch, Triton or numba twin by the backend table (`backends.resolve`)."""
+"""The mini-batch BCFW step's kernels: the device sampler's keys, the cache test with the away atoms, the host-free
+step's box QP and the end of the step; each dispatched to its torch, Triton or numba twin by the backend table
+(`backends.resolve`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .atoms_select_torch import select_atoms_torch
 from .block_step_torch import STEP_TYPES, apply_block_step_torch
 from .box_qp_tolerance import RIDGE_FLOOR
 from .box_qp_torch import projected_newton_torch
+from .sampling_torch import sampling_keys_torch
 
 
 @torch.no_grad()
@@ -76,3 +78,17 @@ def box_qp_newton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, max_ite
 
         return projected_newton_triton(c, H, upper, max_iter, tol, RIDGE_FLOOR)
     return projected_newton_torch(c, H, upper, max_iter, tol, check_every=0, with_flag=True)
+
+
+@torch.no_grad()
+def sampling_keys(gaps, first_rank, seed: int, counter, n: int, device, backend: str = "auto") -> torch.Tensor:
+    """``(n,)`` float64 keys of the host-free step's draw ``counter`` (an int, or a 0-dim int64 tensor on ``device``)
+    of generator ``seed``, whose ``B`` largest are the blocks drawn: uniforms (``gaps`` None) or the three tiers of
+    gap sampling (``gaps (n,)``, ``first_rank (n,)``). Dispatch to `sampling_keys_torch` (about twenty to
+    thirty-five launches) or `sampling_keys_triton` (one; the same uniforms bit for bit, the gap keys to the
+    rounding of ``log``). The sampler: ``optim.frank_wolfe.device_sampling``."""
+    if resolve("sampling_keys", backend, torch.device(device)) == "triton":
+        from .sampling_triton import sampling_keys_triton
+
+        return sampling_keys_triton(gaps, first_rank, seed, counter, n, device)
+    return sampling_keys_torch(gaps, first_rank, seed, counter, n, device)

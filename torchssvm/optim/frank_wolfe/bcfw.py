@@ -240,8 +240,8 @@ class BCFW(DualSolver):
         ``draw`` (an int, or a 0-dim int64 tensor on the device) of the generator ``seed``."""
         p = self.problem
         if self.sampling == "uniform":
-            return sample_uniform(self.seed, draw, self.n, B, p.device)
-        return sample_gap(self.block_gaps, self._first_rank, self.seed, draw, B)
+            return sample_uniform(self.seed, draw, self.n, B, p.device, backend=self.backend)
+        return sample_gap(self.block_gaps, self._first_rank, self.seed, draw, B, backend=self.backend)
 
     def _graph_signature(self, B: int) -> tuple:
         """What a captured step bakes in: the scalars it takes as constants, and the tensors it reads and writes
