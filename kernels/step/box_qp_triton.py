@@ -26,6 +26,8 @@ Per iteration, where the torch twin launches about 45 small kernels plus the sol
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -44,10 +46,14 @@ def _stop_test(g, gr, u):
     return bind, tl.where(bind, 0.0, gr)
 
 
-@triton.jit
-def _qp_init_kernel(c_ptr, H_ptr, upper_ptr, gamma_ptr, grad_ptr, state_ptr, running_ptr, B, tol, ridge_floor,
-                    CHUNK: tl.constexpr):
-    """state = [f, ridge, scale, floor]; running = the first stop test at gamma = 0."""
+@triton.jit(do_not_specialize=["tol_bits", "floor_bits", "ridge_bits"])
+def _qp_init_kernel(c_ptr, H_ptr, upper_ptr, gamma_ptr, grad_ptr, state_ptr, running_ptr, B, tol_bits, floor_bits,
+                    ridge_bits, CHUNK: tl.constexpr):
+    """state = [f, ridge, scale, floor]; running = the first stop test at gamma = 0. The float constants travel as
+    their float64 bits (`_bits`): Triton types a float argument, and a literal within float32's range, as float32."""
+    tol = tol_bits.to(tl.float64, bitcast=True)
+    ridge_floor = floor_bits.to(tl.float64, bitcast=True)
+    ridge_rel = ridge_bits.to(tl.float64, bitcast=True)
     offs = tl.arange(0, CHUNK)
     dmax = tl.zeros([CHUNK], dtype=tl.float64)
     cmax = tl.zeros([CHUNK], dtype=tl.float64)
@@ -66,7 +72,7 @@ def _qp_init_kernel(c_ptr, H_ptr, upper_ptr, gamma_ptr, grad_ptr, state_ptr, run
         dmax = tl.maximum(dmax, tl.abs(d))
         cmax = tl.maximum(cmax, tl.abs(c))
         pmax = tl.maximum(pmax, tl.where(jm, tl.abs(proj), 0.0))
-    ridge = 1e-13 * tl.max(dmax, 0) + 1e-300
+    ridge = ridge_rel * tl.max(dmax, 0) + 1e-300  # 1e-300: outside float32's range, a float64 literal
     scale = tol * tl.max(cmax, 0)
     floor = ridge_floor * ridge
     tl.store(state_ptr, 0.0)
@@ -198,10 +204,17 @@ def _qp_select_kernel(values_ptr, trials_ptr, TH_ptr, c_ptr, upper_ptr, gamma_pt
         _, proj = _stop_test(g, gr, tl.load(upper_ptr + j, mask=jm, other=0.0))
         pmax = tl.maximum(pmax, tl.where(jm, tl.abs(proj), 0.0))
         gmax = tl.maximum(gmax, tl.where(jm, g, 0.0))
+    descending = tl.max(pmax, 0) > tl.load(state_ptr + 2) + tl.load(state_ptr + 3) * tl.max(gmax, 0)
+    # every warp has read f (above) before any thread writes it: the program's warps meet here
+    tl.debug_barrier()
     if run:
         tl.store(state_ptr, value)
-    descending = tl.max(pmax, 0) > tl.load(state_ptr + 2) + tl.load(state_ptr + 3) * tl.max(gmax, 0)
     tl.store(running_ptr, (run & descending).to(tl.int32))
+
+
+def _bits(x: float) -> int:
+    """The int64 with the bits of the float64 ``x``."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
 def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, max_iter: int, tol: float,
@@ -226,7 +239,8 @@ def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tenso
     values = torch.empty(2 * ARC, dtype=torch.float64, device=dev)
     chunk = min(chunk, triton.next_power_of_2(B))
     tiles = triton.cdiv(B, _TILE)
-    _qp_init_kernel[(1,)](c, H, upper, gamma, grad, state, running, B, float(tol), float(ridge_floor), CHUNK=chunk)
+    _qp_init_kernel[(1,)](c, H, upper, gamma, grad, state, running, B, _bits(tol), _bits(ridge_floor), _bits(1e-13),
+                          CHUNK=chunk)
     for _ in range(max_iter):
         _qp_prepare_kernel[(tiles, tiles)](H, gamma, grad, upper, state, M, descent, B, TILE=_TILE)
         newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]

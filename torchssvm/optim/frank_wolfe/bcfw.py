@@ -69,9 +69,9 @@ class BCFW(DualSolver):
             sequence (static shapes), the cache's counts stay on the device (the store
             keeps room for the steps until the next read, which comes with the pass's report), and the box QP is
             solved on the device (`box_qp(..., sync_free=True)`: ``qp_max_iter`` projected Newton iterations, an
-            iterate frozen once it meets the tolerance; on CUDA five Triton kernels and a solve per iteration). On
-            the CPU it is a way to run the device's algorithm; ``False`` keeps the host's sampler and QP (the
-            CPU's default, bitwise as before).
+            iterate frozen once it meets the tolerance; on CUDA four Triton kernels, a product and a solve per
+            iteration). On the CPU it is a way to run the device's algorithm; ``False`` keeps the host's sampler
+            and QP (the CPU's default, bitwise as before).
         cuda_graph: replay each host-free step of a given size as one CUDA graph (captured after an eager step
             of that size, again after the store grows, a state is loaded or an exact pass moves the cache's
             floor; eager, with a warning, if the capture fails), for the problems whose step launches no copy
