@@ -131,3 +131,14 @@ def test_bcfw_host_free_step_with_the_triton_qp():
             gap = s.duality_gap()
         assert abs(gap["primal"] - gap["dual"] - gap["gap"]) <= 1e-10 * max(1.0, abs(gap["primal"]))
     assert reports["triton"]["dual"] == pytest.approx(reports["torch"]["dual"], rel=1e-9)
+
+
+def test_triton_box_qp_at_a_size_of_many_tiles():
+    """B = 300: a 10 x 10 grid of the prepare kernel's tiles, ten column tiles of trial points, the last partly
+    masked; the torch iteration's iterate after two iterations, to rounding."""
+    c, H, u = _qp(300, 40, 11)
+    ref, ref_running = _projected_newton(c, H, u, 2, 1e-12, check_every=0, with_flag=True)
+    gamma, running = _triton(c, H, u, 2)
+    torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-9 * float(u.max()))
+    f, f_ref = float(qp_objective(c, H, gamma)), float(qp_objective(c, H, ref))
+    assert abs(f - f_ref) <= 1e-12 * abs(f_ref) and bool(running) == bool(ref_running)
