@@ -27,8 +27,9 @@ def _shift_right(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x >> k) & ((1 << (64 - k)) - 1)
 
 
-def _splitmix64(x: torch.Tensor) -> torch.Tensor:
-    """The SplitMix64 output function on int64 tensors (wrapping arithmetic, bit for bit the unsigned one)."""
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """The SplitMix64 output function on int64 tensors (wrapping arithmetic, bit for bit the unsigned one): a
+    bijection of the 64-bit values that spreads every input bit over the output (Steele, Lea and Flood, 2014)."""
     z = x + _GOLDEN
     z = (z ^ _shift_right(z, 30)) * _MIX1
     z = (z ^ _shift_right(z, 27)) * _MIX2
@@ -45,7 +46,7 @@ def uniform(seed: int, counter, n: int, device) -> torch.Tensor:
         base = counter * n + _signed(seed * _SEED_MIX)
     else:
         base = _signed(_signed(seed * _SEED_MIX) + counter * n)
-    bits = _splitmix64(torch.arange(n, dtype=torch.int64, device=device) + base)
+    bits = splitmix64(torch.arange(n, dtype=torch.int64, device=device) + base)
     return (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
 
 

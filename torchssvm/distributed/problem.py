@@ -15,6 +15,7 @@ import torch
 
 from .._device import host_to_device
 from ..data.token_features import TokenFeatures
+from ..kernels.step.sampling_torch import splitmix64
 from ..optim.problems import ChainProblem, DualProblem, FeatureTableProblem
 from .comm import Collectives
 
@@ -278,32 +279,16 @@ class ShardedProblem:
                 f"[{self.offset}, {self.offset + self.n_local}) of {self.n})")
 
 
-_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15 - 2**64, 0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64
-
-
-def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
-    """The logical right shift of int64 ``x`` by ``s`` bits (torch's ``>>`` on int64 is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer on int64 ``x`` (wrapping arithmetic): a bijection of the 64-bit values that spreads
-    every input bit over the output (Steele et al., 2014)."""
-    x = x + _GOLDEN
-    x = (x ^ _shift(x, 30)) * _MIX1
-    x = (x ^ _shift(x, 27)) * _MIX2
-    return x ^ _shift(x, 31)
-
-
 def _fingerprints(flat: torch.Tensor) -> torch.Tensor:
-    """``(2,)`` int64: ``sum_k mix(bits_k ^ mix(k + s))`` (wrapping, mod 2^64) of the bits of ``flat`` (float64)
-    for two seeds ``s``. An integer sum, so every rank and every order of summation gives the same value for the
-    same bits; ``mix`` is a bijection, so a change of one entry always changes both; for changes of several
-    entries the changed terms are pseudo-random, and each fingerprint collides with probability about
-    ``2^-64``."""
+    """``(2,)`` int64: ``sum_k mix(bits_k ^ mix(k + s))`` (``mix``: SplitMix64's finalizer; wrapping, mod 2^64)
+    of the bits of ``flat`` (float64) for two seeds ``s``. An integer sum, so every rank and every order of
+    summation gives the same value for the same bits; ``mix`` is a bijection, so a change of one entry always
+    changes both; for changes of several entries the changed terms are pseudo-random, and each fingerprint
+    collides with probability about ``2^-64``."""
     bits = flat.view(torch.int64)
     k = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
-    return torch.stack([_mix(bits ^ _mix(k + seed)).sum() for seed in (0x5851F42D4C957F2D, 0x2545F4914F6CDD1D)])
+    return torch.stack([splitmix64(bits ^ splitmix64(k + seed)).sum()
+                        for seed in (0x5851F42D4C957F2D, 0x2545F4914F6CDD1D)])
 
 
 class ExchangedBatch:

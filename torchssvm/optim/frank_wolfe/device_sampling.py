@@ -30,10 +30,7 @@ __all__ = ["uniform", "gumbel", "sample_uniform", "sample_gap"]
 def sample_uniform(seed: int, counter, n: int, B: int, device, backend: str = "auto") -> torch.Tensor:
     """``B`` distinct blocks of ``range(n)`` uniformly at random, ``(B,)`` long on ``device``: the ``B`` largest of
     draw ``counter``'s uniforms (`kernels.sampling_keys`; ``backend``: its torch or Triton form)."""
-    u = sampling_keys(None, None, seed, counter, n, device, backend=backend)
-    if B == 1:
-        return u.argmax().view(1)
-    return torch.topk(u, B, sorted=False).indices
+    return _largest(sampling_keys(None, None, seed, counter, n, device, backend=backend), B)
 
 
 def sample_gap(gaps: torch.Tensor, first_rank: torch.Tensor, seed: int, counter, B: int,
@@ -49,7 +46,11 @@ def sample_gap(gaps: torch.Tensor, first_rank: torch.Tensor, seed: int, counter,
 
     Unseen blocks come first, in first-visit order; then Gumbel-top-k on the positive gaps (draws without
     replacement proportional to the gaps); then blocks whose gap is <= 0, uniformly."""
-    keys = sampling_keys(gaps, first_rank, seed, counter, gaps.shape[0], gaps.device, backend=backend)
+    return _largest(sampling_keys(gaps, first_rank, seed, counter, gaps.shape[0], gaps.device, backend=backend), B)
+
+
+def _largest(keys: torch.Tensor, B: int) -> torch.Tensor:
+    """The positions of the ``B`` largest ``keys``, ``(B,)`` long (one launch: an argmax for one)."""
     if B == 1:
         return keys.argmax().view(1)
     return torch.topk(keys, B, sorted=False).indices
