@@ -142,3 +142,56 @@ def test_triton_box_qp_at_a_size_of_many_tiles():
     torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-9 * float(u.max()))
     f, f_ref = float(qp_objective(c, H, gamma)), float(qp_objective(c, H, ref))
     assert abs(f - f_ref) <= 1e-12 * abs(f_ref) and bool(running) == bool(ref_running)
+
+
+def _rounding_leaves_off_its_bound(seed):
+    """``(gamma, moves (2, B), upper)`` where ``gamma + t_b move`` rounds the coordinate that defines the Newton
+    arc's first breakpoint ``t_b`` to a few ulps inside the box (as happens for about one random move in twenty)."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(1000):
+        gamma = torch.rand(8, generator=g, dtype=torch.float64) * 0.7
+        u = torch.rand(8, generator=g, dtype=torch.float64) + 0.7
+        moves = torch.randn(2, 8, generator=g, dtype=torch.float64)
+        target = torch.where(moves[0] > 0, u, 0.0)
+        room = torch.where((target - gamma) / moves[0] > 0, (target - gamma) / moves[0], torch.inf)
+        i = int(room.argmin())
+        if float((gamma[i] + room[i] * moves[0, i]).clamp(0.0, u[i])) != float(target[i]):
+            return gamma, moves, u
+    raise AssertionError("no such move found")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_trial_points_put_every_coordinate_the_step_reaches_on_its_bound(seed):
+    """At each trial step length, the coordinates whose breakpoints the step reaches are exactly on their bounds in
+    the torch iteration, its numpy twin and the Triton kernel; the others are the clipped ``gamma + t move`` of all
+    three to rounding (fused or not). Without it the coordinate that defines ``t_b`` was left a few ulps inside the
+    box (on the moves chosen here), outside the next iteration's binding set, and the iteration spent steps on it."""
+    import triton
+    from torchssvm.kernels.step import box_qp_torch as tw
+    from torchssvm.kernels.step.box_qp_triton import _ROWS, _TILE, ARC, _qp_trials_kernel
+
+    from torchssvm.optim.frank_wolfe.box_qp import _rooms_numpy, _trial_points_numpy
+
+    gamma, moves, u = _rounding_leaves_off_its_bound(seed)
+    B = gamma.shape[0]
+    targets, rooms = tw._rooms(gamma, moves, u)
+    steps = torch.zeros(2, ARC, dtype=torch.float64)
+    steps[:, :-2] = tw._first_breakpoints(rooms).unsqueeze(1) * tw._ARC[:-1]
+    steps[0, -1] = 1.0  # the Newton arc's t = 1 (the kernel's last row; 0 on the gradient arc)
+    lo = torch.zeros_like(u)
+    forms = {"torch": tw._trial_points(gamma, steps, moves, targets, rooms, lo, u)}
+    nt, nr = _rooms_numpy(gamma.numpy(), moves.numpy(), u.numpy())
+    forms["numpy"] = torch.from_numpy(_trial_points_numpy(gamma.numpy(), steps.numpy(), moves.numpy(), nt, nr,
+                                                          u.numpy()))
+    trials = torch.empty(2 * ARC, B, dtype=torch.float64)
+    _qp_trials_kernel[(triton.cdiv(B, _TILE),)](gamma, moves[0].contiguous(), moves[1].contiguous(), u, trials, B,
+                                                ARC=ARC, ROWS=_ROWS, TILE=_TILE, CHUNK=8)
+    forms["triton"] = trials
+    reached = ((steps.unsqueeze(2) >= rooms.unsqueeze(1)) & (rooms < torch.inf).unsqueeze(1)).reshape(-1, B)
+    on_bound = targets.unsqueeze(1).expand(2, ARC, B).reshape(-1, B)
+    naive = (gamma + steps.unsqueeze(2) * moves.unsqueeze(1)).clamp(lo, u).reshape(-1, B)
+    assert bool((naive[reached] != on_bound[reached]).any())  # the case the test is about
+    for name, x in forms.items():
+        assert torch.equal(x[reached], on_bound[reached]), name
+        torch.testing.assert_close(x[~reached], naive[~reached], rtol=0, atol=1e-15 * float(u.max()))
+        assert bool(((x >= 0) & (x <= u)).all()), name

@@ -20,14 +20,33 @@ _ARC = torch.cat([2.0 ** torch.arange(-30, 31, dtype=torch.float64), torch.zeros
 _DEVICE_CHECK_EVERY = 4
 
 
-def _first_breakpoints(gamma, moves, upper):
-    """``(R,)``: per row of ``moves (R, B)`` the step length at which the first moving coordinate of
-    ``gamma + t move`` reaches a bound it is not on yet (1 if none)."""
+def _rooms(gamma, moves, upper):
+    """``(targets, rooms)``, both ``(R, B)`` for ``moves (R, B)``: the bound each coordinate of ``gamma + t move``
+    heads for, and the step length at which it gets there (+inf for a coordinate that does not move or sits on that
+    bound already)."""
     # (bound - gamma) / move towards the bound it heads for; a zero move gives +-inf or NaN, which the test
     # room > 0 keeps as +inf or drops, like a move that reaches nothing
-    room = (torch.where(moves > 0, upper, 0.0) - gamma) / moves
-    t = torch.where(room > 0, room, torch.inf).min(1).values
+    targets = torch.where(moves > 0, upper, 0.0)
+    room = (targets - gamma) / moves
+    return targets, torch.where(room > 0, room, torch.inf)
+
+
+def _first_breakpoints(rooms):
+    """``(R,)``: per row the step length at which the first moving coordinate reaches a bound it is not on yet (1 if
+    none)."""
+    t = rooms.min(1).values
     return torch.where(torch.isfinite(t), t, 1.0)
+
+
+def _trial_points(gamma, steps, moves, targets, rooms, lo, upper):
+    """``(R A, B)``: ``P(gamma + t move)`` at the step lengths ``steps (R, A)`` along ``moves (R, B)``, where a
+    coordinate whose breakpoint the step reaches lands exactly on its bound. Rounding would otherwise leave the
+    coordinate that defines the breakpoint ``t_b`` a few ulps inside the box (``gamma + ((u - gamma) / m) m != u``),
+    where the next iteration's binding set misses it and spends iterations on a coordinate that is at its bound."""
+    R, B = moves.shape
+    x = torch.addcmul(gamma, steps.unsqueeze(2), moves.unsqueeze(1)).clamp_(lo, upper)
+    reached = (steps.unsqueeze(2) >= rooms.unsqueeze(1)) & (rooms < torch.inf).unsqueeze(1)
+    return torch.where(reached, targets.unsqueeze(1), x).reshape(-1, B)
 
 
 def _arc_on(device: torch.device) -> torch.Tensor:
@@ -95,8 +114,9 @@ def projected_newton_torch(c, H, upper, max_iter, tol, check_every=None, with_fl
         # non-finite trials would fail the descent test and freeze the iterate.
         newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
         moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
-        steps[:, :-1] = _first_breakpoints(gamma, moves, upper).unsqueeze(1) * arc
-        trials = torch.addcmul(gamma, steps.unsqueeze(2), moves.unsqueeze(1)).clamp_(lo, upper).reshape(-1, B)
+        targets, rooms = _rooms(gamma, moves, upper)
+        steps[:, :-1] = _first_breakpoints(rooms).unsqueeze(1) * arc
+        trials = _trial_points(gamma, steps, moves, targets, rooms, lo, upper)
         # f(x) = sum_j x_j ((H x)_j / 2 - c_j); a trial past float64's range (a Newton step along a direction of
         # zero curvature) is no candidate
         values = torch.nan_to_num((torch.add(neg_c, trials @ H, alpha=0.5) * trials).sum(1), nan=torch.inf)

@@ -118,6 +118,17 @@ def _breakpoint(g, u, move, jm):
 
 
 @triton.jit
+def _project(x, s, g, u, move, cm):
+    """``x (ROWS, TILE) = g + s move``, projected on ``[0, u]``: clipped, a NaN kept (its value is NaN, which is no
+    candidate) as torch's clamp does, and a coordinate whose breakpoint the step ``s`` reaches put exactly on its
+    bound (`box_qp_torch._trial_points`: rounding would leave the one that defines ``t_b`` a few ulps inside)."""
+    x = tl.where(x != x, x, tl.minimum(tl.maximum(x, 0.0), u[None, :]))
+    room = _breakpoint(g, u, move, cm)
+    reached = (s[:, None] >= room[None, :]) & (room < float("inf"))[None, :]
+    return tl.where(reached, tl.where(move > 0, u, 0.0)[None, :], x)
+
+
+@triton.jit
 def _qp_trials_kernel(gamma_ptr, newton_ptr, descent_ptr, upper_ptr, trials_ptr, B,
                       ARC: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr):
     """The trial points of both arcs for one tile of columns: ``trials[m ARC + a] = clip(gamma + t_{m,a} move_m)``."""
@@ -150,9 +161,8 @@ def _qp_trials_kernel(gamma_ptr, newton_ptr, descent_ptr, upper_ptr, trials_ptr,
     at = a.to(tl.int64)[:, None] * B + col[None, :]
     x0 = g[None, :] + s0[:, None] * n[None, :]
     x1 = g[None, :] + s1[:, None] * d[None, :]
-    # clip to [0, upper], a NaN kept (its value is NaN, which is no candidate), as torch's clamp does
-    x0 = tl.where(x0 != x0, x0, tl.minimum(tl.maximum(x0, 0.0), u[None, :]))
-    x1 = tl.where(x1 != x1, x1, tl.minimum(tl.maximum(x1, 0.0), u[None, :]))
+    x0 = _project(x0, s0, g, u, n, cm)
+    x1 = _project(x1, s1, g, u, d, cm)
     tl.store(trials_ptr + at, x0, mask=mask)
     tl.store(trials_ptr + ARC * B + at, x1, mask=mask)
 

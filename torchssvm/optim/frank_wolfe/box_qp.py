@@ -135,9 +135,10 @@ def _projected_newton_numpy(c, H, upper, max_iter, tol):
         free = (~bind).astype(np.float64)
         M = H * free[None, :] * free[:, None] + np.diag(1.0 - free + ridge)
         moves = np.stack([np.linalg.solve(M, -grad * free), -grad * free])
-        t = np.concatenate([_first_breakpoints_numpy(gamma, moves, upper)[:, None] * arc, [[1.0], [0.0]]], 1)
+        targets, rooms = _rooms_numpy(gamma, moves, upper)
+        t = np.concatenate([_first_breakpoints_numpy(rooms)[:, None] * arc, [[1.0], [0.0]]], 1)
+        trials = _trial_points_numpy(gamma, t, moves, targets, rooms, upper)
         with np.errstate(invalid="ignore", over="ignore"):
-            trials = np.clip(gamma + t[:, :, None] * moves[:, None, :], 0.0, upper).reshape(-1, B)
             values = np.nan_to_num(-(trials @ c) + 0.5 * ((trials @ H) * trials).sum(1), nan=np.inf)
         best = int(np.argmin(values))
         if not values[best] < f:
@@ -147,11 +148,26 @@ def _projected_newton_numpy(c, H, upper, max_iter, tol):
     return gamma
 
 
-def _first_breakpoints_numpy(gamma, moves, upper):
+def _rooms_numpy(gamma, moves, upper):
+    """`box_qp_torch._rooms` in numpy: the bound each coordinate heads for and the step that reaches it."""
+    targets = np.where(moves > 0, upper, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        room = np.where(moves > 0, (upper - gamma) / moves, np.where(moves < 0, -gamma / moves, np.inf))
-    t = np.where(room > 0, room, np.inf).min(1)
+        room = (targets - gamma) / moves
+        return targets, np.where(room > 0, room, np.inf)
+
+
+def _first_breakpoints_numpy(rooms):
+    t = rooms.min(1)
     return np.where(np.isfinite(t), t, 1.0)
+
+
+def _trial_points_numpy(gamma, steps, moves, targets, rooms, upper):
+    """`box_qp_torch._trial_points` in numpy: ``(R A, B)`` projected trials, a coordinate whose breakpoint the step
+    reaches exactly on its bound."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        trials = np.clip(gamma + steps[:, :, None] * moves[:, None, :], 0.0, upper)
+    reached = (steps[:, :, None] >= rooms[:, None, :]) & np.isfinite(rooms)[:, None, :]
+    return np.where(reached, targets[:, None, :], trials).reshape(-1, gamma.shape[0])
 
 
 def _sweeps(c, H, upper, max_sweeps, tol):
