@@ -36,6 +36,10 @@ ARC = 63  # trial step lengths per arc: t_b 2^j for j = -30..30, then 0, then 1 
 _ROWS = 64  # ARC rounded up to a power of two
 _TILE = 32
 _CHUNK = 1024
+# The init and trial kernels hold more vectors per round of their loops over B: at 1,024 entries Triton 3.6 spilled
+# 16 B a thread in the trial kernel and 8 B in the init kernel on sm_90; at 512 neither on sm_90
+# (docs/benchmarks/triton_compile.md).
+_SMALL_CHUNK = 512
 _DBL_MAX = tl.constexpr(1.7976931348623157e308)
 
 
@@ -248,14 +252,15 @@ def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tenso
     TH = torch.empty_like(trials)
     values = torch.empty(2 * ARC, dtype=torch.float64, device=dev)
     chunk = min(chunk, triton.next_power_of_2(B))
+    small = min(chunk, _SMALL_CHUNK)
     tiles = triton.cdiv(B, _TILE)
     _qp_init_kernel[(1,)](c, H, upper, gamma, grad, state, running, B, _bits(tol), _bits(ridge_floor), _bits(1e-13),
-                          CHUNK=chunk)
+                          CHUNK=small)
     for _ in range(max_iter):
         _qp_prepare_kernel[(tiles, tiles)](H, gamma, grad, upper, state, M, descent, B, TILE=_TILE)
         newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
         _qp_trials_kernel[(tiles,)](gamma, newton, descent, upper, trials, B, ARC=ARC, ROWS=_ROWS, TILE=_TILE,
-                                    CHUNK=chunk)
+                                    CHUNK=small)
         torch.mm(trials, H, out=TH)
         _qp_values_kernel[(2 * ARC,)](trials, TH, c, values, B, CHUNK=chunk)
         _qp_select_kernel[(1,)](values, trials, TH, c, upper, gamma, grad, state, running, B, TRIALS=2 * _ROWS,
