@@ -12,6 +12,9 @@ CUDA), with no host wait; before issue 40 an H100 took 2.27 ms and waited 3 time
   CUDA code path on a simulated device (`torchssvm.testing.simulated_cuda`, Triton interpreted) at the first shape.
 - ``--device simulated``: the counts alone.
 
+On a real device each shape also gets a host profile (`host_profile`): the Python functions and host-side operator
+events with the most time per call, which says where a call's fixed cost goes.
+
     python scripts/bench_loss_cost.py --device cuda --out DIR     # DIR/loss_cost_cuda.{json,md}
     python scripts/bench_loss_cost.py --device cpu --quick --out /tmp/x
 """
@@ -124,6 +127,41 @@ def count_cuda(fn, calls=10) -> dict:
             "kernels": dict(collections.Counter(e.name[:80] for e in device_events).most_common())}
 
 
+def host_profile(fn, device, calls=50, top=15) -> dict:
+    """Where the host's time per call of ``fn`` goes: the Python functions with the most own time (cProfile; the
+    library's and torch's Python, Triton's launcher), and the host-side operator events with the most self time
+    (torch.profiler: aten ops, runtime calls), in microseconds per call. On a GPU these are what stands between
+    the kernels' few microseconds and the call's milliseconds."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    own = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    python = [{"function": f"{Path(f).name}:{line}({name})", "calls": n / calls, "us_own": t * 1e6 / calls,
+               "us_cumulative": ct * 1e6 / calls} for (f, line, name), (_, n, t, ct, _) in own]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as tp:
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    host = [e for e in tp.key_averages() if e.device_type == DeviceType.CPU]
+    host.sort(key=lambda e: -e.self_cpu_time_total)
+    ops = [{"op": e.key[:80], "calls": e.count / calls, "us_self": e.self_cpu_time_total / calls}
+           for e in host[:top]]
+    return {"python": python, "ops": ops}
+
+
 def _describe(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name()
@@ -162,6 +200,7 @@ def run(device_name: str, shapes, iters: int, backend: str, count_calls: int) ->
                    "ms_autograd_floor": _timeit(floor, device, iters)}
             if device.type == "cuda":
                 row["cuda"] = count_cuda(fb, count_calls)
+            row["host_profile"] = host_profile(fb, device)
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
     if device_name in ("cpu", "simulated"):
@@ -199,6 +238,18 @@ def markdown(results: dict) -> str:
             for r in results["rows"]:
                 lines.append(f"- {tuple(r['shape'])}: runtime launch calls per call {r['cuda']['launch_calls']}; "
                              f"waits {r['cuda']['wait_calls'] or 'none'}")
+            lines.append("")
+        first = results["rows"][0]
+        if "host_profile" in first:
+            hp = first["host_profile"]
+            lines += [f"Host time per forward + backward at {tuple(first['shape'])} (`host_profile`): Python functions "
+                      "by own time (cProfile), then host-side operator events by self time (torch.profiler); "
+                      "microseconds per call.", "", "| Python function | calls | own (us) | cumulative (us) |",
+                      "|---|---|---|---|"]
+            lines += [f"| `{r['function']}` | {r['calls']:g} | {r['us_own']:.1f} | {r['us_cumulative']:.1f} |"
+                      for r in hp["python"]]
+            lines += ["", "| host-side event | calls | self (us) |", "|---|---|---|"]
+            lines += [f"| `{r['op']}` | {r['calls']:g} | {r['us_self']:.1f} |" for r in hp["ops"]]
             lines.append("")
     sim = results.get("simulated")
     if sim:
