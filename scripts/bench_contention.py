@@ -9,6 +9,7 @@ own load (other users) is recorded as ``os.getloadavg()`` per level. See docs/be
 
     python scripts/bench_contention.py                    # about 1-3 minutes on 2 cores
     OMP_WAIT_POLICY=passive python scripts/bench_contention.py --busy 0,4
+    python scripts/bench_contention.py --batch-size 1 --compare-blas-scope   # tiny steps, with and without
 """
 
 from __future__ import annotations
@@ -101,18 +102,27 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--loss-calls", type=int, default=20)
     ap.add_argument("--json", help="also write the measurements here")
+    ap.add_argument("--compare-blas-scope", action="store_true",
+                    help="also the default threads with tiny steps' products on MKL's team (torchssvm._blas off)")
     args = ap.parse_args()
     levels = [int(x) for x in args.busy.split(",")]
     if levels[0] != 0:
         levels = [0] + levels
     cores = os.cpu_count() or 1
     default_threads = torch.get_num_threads()
-    settings = {f"default ({default_threads} threads)": default_threads, "set_num_threads(1)": 1}
+    from torchssvm import _blas
+
+    scope = _blas.SMALL_STEP_BLOCKS
+    # name: (torch threads, the blocks up to which a step's products run on one MKL thread)
+    settings = {f"default ({default_threads} threads)": (default_threads, scope), "set_num_threads(1)": (1, scope)}
+    if args.compare_blas_scope:
+        settings[f"default, tiny products on MKL's team ({default_threads} threads)"] = (default_threads, 0)
 
     work = workloads(args.batch_size, args.loss_calls)
     states = {}
-    for s, n in settings.items():
+    for s, (n, blocks) in settings.items():
         torch.set_num_threads(n)
+        _blas.SMALL_STEP_BLOCKS = blocks
         for w, (setup, _) in work.items():
             states[s, w] = setup()
     times = {(s, w, k): [] for s in settings for w in work for k in levels}
@@ -125,9 +135,10 @@ def main() -> None:
             try:
                 time.sleep(0.3)
                 load[k].append(os.getloadavg()[0])
-                for s, n in settings.items():
+                for s, (n, blocks) in settings.items():
                     for w, (_, run) in work.items():
                         torch.set_num_threads(n)
+                        _blas.SMALL_STEP_BLOCKS = blocks
                         t = time.perf_counter()
                         run(states[s, w])
                         times[s, w, k].append(time.perf_counter() - t)
@@ -156,7 +167,7 @@ def main() -> None:
     print(f"\n| setting | workload | 0 busy (s) | {cols} |")
     print("|" + "---|" * (3 + len(levels) - 1))
     rows = []
-    for s, n in settings.items():
+    for s, (n, _) in settings.items():
         for w in work:
             base = statistics.median(times[s, w, 0])
             cells = []
@@ -168,7 +179,7 @@ def main() -> None:
             print(f"| {s} | {w} | {base:.3f} | " + " | ".join(cells) + " |")
     print("\nslowdown: median time with k busy processes / median time with none, in the same run; "
           "'over': (busy + threads) / cores.")
-    (s_def, n_def), (s_one, _) = settings.items()
+    (s_def, (n_def, _)), (s_one, _) = list(settings.items())[:2]
     if n_def != 1:
         print(f"\n{s_def} / {s_one}, time ratio at each level (same rounds):\n")
         print("| workload | " + " | ".join(f"{k} busy" for k in levels) + " |")

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from ..._blas import sequential_blas, small_step
 from ..._device import host_to_device
 from ...kernels import apply_block_step, select_atoms
 from ...kernels.step.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
@@ -535,12 +536,16 @@ class BCFW(DualSolver):
         ``gap_check_every`` divides the number of passes done."""
         t0 = time.perf_counter()
         done = 0
+        small = small_step(self.batch_size, self.problem.device)
         while done < self.n:
             B = min(self.batch_size, self.n - done)
-            if self.host_free:
-                self._host_free_step(B)
-            else:
-                self._update(self._sample(B))
+            # a tiny step's products on one BLAS thread, without a fork-join each (`torchssvm._blas`); the progress
+            # hook, the user's code, outside
+            with sequential_blas(small):
+                if self.host_free:
+                    self._host_free_step(B)
+                else:
+                    self._update(self._sample(B))
             done += B
             self._tick("pass", done, self.n)
         self.steps_done += 1

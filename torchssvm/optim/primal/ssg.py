@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..._blas import sequential_blas, small_step
 from .._state import box_state, check_close, check_range, checked_generator_state, require_keys
 from ..dual_solver import _check_lam, parse_box
 from ..problems import make_problem, rescaling_of
@@ -60,16 +61,19 @@ class SSG(Solver):
         t0 = time.perf_counter()
         p, lam = self.problem, self.lam
         order = torch.randint(self.n, (self.n,), generator=self.generator)
+        small = small_step(1, p.device)
         for done, i in enumerate(order.tolist(), 1):
-            idx = torch.tensor([i], device=p.device)
-            labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
-            gamma = 1.0 / (self.k + 1)
-            self.w.mul_(1 - gamma)
-            p.accumulate(self.w, idx, p.corner(idx, labels), torch.tensor([gamma / lam], dtype=torch.float64))
-            self._project(self.w)
-            if self.averaging:
-                self.w_avg.mul_(self.k / (self.k + 2)).add_(self.w, alpha=2 / (self.k + 2))
-            self.k += 1
+            # one example a step: its tiny products on one BLAS thread (`torchssvm._blas`); the progress hook outside
+            with sequential_blas(small):
+                idx = torch.tensor([i], device=p.device)
+                labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
+                gamma = 1.0 / (self.k + 1)
+                self.w.mul_(1 - gamma)
+                p.accumulate(self.w, idx, p.corner(idx, labels), torch.tensor([gamma / lam], dtype=torch.float64))
+                self._project(self.w)
+                if self.averaging:
+                    self.w_avg.mul_(self.k / (self.k + 2)).add_(self.w, alpha=2 / (self.k + 2))
+                self.k += 1
             self._tick("pass", done, self.n)
         self.oracle_calls += self.n
         self.steps_done += 1
