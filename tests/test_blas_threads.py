@@ -93,10 +93,10 @@ _COUNT_FORKS = textwrap.dedent("""
     counts = {}
     for blocks in (_blas.SMALL_STEP_BLOCKS, 0):
         _blas.SMALL_STEP_BLOCKS = blocks
-        for name in ("bcfw", "ssg"):
+        for name in ("bcfw", "bcfw4", "ssg"):
             model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
-            s = (ts.optim.BCFW(model, ds, lam=0.01, seed=0) if name == "bcfw" else
-                 ts.optim.SSG(model, ds, lam=0.01, seed=0, eval_every=0))
+            s = (ts.optim.BCFW(model, ds, lam=0.01, seed=0, batch_size=4 if name == "bcfw4" else 1)
+                 if name != "ssg" else ts.optim.SSG(model, ds, lam=0.01, seed=0, eval_every=0))
             s.step()
             before = shim.forks()
             s.step()
@@ -123,8 +123,9 @@ _SHIM = textwrap.dedent("""
 @pytest.mark.skipif(sys.platform != "linux" or shutil.which("cc") is None, reason="needs Linux and a C compiler")
 def test_tiny_steps_fork_no_openmp_team(tmp_path):
     """OpenMP fork-joins (libgomp's ``GOMP_parallel``, counted by a preloaded shim) in a pass of BCFW at
-    ``batch_size=1`` and of SSG, at two torch threads: none with the scope, and one or more per product without it
-    (the count a busy machine pays a scheduler slice for)."""
+    ``batch_size=1`` and 4 and of SSG, at two torch threads: none with the scope (and the gathers by
+    ``index_select``), and one or more per product without it (the count a busy machine pays a scheduler slice
+    for)."""
     src, lib = tmp_path / "shim.c", tmp_path / "libshim.so"
     src.write_text(_SHIM)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
@@ -138,6 +139,6 @@ def test_tiny_steps_fork_no_openmp_team(tmp_path):
     if counts["bcfw 0"] == 0:
         pytest.skip(f"MKL forks no team here without the scope either ({counts})")
     n = 24
-    assert counts[f"bcfw {_blas.SMALL_STEP_BLOCKS}"] == 0, counts
+    assert counts[f"bcfw {_blas.SMALL_STEP_BLOCKS}"] == 0 and counts[f"bcfw4 {_blas.SMALL_STEP_BLOCKS}"] == 0, counts
     assert counts["bcfw 0"] >= n and counts["ssg 0"] >= n, counts  # at least one per step without the scope
     assert counts[f"ssg {_blas.SMALL_STEP_BLOCKS}"] < n, counts

@@ -351,7 +351,7 @@ class BCFW(DualSolver):
             idx = p.block_index(host_idx)
         B = idx.shape[0]
         theta = p.potentials(self.w, idx)
-        zi = self.z[idx]
+        zi = self.z.index_select(0, idx)  # a gather without the OpenMP fork-join of z[idx] (contention.md)
         ell_i = self.ell[idx]
         base = p.inner(theta, zi)  # <theta_i, z_i> = lam n <w, w_i>
         store = self.atoms

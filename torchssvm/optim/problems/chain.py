@@ -199,7 +199,9 @@ class ChainProblem(DualProblem):
     def _x(self, idx: torch.Tensor, T: int):
         if self.sparse:
             return self.x[idx][:, :T]
-        return self.x[idx, :T]
+        # index_select, not x[idx, :T]: advanced indexing forks an OpenMP team for a source this large even to gather
+        # a few rows (docs/benchmarks/contention.md)
+        return self.x[:, :T].index_select(0, idx)
 
     # -- the contract ---------------------------------------------------------------------------
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> ChainPotentials:
