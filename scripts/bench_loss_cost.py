@@ -12,8 +12,8 @@ CUDA), with no host wait; before issue 40 an H100 took 2.27 ms and waited 3 time
   CUDA code path on a simulated device (`torchssvm.testing.simulated_cuda`, Triton interpreted) at the first shape.
 - ``--device simulated``: the counts alone.
 
-On a real device each shape also gets a host profile (`host_profile`): the Python functions and host-side operator
-events with the most time per call, which says where a call's fixed cost goes.
+On the CPU and on a GPU (not the simulated device) each shape also gets a host profile (`host_profile`): the Python
+functions and host-side operator events with the most time per call, which says where a call's fixed cost goes.
 
     python scripts/bench_loss_cost.py --device cuda --out DIR     # DIR/loss_cost_cuda.{json,md}
     python scripts/bench_loss_cost.py --device cpu --quick --out /tmp/x

@@ -29,8 +29,21 @@ def _chain(n=24, seed=0):
     return ts.data.synthetic_chain("train", n, num_labels=26, num_features=128, seed=seed)
 
 
+@pytest.fixture
+def two_threads():
+    """torch (and with it MKL's global count) at two threads, so that one thread inside the scope is a change; the
+    caller's count back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    if _blas.blas_threads() != 2:
+        torch.set_num_threads(before)
+        pytest.skip("MKL's count does not follow torch.set_num_threads here")
+    yield
+    torch.set_num_threads(before)
+
+
 @needs_mkl
-def test_sequential_blas_sets_one_thread_here_only_and_puts_it_back():
+def test_sequential_blas_sets_one_thread_here_only_and_puts_it_back(two_threads):
     set_local = _blas._mkl()[0]
     before, torch_threads = _blas.blas_threads(), torch.get_num_threads()
     seen = {}
@@ -55,15 +68,17 @@ def test_sequential_blas_sets_one_thread_here_only_and_puts_it_back():
     assert _blas.blas_threads() == before
 
 
-def test_small_step_is_by_size_and_device():
-    assert _blas.small_step(1, "cpu") and _blas.small_step(_blas.SMALL_STEP_BLOCKS, torch.device("cpu"))
-    assert not _blas.small_step(_blas.SMALL_STEP_BLOCKS + 1, "cpu")
-    assert not _blas.small_step(1, "meta")  # a device: no MKL there
+def test_small_step_is_by_blocks_work_and_device():
+    d = 4082  # OCR's weights
+    assert _blas.small_step(1, d, "cpu") and _blas.small_step(_blas.SMALL_STEP_BLOCKS, d, torch.device("cpu"))
+    assert not _blas.small_step(_blas.SMALL_STEP_BLOCKS + 1, d, "cpu")
+    assert not _blas.small_step(1, _blas.SMALL_STEP_WORK + 1, "cpu")  # a large model keeps MKL's team
+    assert not _blas.small_step(1, d, "meta")  # a device: no MKL there
 
 
 @needs_mkl
 @pytest.mark.parametrize("solver", ["bcfw", "ssg"])
-def test_tiny_steps_give_the_iterates_of_mkl_team(monkeypatch, solver):
+def test_tiny_steps_give_the_iterates_of_mkl_team(monkeypatch, two_threads, solver):
     """A pass with the products on one thread and one with MKL's team: the same weights, bitwise (MKL splits a
     small product's output between threads, not its sums), and MKL's count as before after each."""
     ds = _chain()
@@ -128,7 +143,10 @@ def test_tiny_steps_fork_no_openmp_team(tmp_path):
     for)."""
     src, lib = tmp_path / "shim.c", tmp_path / "libshim.so"
     src.write_text(_SHIM)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    built = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], capture_output=True,
+                           text=True)
+    if built.returncode:
+        pytest.skip(f"the shim does not build here: {built.stderr.strip()[:200]}")
     env = {**os.environ, "LD_PRELOAD": str(lib)}
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "-c", _COUNT_FORKS, str(lib)], env=env, capture_output=True, text=True,
@@ -136,9 +154,7 @@ def test_tiny_steps_fork_no_openmp_team(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    if counts["bcfw 0"] == 0:
+    if counts["bcfw 0"] == 0 or counts["ssg 0"] == 0:
         pytest.skip(f"MKL forks no team here without the scope either ({counts})")
-    n = 24
     assert counts[f"bcfw {_blas.SMALL_STEP_BLOCKS}"] == 0 and counts[f"bcfw4 {_blas.SMALL_STEP_BLOCKS}"] == 0, counts
-    assert counts["bcfw 0"] >= n and counts["ssg 0"] >= n, counts  # at least one per step without the scope
-    assert counts[f"ssg {_blas.SMALL_STEP_BLOCKS}"] < n, counts
+    assert counts[f"ssg {_blas.SMALL_STEP_BLOCKS}"] == 0, counts  # eval_every=0: no primal evaluation

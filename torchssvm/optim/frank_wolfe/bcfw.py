@@ -536,7 +536,7 @@ class BCFW(DualSolver):
         ``gap_check_every`` divides the number of passes done."""
         t0 = time.perf_counter()
         done = 0
-        small = small_step(self.batch_size, self.problem.device)
+        small = small_step(self.batch_size, self.problem.d, self.problem.device)
         while done < self.n:
             B = min(self.batch_size, self.n - done)
             # a tiny step's products on one BLAS thread, without a fork-join each (`torchssvm._blas`); the progress

@@ -61,7 +61,7 @@ class SSG(Solver):
         t0 = time.perf_counter()
         p, lam = self.problem, self.lam
         order = torch.randint(self.n, (self.n,), generator=self.generator)
-        small = small_step(1, p.device)
+        small = small_step(1, p.d, p.device)
         for done, i in enumerate(order.tolist(), 1):
             # one example a step: its tiny products on one BLAS thread (`torchssvm._blas`); the progress hook outside
             with sequential_blas(small):

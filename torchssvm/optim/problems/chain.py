@@ -197,6 +197,7 @@ class ChainProblem(DualProblem):
         return idx
 
     def _x(self, idx: torch.Tensor, T: int):
+        """The padded features of blocks ``idx`` (on the problem's device, non-negative: `block_index`) up to T."""
         if self.sparse:
             return self.x[idx][:, :T]
         # index_select, not x[idx, :T]: advanced indexing forks an OpenMP team for a source this large even to gather
