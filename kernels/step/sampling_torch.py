@@ -50,9 +50,14 @@ def uniform(seed: int, counter, n: int, device) -> torch.Tensor:
     return (_shift_right(bits, 12).to(torch.float64) + 0.5) * 2.0 ** -52
 
 
+def _gumbel_of(u: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel variables ``-log(-log u)`` of uniforms ``u``."""
+    return -torch.log(-torch.log(u))
+
+
 def gumbel(seed: int, counter: int, n: int, device) -> torch.Tensor:
-    """``(n,)`` standard Gumbel variables ``-log(-log u)`` from `uniform`."""
-    return -torch.log(-torch.log(uniform(seed, counter, n, device)))
+    """``(n,)`` standard Gumbel variables of `uniform`'s draw."""
+    return _gumbel_of(uniform(seed, counter, n, device))
 
 
 # Key offsets of the tiers: the Gumbel keys of positive gaps lie within about +-800 (log of float64's range plus
@@ -69,7 +74,7 @@ def sampling_keys_torch(gaps, first_rank, seed: int, counter, n: int, device) ->
     u = uniform(seed, counter, n, device)
     if gaps is None:
         return u
-    g = -torch.log(-torch.log(u))
+    g = _gumbel_of(u)
     positive = gaps > 0
     # log of a non-positive gap is -inf or NaN: those rows take the last tier's key, so nothing NaN reaches topk
     keys = torch.where(positive, torch.log(torch.where(positive, gaps, 1.0)) + g, _ZERO + g)
