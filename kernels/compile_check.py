@@ -77,7 +77,8 @@ OUTPUTS = {
     "_qp_values_kernel": ("values_ptr",),
     "_qp_select_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
     "_chain_inner_kernel": ("out_ptr",),
-    "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr"),
+    "_hinge_bound_kernel": ("part_ptr",),
+    "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr", "scale_ptr"),
     "_hinge_grad_kernel": ("gu_ptr", "gt_ptr", "gs_ptr", "ge_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),
@@ -240,14 +241,16 @@ def _chain_hinge(B, T, K, dtype, per_position=False, start_end=True, class_weigh
                  unary_dtype=None):
     def run():
         from .chain.chain_hinge_triton import chain_hinge_grad_triton, chain_hinge_prepare_triton
+        from .chain.viterbi_triton import viterbi_triton
 
         unary, transition, se, _, lengths = _chain(B, T, K, dtype, per_position=per_position, start_end=start_end)
         unary = unary.to(unary_dtype or dtype)
         target = torch.zeros(B, T, dtype=torch.long)
         lw = torch.ones(B, dtype=f64) if lw_tensor else 1.0
         cw = torch.ones(K, dtype=f64) if class_weights else None
-        _, _, lengths, target = chain_hinge_prepare_triton(unary, transition, se, se, lengths, target, lw, cw, True,
-                                                           dtype)
+        aug, gold, lengths, target, scale = chain_hinge_prepare_triton(unary, transition, se, se, lengths, target,
+                                                                       lw, cw, True, dtype)
+        viterbi_triton(aug, transition, se, se, lengths, scale=scale, gold=gold)  # the hinge's own Viterbi variant
         chain_hinge_grad_triton(target, target, lengths, torch.ones(B, dtype=dtype), unary, transition, se, se,
                                 (True, True, True, True), dtype)
     return run

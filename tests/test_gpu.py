@@ -84,6 +84,28 @@ def test_hinge_on_cuda_matches_cpu():
     assert torch.allclose(gpu_pot.transition.grad.cpu(), cpu_pot.transition.grad)
 
 
+@pytest.mark.parametrize("K", [26, 300])
+def test_hinge_near_float32_max_on_cuda_is_guarded_in_its_kernels(K):
+    """Float32 potentials up to 3e38 on CUDA outside debug mode (the fused kernels, ``backend="triton"``: the
+    sequence kernel at K = 26, the GPU-wide one at K = 300): the CPU's float64 hinge to float32's rounding of the
+    sums, +inf where it does not fit float32, never NaN (docs/reliability.md, "Numerics at the dtype's limits")."""
+    g = torch.Generator().manual_seed(K)
+    B, T = 6, 8
+    tensors = [(torch.rand(*s, generator=g, dtype=torch.float64) * 2 - 1) * 3e38 for s in ((B, T, K), (K, K), (K,), (K,))]
+    y = torch.randint(0, K, (B, T), generator=g)
+    lengths = torch.tensor([8, 1, 3, 8, 5, 2])
+    ref = ts.structured_hinge_loss(ts.Chain(K), ts.ChainPotentials(*tensors), y, lengths, reduction="none",
+                                   backend="torch")
+    pot = ts.ChainPotentials(*(t.float().to(DEVICE) for t in tensors))
+    got = ts.structured_hinge_loss(ts.Chain(K), pot, y.to(DEVICE), lengths.to(DEVICE), reduction="none",
+                                   backend="triton").cpu()
+    assert not bool(got.isnan().any()), got
+    fits = ref.abs() <= torch.finfo(torch.float32).max
+    assert bool((got[~fits] == float("inf")).all()), (got, ref)
+    torch.testing.assert_close(got[fits].double(), ref[fits], rtol=0,
+                               atol=64 * torch.finfo(torch.float32).eps * T * 3 * 3e38)
+
+
 def test_demo_training_on_cuda(tmp_path):
     from torchssvm.cli import main
 

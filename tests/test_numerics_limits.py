@@ -313,6 +313,85 @@ def test_a_device_chain_outside_debug_mode_reads_nothing_and_debug_mode_guards_i
     print("unguarded device loss:", unguarded)
 
 
+DEVICE_CASES = [(d, f, p) for d in (torch.float32, torch.float64, torch.bfloat16) for f in (0.9, 0.05)
+                for p in PATTERNS if not (d == torch.bfloat16 and p in ("negative", "one_big"))]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
+                         ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
+def test_a_device_chain_hinge_outside_debug_mode_is_guarded_in_its_kernels(dtype, fraction, pattern):
+    """The fused hinge on a (simulated) CUDA device, outside debug mode: nothing read on the host, and still never
+    NaN or a wrong finite value at the dtype's limits. Its kernels bound the sums from the magnitudes they read and
+    run on the potentials times a power of two (`chain_hinge_prepare_triton`): the exact loss (to the compute
+    dtype's rounding of the sums) where it fits, +inf where it does not (the CPU's OverflowError, which a device
+    cannot raise without a read). Against the exact brute force over every labelling."""
+    from torchssvm.testing import simulated_cuda
+
+    g = torch.Generator().manual_seed(zlib.crc32(f"device-{dtype}-{fraction}-{pattern}".encode()))
+    B, T, K = 3, 4, 2
+    chain = ts.Chain(K)
+    pot = ts.ChainPotentials(*(_values(s, pattern, _scale(dtype, fraction), g).to(dtype)
+                               for s in ((B, T, K), (K, K), (K,), (K,))))
+    y = torch.randint(0, K, (B, T), generator=g)
+    lengths = torch.tensor([4, 2, 3])
+    labellings = torch.tensor(list(itertools.product(range(K), repeat=T)))
+    # the brute force over every labelling, each example at its own length (positions past it are free and cost 0)
+    ref = []
+    for b in range(B):
+        L = int(lengths[b])
+        one = ts.ChainPotentials(pot.unary[b:b + 1, :L], *pot[1:])
+        tab = torch.unique(labellings[:, :L], dim=0)
+        ref.append(_reference(chain, one, y[b:b + 1, :L], None, tab, 1.0)["hinge"][0])
+    with simulated_cuda() as mode:
+        d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot))
+        d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
+        syncs = mode.syncs
+        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="auto")
+        assert mode.syncs == syncs, mode.sync_sites
+        got = got.cpu()
+    out = _out_dtype(dtype)
+    assert got.dtype == out
+    assert not bool(got.isnan().any()), (got, ref)
+    tol = 64 * torch.finfo(out).eps * (_magnitude(pot) + 4) + 1e-6
+    for gv, r in zip(got.tolist(), ref):
+        if abs(r) > torch.finfo(out).max:
+            assert gv == float("inf"), (gv, r)
+        else:
+            assert abs(gv - float(r)) <= tol, f"{gv} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("K,per_position", [(5, False), (5, True), (70, False)])
+def test_a_device_chain_hinge_near_float32_max_matches_the_float64_hinge(K, per_position):
+    """Larger chains than the brute force can enumerate (the sequence kernel; per-position transitions; K = 70, the
+    GPU-wide kernel): float32 potentials up to 3e38 on the simulated device give the float64 hinge of the CPU to
+    float32's rounding of the sums; a loss past float32's range is +inf, never NaN. The same potentials unguarded
+    (before the kernels scaled them) gave NaN and inf."""
+    from torchssvm.testing import simulated_cuda
+
+    g = torch.Generator().manual_seed(K + per_position)
+    B, T = 4, 6
+    unary = (torch.rand(B, T, K, generator=g, dtype=torch.float64) * 2 - 1) * 3e38
+    trans = (torch.rand(*((B, T - 1) if per_position else ()), K, K, generator=g, dtype=torch.float64) * 2 - 1) * 3e38
+    start, end = ((torch.rand(K, generator=g, dtype=torch.float64) * 2 - 1) * 1e38 for _ in range(2))
+    y = torch.randint(0, K, (B, T), generator=g)
+    lengths = torch.tensor([6, 1, 4, 5])
+    chain = ts.Chain(K)
+    ref = ts.structured_hinge_loss(chain, ts.ChainPotentials(unary, trans, start, end), y, lengths,
+                                   reduction="none", backend="torch")
+    with simulated_cuda():
+        d_pot = ts.ChainPotentials(*(t.float().to("cuda", non_blocking=True) for t in (unary, trans, start, end)))
+        got = ts.structured_hinge_loss(chain, d_pot, y.to("cuda", non_blocking=True),
+                                       lengths.to("cuda", non_blocking=True), reduction="none").cpu()
+    assert not bool(got.isnan().any()), got
+    big = torch.finfo(torch.float32).max
+    fits = ref.abs() <= big
+    assert bool((got[~fits] == float("inf")).all()), (got, ref)
+    magnitude = T * 3 * 3e38
+    torch.testing.assert_close(got[fits].double(), ref[fits], rtol=0, atol=64 * torch.finfo(torch.float32).eps * magnitude)
+
+
 # ------------------------------------------------------------------------------------------- the small errors
 @pytest.mark.parametrize("loss", [ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss,
                                   ts.crf_negative_log_likelihood])

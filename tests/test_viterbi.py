@@ -171,6 +171,44 @@ def test_triton_kernels_equal_torch_bitwise(kernel, B, T, K, per_position, integ
 
 
 @needs_triton()
+@pytest.mark.parametrize("kernel", TRITON_KERNELS)
+@pytest.mark.parametrize(
+    "B,T,K,per_position,dtype,start_end",
+    [
+        (5, 7, 3, True, torch.float64, True),
+        (6, 6, 45, False, torch.float32, True),
+        (4, 6, 37, True, torch.float32, False),
+        (3, 6, 70, False, torch.float32, True),
+        (2, 5, 130, True, torch.float64, True),
+    ],
+)
+def test_triton_kernels_scale_and_hinge_options(kernel, B, T, K, per_position, dtype, start_end):
+    """The fused hinge's options (`viterbi_triton`'s ``scale`` and ``gold``), every kernel: reading the transition,
+    start and end scores times ``2**-s`` equals decoding potentials scaled beforehand, bitwise (integer potentials:
+    ties everywhere, so a scale applied to one term but not another would change labels); with ``gold`` the second
+    output is ``max(score - gold, 0) 2**s``, NaN kept; ``s = 0`` is the plain kernel."""
+    from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
+
+    if kernel == "sequence" and K > 64:
+        pytest.skip("the sequence kernel is for K <= 64")
+    unary, trans, st, en, lengths = random_chain(B, T, K, per_position=per_position, integer=True, seed=K, dtype=dtype,
+                                                 start=start_end, end=start_end)
+    for s in (0, 3):
+        sc, inv = 2.0 ** -s, 2.0 ** s
+        scaled = [None if t is None else t * sc for t in (unary, trans, st, en)]
+        ref = viterbi_torch(*scaled, lengths)
+        scale = torch.tensor([sc, inv], dtype=dtype)
+        got = viterbi_triton(scaled[0], trans, st, en, lengths, kernel=kernel, scale=scale)
+        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), s
+        gold = ref[1] - torch.arange(B, dtype=dtype) + 1.0  # the hinge 0 for example 0, 0 again (clamped) ...
+        gold[-1] = float("nan")
+        labels, hinge = viterbi_triton(scaled[0], trans, st, en, lengths, kernel=kernel, scale=scale, gold=gold)
+        assert torch.equal(labels, ref[0])
+        want = (ref[1] - gold).clamp_min(0) * inv
+        assert torch.equal(hinge[:-1], want[:-1]) and bool(hinge[-1].isnan()), (hinge, want)
+
+
+@needs_triton()
 @pytest.mark.parametrize("tiles", [dict(BB=2, BJ=4, BI=8), dict(BB=1, BJ=8, BI=16), dict(BB=4, BJ=16, BI=32)])
 @pytest.mark.parametrize("per_position", [False, True])
 def test_grid_tiling_smaller_than_the_problem(tiles, per_position):

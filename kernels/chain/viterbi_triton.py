@@ -44,15 +44,38 @@ SEQUENCE_MAX_K = 64  # "auto" runs the one-program-per-sequence kernel up to thi
 KERNELS = ("auto", "sequence", "grid", "grid-steps", "legacy")
 
 
+# ---------------------------------------------------------------------------------------- scale and epilogue
+@triton.jit
+def _scaled(x, scale_ptr, SCALED: tl.constexpr):
+    """``x`` times the power of two ``scale_ptr[0]`` (exact) where ``SCALED``: the fused hinge's transition, start
+    and end scores, whose unary it already scaled (`chain_hinge_prepare_triton`)."""
+    if SCALED:
+        x = x * tl.load(scale_ptr)
+    return x
+
+
+@triton.jit
+def _result(score, b, scale_ptr, gold_ptr, SCALED: tl.constexpr, HINGE: tl.constexpr):
+    """What a kernel stores for sequence ``b``: its best score, or with ``HINGE`` the margin-rescaled hinge
+    ``max(score - gold[b], 0)`` (NaN kept: the prepare kernel's flag), times ``scale_ptr[1] = 2**s`` where
+    ``SCALED`` (the scores were computed on the potentials times ``2**-s``; a hinge past the dtype's range is +inf)."""
+    if HINGE:
+        d = score - tl.load(gold_ptr + b)
+        score = tl.where(d > 0, d, tl.where(d == d, 0.0, d)).to(d.dtype)
+        if SCALED:
+            score = score * tl.load(scale_ptr + 1)
+    return score
+
+
 # ------------------------------------------------------------------------------------------------- legacy kernel
 
 @triton.jit
 def _viterbi_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    bp_ptr, alpha_ptr, out_ptr, score_ptr,
+    bp_ptr, alpha_ptr, out_ptr, score_ptr, scale_ptr, gold_ptr,
     T, K, trans_sb, trans_st,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
-    SINGLE: tl.constexpr, BLOCK: tl.constexpr,
+    SINGLE: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
 ):
     b = tl.program_id(0).to(tl.int64)
     L = tl.load(len_ptr + b)
@@ -69,13 +92,14 @@ def _viterbi_kernel(
         tmask = mi[:, None] & mj[None, :]
         alpha = tl.load(u_base + offs_i, mask=mi, other=NEG)
         if HAS_START:
-            alpha = alpha + tl.load(start_ptr + offs_i, mask=mi, other=0.0)
+            alpha = alpha + _scaled(tl.load(start_ptr + offs_i, mask=mi, other=0.0), scale_ptr, SCALED)
         if not PER_POSITION:  # per-position tiles are loaded inside the loop (none exist when T == 1)
-            tr = tl.load(tr_base + offs_i[:, None] * K + offs_j[None, :], mask=tmask, other=NEG)
+            tr = _scaled(tl.load(tr_base + offs_i[:, None] * K + offs_j[None, :], mask=tmask, other=NEG),
+                         scale_ptr, SCALED)
         for t in range(1, L):
             if PER_POSITION:
-                tr = tl.load(tr_base + (t - 1) * trans_st + offs_i[:, None] * K + offs_j[None, :],
-                             mask=tmask, other=NEG)
+                tr = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs_i[:, None] * K + offs_j[None, :],
+                                     mask=tmask, other=NEG), scale_ptr, SCALED)
             s = alpha[:, None] + tr
             best = tl.max(s, axis=0)
             arg = tl.argmax(s, axis=0)
@@ -83,7 +107,7 @@ def _viterbi_kernel(
             tl.store(bp_base + t * K + offs_j, arg.to(tl.int32), mask=mj)
             alpha = best + u
         if HAS_END:
-            alpha = alpha + tl.load(end_ptr + offs_j, mask=mj, other=0.0)
+            alpha = alpha + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
         score = tl.max(alpha, axis=0)
         y = tl.argmax(alpha, axis=0).to(tl.int32)
     else:
@@ -93,7 +117,7 @@ def _viterbi_kernel(
             m = offs < K
             a0 = tl.load(u_base + offs, mask=m, other=NEG)
             if HAS_START:
-                a0 = a0 + tl.load(start_ptr + offs, mask=m, other=0.0)
+                a0 = a0 + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
             tl.store(a_base + offs, a0, mask=m)
         tl.debug_barrier()
         for t in range(1, L):
@@ -109,8 +133,8 @@ def _viterbi_kernel(
                     offs_i = i0 + tl.arange(0, BLOCK)
                     mi = offs_i < K
                     a = tl.load(src + offs_i, mask=mi, other=NEG)
-                    tr = tl.load(tr_t + offs_i[:, None] * K + offs_j[None, :],
-                                 mask=mi[:, None] & mj[None, :], other=NEG)
+                    tr = _scaled(tl.load(tr_t + offs_i[:, None] * K + offs_j[None, :],
+                                         mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)
                     s = a[:, None] + tr
                     tile_best = tl.max(s, axis=0)
                     tile_arg = tl.argmax(s, axis=0).to(tl.int32) + i0
@@ -129,14 +153,14 @@ def _viterbi_kernel(
             m = offs < K
             v = tl.load(fsrc + offs, mask=m, other=NEG)
             if HAS_END:
-                v = v + tl.load(end_ptr + offs, mask=m, other=0.0)
+                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
             upd = v > bestv
             bestv = tl.where(upd, v, bestv)
             argv = tl.where(upd, offs.to(tl.int32), argv)
         score = tl.max(bestv, axis=0)
         y = tl.min(tl.where(bestv == score, argv, K), axis=0).to(tl.int32)
 
-    tl.store(score_ptr + b, score)
+    tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
     tl.debug_barrier()
     for s in range(0, L):
         t = L - 1 - s
@@ -150,10 +174,10 @@ def _viterbi_kernel(
 @triton.jit
 def _viterbi_seq_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    hist_ptr, out_ptr, score_ptr,
+    hist_ptr, out_ptr, score_ptr, scale_ptr, gold_ptr,
     T, K, trans_sb, trans_st,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
 ):
     b = tl.program_id(0).to(tl.int64)
     L = tl.load(len_ptr + b).to(tl.int32)
@@ -170,13 +194,13 @@ def _viterbi_seq_kernel(
 
     alpha = tl.load(u_base + offs_j, mask=mj, other=NEG)
     if HAS_START:
-        alpha = alpha + tl.load(start_ptr + offs_j, mask=mj, other=0.0)
+        alpha = alpha + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
     # masks of the prefetches: a label bound of K while the step exists, else 0 (no lane loads)
     lim = tl.where(L > 1, K, 0)
     if PER_POSITION:
         tr_next = tl.load(tr_base + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
     else:
-        tr = tl.load(tr_base + tile, mask=tmask, other=NEG)
+        tr = _scaled(tl.load(tr_base + tile, mask=tmask, other=NEG), scale_ptr, SCALED)
     u_next = tl.load(u_base + K + offs_j, mask=offs_j < lim, other=0.0)
     for t in range(1, L):
         # the loads of step t + 1 go out before step t's arithmetic (they do not depend on it)
@@ -184,16 +208,16 @@ def _viterbi_seq_kernel(
         u = u_next
         u_next = tl.load(u_base + (t + 1) * K + offs_j, mask=offs_j < lim, other=0.0)
         if PER_POSITION:
-            tr = tr_next
+            tr = _scaled(tr_next, scale_ptr, SCALED)
             tr_next = tl.load(tr_base + t * trans_st + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
         tl.store(h_base + (t - 1) * K + offs_j, alpha, mask=mj)
         alpha = tl.max(alpha[:, None] + tr, axis=0) + u
     fin = alpha
     if HAS_END:
-        fin = fin + tl.load(end_ptr + offs_j, mask=mj, other=0.0)
+        fin = fin + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
     score = tl.max(fin, axis=0)
     y = tl.argmax(fin, axis=0).to(tl.int32)
-    tl.store(score_ptr + b, score)
+    tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
 
     o_base = out_ptr + b * T
     for t0 in range(0, T, BLOCK_T):  # -1 past the length (the positions below it are written by the backtrack)
@@ -207,7 +231,7 @@ def _viterbi_seq_kernel(
         h = h_next
         h_next = tl.load(h_base + (t - 2) * K + offs_i, mask=offs_i < tl.where(t >= 2, K, 0), other=NEG)
         # column y_t of the transition tile (shared: read at the start, so likely still in the L1 cache)
-        col = tl.load(tr_base + (t - 1) * trans_st + offs_i * K + y, mask=mi, other=NEG)
+        col = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs_i * K + y, mask=mi, other=NEG), scale_ptr, SCALED)
         y = tl.argmax(h + col, axis=0).to(tl.int32)
         tl.store(o_base + (t - 1), y.to(tl.int64))
 
@@ -228,11 +252,12 @@ def _grid_barrier(sync_ptr, target):
 @triton.jit
 def _viterbi_grid_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    hist_ptr, out_ptr, score_ptr, sync_ptr,
+    hist_ptr, out_ptr, score_ptr, sync_ptr, scale_ptr, gold_ptr,
     B, T, K, KP, trans_sb, trans_st, t_begin, t_end,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
     BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
     STAGES: tl.constexpr, STEPS: tl.constexpr, BACKTRACK: tl.constexpr, SYNC: tl.constexpr,
+    SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
 ):
     """``STEPS``: run the forward steps ``t_begin <= t < min(t_end, max length)``; ``SYNC``: meet at the grid
     barrier after each (all programs resident: a cooperative launch); ``BACKTRACK``: then decode one sequence per
@@ -274,14 +299,15 @@ def _viterbi_grid_kernel(
                         am = act[:, None] & mi[None, :]
                         a = tl.load(src + ob * src_sb + offs_i[None, :], mask=am, other=NEG)
                         if HAS_START:
-                            a = tl.where(first, a + tl.load(start_ptr + offs_i, mask=mi, other=0.0)[None, :], a)
+                            a = tl.where(first, a + _scaled(tl.load(start_ptr + offs_i, mask=mi, other=0.0),
+                                                            scale_ptr, SCALED)[None, :], a)
                         if PER_POSITION:
-                            tr = tl.load(trans_ptr + ob[:, :, None] * trans_sb + (t - 1) * trans_st
-                                         + offs_i[None, :, None] * K + offs_j[None, None, :],
-                                         mask=am[:, :, None] & mj[None, None, :], other=NEG)
+                            tr = _scaled(tl.load(trans_ptr + ob[:, :, None] * trans_sb + (t - 1) * trans_st
+                                                 + offs_i[None, :, None] * K + offs_j[None, None, :],
+                                                 mask=am[:, :, None] & mj[None, None, :], other=NEG), scale_ptr, SCALED)
                         else:
-                            tr = tl.load(trans_ptr + offs_i[:, None] * K + offs_j[None, :],
-                                         mask=mi[:, None] & mj[None, :], other=NEG)[None, :, :]
+                            tr = _scaled(tl.load(trans_ptr + offs_i[:, None] * K + offs_j[None, :],
+                                                 mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)[None, :, :]
                         acc = tl.maximum(acc, a[:, :, None] + tr)
                     best = tl.max(acc, axis=1)
                     om = act[:, None] & mj[None, :]
@@ -290,7 +316,7 @@ def _viterbi_grid_kernel(
                     if t == 1:
                         a0 = tl.load(unary_ptr + ob * T * K + offs_j[None, :], mask=om, other=0.0)
                         if HAS_START:
-                            a0 = a0 + tl.load(start_ptr + offs_j, mask=mj, other=0.0)[None, :]
+                            a0 = a0 + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)[None, :]
                         tl.store(hist_ptr + ob * T * KP + offs_j[None, :], a0, mask=om, cache_modifier=".cg")
             if SYNC:
                 _grid_barrier(sync_ptr, (t - t_begin + 1) * G)
@@ -307,13 +333,13 @@ def _viterbi_grid_kernel(
             if L == 1:  # no step ran for this sequence: its forward scores are the first unary row (+ start)
                 v = tl.load(unary_ptr + b * T * K + offs, mask=m, other=NEG)
                 if HAS_START:
-                    v = v + tl.load(start_ptr + offs, mask=m, other=0.0)
+                    v = v + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
             else:
                 v = tl.load(h_base + (L - 1) * KP + offs, mask=m, other=NEG, cache_modifier=".cg")
             if HAS_END:
-                v = v + tl.load(end_ptr + offs, mask=m, other=0.0)
+                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
             score, y = tl.max(v, axis=0, return_indices=True)
-            tl.store(score_ptr + b, score)
+            tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
             for t0 in range(0, T, BLOCK_T):
                 offs_t = t0 + tl.arange(0, BLOCK_T)
                 tl.store(o_base + offs_t, tl.full([BLOCK_T], -1, tl.int64), mask=(offs_t >= L) & (offs_t < T))
@@ -326,7 +352,8 @@ def _viterbi_grid_kernel(
                 h = h_next
                 h_next = tl.load(h_base + (t - 2) * KP + offs, mask=offs < tl.where(t >= 2, K, 0), other=NEG,
                                  cache_modifier=".cg")
-                col = tl.load(tr_base + (t - 1) * trans_st + offs.to(tl.int64) * K + y, mask=m, other=NEG)
+                col = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs.to(tl.int64) * K + y, mask=m, other=NEG),
+                              scale_ptr, SCALED)
                 y = tl.argmax(h + col, axis=0).to(tl.int32)
                 tl.store(o_base + (t - 1), y.to(tl.int64))
 
@@ -403,13 +430,22 @@ def viterbi_triton(
     num_warps: Optional[int] = None,
     programs: Optional[int] = None,
     tiles: Optional[dict] = None,
+    scale: Optional[torch.Tensor] = None,
+    gold: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `viterbi_torch`; float32 or float64 potentials (promoted to one dtype).
 
     ``kernel``: one of `KERNELS` (``"auto"``: `choose_kernel`); ``num_warps``: override the kernel's warps per
     program; ``programs``: the number of programs of the grid kernels (default: one per SM, at most one per work
     item; under the interpreter the persistent ``"grid"`` takes one); ``tiles``: override `grid_tiles`' choice
-    (keys ``BB``, ``BI``, ``BJ``, ``BK``, ``STAGES``)."""
+    (keys ``BB``, ``BI``, ``BJ``, ``BK``, ``STAGES``).
+
+    The fused hinge's two options (`chain_hinge_prepare_triton`, the overflow guard on a device): ``scale``, a
+    ``(2,)`` tensor of the potentials' dtype ``[2**-s, 2**s]``, multiplies the transition, start and end scores as
+    they are read by ``2**-s`` (the unary is taken as given: the caller scaled it), exact for a power of two, so
+    that no sum overflows; ``gold`` ``(B,)``: the second output is then the hinge ``max(score - gold, 0)`` per
+    sequence (NaN where ``gold`` is NaN), times ``2**s`` with ``scale``, instead of the best score. Neither reads
+    anything on the host."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     unary, transition, start, end = promote_chain_potentials(unary, transition, start, end)
@@ -429,6 +465,11 @@ def viterbi_triton(
     start_arg = start.contiguous() if start is not None else unary
     end_arg = end.contiguous() if end is not None else unary
     flags = dict(HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position)
+    if scale is not None:
+        flags["SCALED"] = True
+    if gold is not None:
+        flags["HINGE"] = True
+    extra = (unary if scale is None else scale, unary if gold is None else gold)
 
     if kernel == "legacy":
         labels = torch.full((B, T), -1, dtype=torch.long, device=dev)
@@ -437,7 +478,7 @@ def viterbi_triton(
         block = triton.next_power_of_2(K) if single else _TILE
         scratch = unary.new_empty(1 if single else B * 2 * K)
         _viterbi_kernel[(B,)](
-            unary, transition, start_arg, end_arg, lengths, backpointers, scratch, labels, score,
+            unary, transition, start_arg, end_arg, lengths, backpointers, scratch, labels, score, *extra,
             T, K, trans_sb, trans_st, SINGLE=single, BLOCK=block,
             num_warps=num_warps or (4 if single else 8), **flags,
         )
@@ -455,7 +496,7 @@ def viterbi_triton(
         single = unary.element_size() <= 4 and not per_position
         nw = num_warps or (1 if block <= (64 if single else 16) else 2 if block <= 32 else 8 if block <= 64 else 16)
         _viterbi_seq_kernel[(B,)](
-            unary, transition, start_arg, end_arg, lengths, hist, labels, score,
+            unary, transition, start_arg, end_arg, lengths, hist, labels, score, *extra,
             T, K, trans_sb, trans_st, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
         )
         return labels, score
@@ -469,7 +510,8 @@ def viterbi_triton(
     KP = triton.cdiv(K, 128 // unary.element_size()) * (128 // unary.element_size())  # whole 128-byte lines
     hist = torch.empty((B, T, KP), dtype=unary.dtype, device=dev)
     sync = torch.zeros(1, dtype=torch.int32, device=dev)
-    args = (unary, transition, start_arg, end_arg, lengths, hist, labels, score, sync, B, T, K, KP, trans_sb, trans_st)
+    args = (unary, transition, start_arg, end_arg, lengths, hist, labels, score, sync, *extra, B, T, K, KP, trans_sb,
+            trans_st)
     tiles["BLOCK_T"] = block_t
     if kernel == "grid":
         if programs is None:

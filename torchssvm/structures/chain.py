@@ -156,9 +156,10 @@ class Chain(Structure):
         return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
 
     # -- the margin-rescaled hinge, fused on a GPU ----------------------------------------------------------
-    # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (augmented unary, the truth's score,
-    # the lengths and target made safe, the value checks folded in), Viterbi, and `chain_hinge_grad_triton` in the
-    # backward: seven launches of its own and no host wait per forward and backward, where the torch ops take many
+    # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (the overflow guard's bound, then the
+    # augmented unary, the truth's score, the lengths and target made safe, the value checks folded in), Viterbi
+    # (which stores the hinge itself), and `chain_hinge_grad_triton` in the backward: five launches of its own and
+    # no host wait per forward and backward, where the torch ops take many
     # more launches and wait for the device (docs/benchmarks/loss_cost_cuda.md; tests/test_loss_cost.py).
     # Elsewhere the inherited path: `_max_oracle`, `_score`, `marginal_vjp`; with deterministic algorithms the
     # backward too (the kernel adds the shared factors' counts atomically).
@@ -180,17 +181,20 @@ class Chain(Structure):
         if target is None or not self._fused(pot.unary.device, backend):
             return super()._hinge_forward(pot, lengths, target, loss_weight, backend)
         from ..kernels.chain.chain_hinge_triton import chain_hinge_prepare_triton
+        from ..kernels.chain.viterbi_triton import viterbi_triton
 
         dt = compute_dtype(pot)
         if isinstance(loss_weight, torch.Tensor):
             loss_weight = loss_weight.detach()
-        unary, gold, lengths, target = chain_hinge_prepare_triton(
+        # the potentials times the overflow guard's 2**-s (1 far from the limits), found on the device
+        unary, gold, lengths, target, scale = chain_hinge_prepare_triton(
             pot.unary.detach(), pot.transition.detach(), _detach(pot.start), _detach(pot.end), lengths, target,
             loss_weight, self._device_class_weights(pot.unary.device), self.normalize, dt)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
-        y_hat, value = viterbi(unary, det[0], det[1], det[2], lengths, backend="triton")
-        # NaN where the kernel found a bad label, length or loss weight (clamp_min keeps NaN)
-        return torch.sub(value, gold).clamp_min_(0), y_hat, target, lengths
+        # Viterbi stores the hinge max(value - gold, 0) * 2**s itself: NaN where the prepare kernel found a bad
+        # label, length or loss weight, +inf where the hinge does not fit the dtype
+        y_hat, loss = viterbi_triton(unary, det[0], det[1], det[2], lengths, scale=scale, gold=gold)
+        return loss, y_hat, target, lengths
 
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled():
