@@ -91,7 +91,8 @@ def test_hinge_near_float32_max_on_cuda_is_guarded_in_its_kernels(K):
     sums, +inf where it does not fit float32, never NaN (docs/reliability.md, "Numerics at the dtype's limits")."""
     g = torch.Generator().manual_seed(K)
     B, T = 6, 8
-    tensors = [(torch.rand(*s, generator=g, dtype=torch.float64) * 2 - 1) * 3e38 for s in ((B, T, K), (K, K), (K,), (K,))]
+    tensors = [(torch.rand(*s, generator=g, dtype=torch.float64) * 2 - 1) * 3e38
+               for s in ((B, T, K), (K, K), (K,), (K,))]
     y = torch.randint(0, K, (B, T), generator=g)
     lengths = torch.tensor([8, 1, 3, 8, 5, 2])
     ref = ts.structured_hinge_loss(ts.Chain(K), ts.ChainPotentials(*tensors), y, lengths, reduction="none",

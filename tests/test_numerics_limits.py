@@ -389,7 +389,8 @@ def test_a_device_chain_hinge_near_float32_max_matches_the_float64_hinge(K, per_
     fits = ref.abs() <= big
     assert bool((got[~fits] == float("inf")).all()), (got, ref)
     magnitude = T * 3 * 3e38
-    torch.testing.assert_close(got[fits].double(), ref[fits], rtol=0, atol=64 * torch.finfo(torch.float32).eps * magnitude)
+    torch.testing.assert_close(got[fits].double(), ref[fits], rtol=0,
+                               atol=64 * torch.finfo(torch.float32).eps * magnitude)
 
 
 # ------------------------------------------------------------------------------------------- the small errors

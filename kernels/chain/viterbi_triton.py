@@ -307,7 +307,8 @@ def _viterbi_grid_kernel(
                                                  mask=am[:, :, None] & mj[None, None, :], other=NEG), scale_ptr, SCALED)
                         else:
                             tr = _scaled(tl.load(trans_ptr + offs_i[:, None] * K + offs_j[None, :],
-                                                 mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)[None, :, :]
+                                                 mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)
+                            tr = tr[None, :, :]
                         acc = tl.maximum(acc, a[:, :, None] + tr)
                     best = tl.max(acc, axis=1)
                     om = act[:, None] & mj[None, :]
@@ -316,7 +317,8 @@ def _viterbi_grid_kernel(
                     if t == 1:
                         a0 = tl.load(unary_ptr + ob * T * K + offs_j[None, :], mask=om, other=0.0)
                         if HAS_START:
-                            a0 = a0 + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)[None, :]
+                            a0 = a0 + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr,
+                                              SCALED)[None, :]
                         tl.store(hist_ptr + ob * T * KP + offs_j[None, :], a0, mask=om, cache_modifier=".cg")
             if SYNC:
                 _grid_barrier(sync_ptr, (t - t_begin + 1) * G)
