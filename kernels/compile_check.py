@@ -77,7 +77,7 @@ OUTPUTS = {
     "_qp_values_kernel": ("values_ptr",),
     "_qp_select_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
     "_chain_inner_kernel": ("out_ptr",),
-    "_hinge_bound_kernel": ("part_ptr",),
+    "_chain_bound_kernel": ("part_ptr",),
     "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr", "scale_ptr"),
     "_hinge_grad_kernel": ("gu_ptr", "gt_ptr", "gs_ptr", "ge_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
@@ -201,11 +201,14 @@ def _chain(B, T, K, dtype, per_position=False, start_end=True):
     return unary, transition, se, se, torch.full((B,), T, dtype=torch.long)
 
 
-def _viterbi(B, T, K, dtype, kernel="auto", **kw):
+def _viterbi(B, T, K, dtype, kernel="auto", guarded=False, **kw):
     def run():
+        from .chain.guard_triton import chain_guard_partials
         from .chain.viterbi_triton import viterbi_triton
 
-        viterbi_triton(*_chain(B, T, K, dtype, **kw), kernel=kernel)
+        chain = _chain(B, T, K, dtype, **kw)
+        guard = chain_guard_partials(*chain[:4]) if guarded else None  # a device `max_oracle` / `decode`
+        viterbi_triton(*chain, kernel=kernel, guard=guard)
     return run
 
 
@@ -248,9 +251,9 @@ def _chain_hinge(B, T, K, dtype, per_position=False, start_end=True, class_weigh
         target = torch.zeros(B, T, dtype=torch.long)
         lw = torch.ones(B, dtype=f64) if lw_tensor else 1.0
         cw = torch.ones(K, dtype=f64) if class_weights else None
-        aug, gold, lengths, target, scale = chain_hinge_prepare_triton(unary, transition, se, se, lengths, target,
+        aug, gold, lengths, target, guard = chain_hinge_prepare_triton(unary, transition, se, se, lengths, target,
                                                                        lw, cw, True, dtype)
-        viterbi_triton(aug, transition, se, se, lengths, scale=scale, gold=gold)  # the hinge's own Viterbi variant
+        viterbi_triton(aug, transition, se, se, lengths, guard=guard, scale_unary=False, gold=gold)  # the hinge's
         chain_hinge_grad_triton(target, target, lengths, torch.ones(B, dtype=dtype), unary, transition, se, se,
                                 (True, True, True, True), dtype)
     return run
@@ -382,6 +385,12 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "viterbi legacy (512,100,45) float64": _viterbi(512, 100, 45, f64, kernel="legacy"),
     "viterbi legacy tiled K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="legacy"),
     "viterbi legacy tiled K=300 float64": _viterbi(8, 50, 300, f64, kernel="legacy"),
+    "viterbi guarded OCR (32,14,26)": _viterbi(32, 14, 26, f32, guarded=True),
+    "viterbi guarded per-position float64 (8,20,26)": _viterbi(8, 20, 26, f64, per_position=True, guarded=True),
+    "viterbi guarded grid K=1024 (8,50,1024)": _viterbi(8, 50, 1024, f32, kernel="grid", guarded=True),
+    "viterbi guarded grid by steps K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="grid-steps", guarded=True),
+    "viterbi guarded legacy OCR (32,14,26)": _viterbi(32, 14, 26, f32, kernel="legacy", guarded=True),
+    "viterbi guarded legacy tiled K=300 (8,50,300)": _viterbi(8, 50, 300, f32, kernel="legacy", guarded=True),
     "slack chain OCR (32,14,26)": _slack(32, 14, 26, f32),
     "slack chain (8,100,45) float64": _slack(8, 100, 45, f64),
     "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),

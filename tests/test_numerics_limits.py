@@ -320,12 +320,13 @@ DEVICE_CASES = [(d, f, p) for d in (torch.float32, torch.float64, torch.bfloat16
 @pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
                          ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
-def test_a_device_chain_hinge_outside_debug_mode_is_guarded_in_its_kernels(dtype, fraction, pattern):
-    """The fused hinge on a (simulated) CUDA device, outside debug mode: nothing read on the host, and still never
-    NaN or a wrong finite value at the dtype's limits. Its kernels bound the sums from the magnitudes they read and
-    run on the potentials times a power of two (`chain_hinge_prepare_triton`): the exact loss (to the compute
-    dtype's rounding of the sums) where it fits, +inf where it does not (the CPU's OverflowError, which a device
-    cannot raise without a read). Against the exact brute force over every labelling."""
+def test_a_device_chain_outside_debug_mode_is_guarded_in_its_kernels(dtype, fraction, pattern):
+    """The fused hinge and the loss-augmented oracle on a (simulated) CUDA device, outside debug mode: nothing read
+    on the host, and still never NaN or a wrong finite value at the dtype's limits. The Triton kernels bound the sums
+    from the magnitudes they reduce and run on the potentials times a power of two (`guard_triton`): the exact loss
+    and oracle value (to the compute dtype's rounding of the sums) where they fit, +inf where the loss does not (the
+    CPU's OverflowError, which a device cannot raise without a read), +-inf for an oracle value (as on the CPU), and
+    a maximizing labelling. Against the exact brute force over every labelling."""
     from torchssvm.testing import simulated_cuda
 
     g = torch.Generator().manual_seed(zlib.crc32(f"device-{dtype}-{fraction}-{pattern}".encode()))
@@ -337,37 +338,48 @@ def test_a_device_chain_hinge_outside_debug_mode_is_guarded_in_its_kernels(dtype
     lengths = torch.tensor([4, 2, 3])
     labellings = torch.tensor(list(itertools.product(range(K), repeat=T)))
     # the brute force over every labelling, each example at its own length (positions past it are free and cost 0)
-    ref = []
+    refs, tabs = [], []
     for b in range(B):
         L = int(lengths[b])
         one = ts.ChainPotentials(pot.unary[b:b + 1, :L], *pot[1:])
-        tab = torch.unique(labellings[:, :L], dim=0)
-        ref.append(_reference(chain, one, y[b:b + 1, :L], None, tab, 1.0)["hinge"][0])
+        tabs.append(torch.unique(labellings[:, :L], dim=0))
+        refs.append(_reference(chain, one, y[b:b + 1, :L], None, tabs[-1], 1.0))
     with simulated_cuda() as mode:
         d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot))
         d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
         syncs = mode.syncs
         got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="auto")
+        y_hat, value = chain.max_oracle(d_pot, d_y, d_len)
         assert mode.syncs == syncs, mode.sync_sites
-        got = got.cpu()
+        got, y_hat, value = got.cpu(), y_hat.cpu(), value.cpu()
     out = _out_dtype(dtype)
-    assert got.dtype == out
-    assert not bool(got.isnan().any()), (got, ref)
+    big = torch.finfo(out).max
+    assert got.dtype == out and value.dtype == out
+    assert not bool(got.isnan().any()) and not bool(value.isnan().any()), (got, value)
     tol = 64 * torch.finfo(out).eps * (_magnitude(pot) + 4) + 1e-6
-    for gv, r in zip(got.tolist(), ref):
-        if abs(r) > torch.finfo(out).max:
+    for b, (gv, vv) in enumerate(zip(got.tolist(), value.tolist())):
+        r, v = refs[b]["hinge"][0], refs[b]["value"][0]
+        if abs(r) > big:
             assert gv == float("inf"), (gv, r)
         else:
-            assert abs(gv - float(r)) <= tol, f"{gv} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+            assert abs(gv - float(r)) <= tol, f"hinge {gv} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+        if abs(v) > big:
+            assert vv == (float("inf") if v > 0 else -float("inf")), (vv, v)
+        else:
+            assert abs(vv - float(v)) <= tol, f"value {vv} != {mpmath.nstr(v, 8)} (tolerance {tol:.2e})"
+        L = int(lengths[b])
+        j = next(j for j in range(tabs[b].shape[0]) if torch.equal(tabs[b][j], y_hat[b, :L]))
+        assert abs(refs[b]["augmented"][0][j] - v) <= tol  # the labelling maximizes the exact objective
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("K,per_position", [(5, False), (5, True), (70, False)])
-def test_a_device_chain_hinge_near_float32_max_matches_the_float64_hinge(K, per_position):
+def test_a_device_chain_near_float32_max_matches_the_float64_hinge_and_oracle(K, per_position):
     """Larger chains than the brute force can enumerate (the sequence kernel; per-position transitions; K = 70, the
-    GPU-wide kernel): float32 potentials up to 3e38 on the simulated device give the float64 hinge of the CPU to
-    float32's rounding of the sums; a loss past float32's range is +inf, never NaN. The same potentials unguarded
-    (before the kernels scaled them) gave NaN and inf."""
+    GPU-wide kernel): float32 potentials up to 3e38 on the simulated device give the float64 hinge and
+    loss-augmented value of the CPU to float32's rounding of the sums, the value of the device's labelling the
+    optimum; a loss past float32's range is +inf, never NaN. The same potentials unguarded (before the kernels
+    scaled them) gave NaN and inf."""
     from torchssvm.testing import simulated_cuda
 
     g = torch.Generator().manual_seed(K + per_position)
@@ -378,19 +390,24 @@ def test_a_device_chain_hinge_near_float32_max_matches_the_float64_hinge(K, per_
     y = torch.randint(0, K, (B, T), generator=g)
     lengths = torch.tensor([6, 1, 4, 5])
     chain = ts.Chain(K)
-    ref = ts.structured_hinge_loss(chain, ts.ChainPotentials(unary, trans, start, end), y, lengths,
-                                   reduction="none", backend="torch")
+    pot64 = ts.ChainPotentials(unary, trans, start, end)
+    ref = ts.structured_hinge_loss(chain, pot64, y, lengths, reduction="none", backend="torch")
+    _, ref_value = chain.max_oracle(pot64, y, lengths, backend="torch")
     with simulated_cuda():
         d_pot = ts.ChainPotentials(*(t.float().to("cuda", non_blocking=True) for t in (unary, trans, start, end)))
-        got = ts.structured_hinge_loss(chain, d_pot, y.to("cuda", non_blocking=True),
-                                       lengths.to("cuda", non_blocking=True), reduction="none").cpu()
-    assert not bool(got.isnan().any()), got
+        d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
+        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none").cpu()
+        y_hat, value = (t.cpu() for t in chain.max_oracle(d_pot, d_y, d_len))
+    atol = 64 * torch.finfo(torch.float32).eps * T * 3 * 3e38
     big = torch.finfo(torch.float32).max
-    fits = ref.abs() <= big
-    assert bool((got[~fits] == float("inf")).all()), (got, ref)
-    magnitude = T * 3 * 3e38
-    torch.testing.assert_close(got[fits].double(), ref[fits], rtol=0,
-                               atol=64 * torch.finfo(torch.float32).eps * magnitude)
+    for out, want in ((got, ref), (value, ref_value)):
+        assert not bool(out.isnan().any()), out
+        fits = want.abs() <= big
+        assert torch.equal(out[~fits], want[~fits].sign() * float("inf")), (out, want)
+        torch.testing.assert_close(out[fits].double(), want[fits], rtol=0, atol=atol)
+    # the device's labelling scores the optimum (in float64: loss-augmented score of y_hat)
+    aug = ts.Chain(K).score(pot64, y_hat, lengths) + ts.Chain(K).task_loss(y_hat, y, lengths)
+    torch.testing.assert_close(aug, ref_value, rtol=0, atol=atol)
 
 
 # ------------------------------------------------------------------------------------------- the small errors

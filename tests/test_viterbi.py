@@ -182,29 +182,40 @@ def test_triton_kernels_equal_torch_bitwise(kernel, B, T, K, per_position, integ
         (2, 5, 130, True, torch.float64, True),
     ],
 )
-def test_triton_kernels_scale_and_hinge_options(kernel, B, T, K, per_position, dtype, start_end):
-    """The fused hinge's options (`viterbi_triton`'s ``scale`` and ``gold``), every kernel: reading the transition,
-    start and end scores times ``2**-s`` equals decoding potentials scaled beforehand, bitwise (integer potentials:
-    ties everywhere, so a scale applied to one term but not another would change labels); with ``gold`` the second
-    output is ``max(score - gold, 0) 2**s``, NaN kept; ``s = 0`` is the plain kernel."""
+def test_triton_kernels_guard_and_hinge_options(kernel, B, T, K, per_position, dtype, start_end):
+    """The overflow guard's and the fused hinge's options (`viterbi_triton`'s ``guard``, ``scale_unary`` and
+    ``gold``), every kernel, with partial maxima that make the guard's ``s`` 0 and 3: decoding equals decoding the
+    potentials times ``2**-s`` bitwise, the value scaled back by ``2**s`` (integer potentials: ties everywhere, so a
+    factor applied to one term and not another would change labels); ``scale_unary=False`` takes the unary as
+    scaled already; with ``gold`` the value is ``max(score - gold, 0) 2**s``, NaN kept."""
+    import math
+
+    from torchssvm.kernels.chain.guard_triton import ChainGuard
     from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
     if kernel == "sequence" and K > 64:
         pytest.skip("the sequence kernel is for K <= 64")
     unary, trans, st, en, lengths = random_chain(B, T, K, per_position=per_position, integer=True, seed=K, dtype=dtype,
                                                  start=start_end, end=start_end)
+    log2_max = math.log2(torch.finfo(dtype).max)
     for s in (0, 3):
+        # the largest magnitude M that makes the guard take s: log2 M + log2(4 (3T + 1)) - log2(max) in [s - 1, s)
+        M = 1.0 if s == 0 else 2.0 ** (log2_max + s - 0.5 - math.log2(4 * (3 * T + 1)))
+        guard = ChainGuard(torch.tensor([M, 0.0, 0.0, 0.0], dtype=torch.float64), 1)
         sc, inv = 2.0 ** -s, 2.0 ** s
         scaled = [None if t is None else t * sc for t in (unary, trans, st, en)]
-        ref = viterbi_torch(*scaled, lengths)
-        scale = torch.tensor([sc, inv], dtype=dtype)
-        got = viterbi_triton(scaled[0], trans, st, en, lengths, kernel=kernel, scale=scale)
-        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), s
-        gold = ref[1] - torch.arange(B, dtype=dtype) + 1.0  # the hinge 0 for example 0, 0 again (clamped) ...
+        ref_labels, ref_score = viterbi_torch(*scaled, lengths)
+        for scale_unary in (True, False):
+            u = unary if scale_unary else scaled[0]
+            labels, score = viterbi_triton(u, trans, st, en, lengths, kernel=kernel, guard=guard,
+                                           scale_unary=scale_unary)
+            assert torch.equal(labels, ref_labels) and torch.equal(score, ref_score * inv), (s, scale_unary)
+        gold = ref_score - torch.arange(B, dtype=dtype) + 1.0  # hinges 1, 0, 0 (clamped), ...
         gold[-1] = float("nan")
-        labels, hinge = viterbi_triton(scaled[0], trans, st, en, lengths, kernel=kernel, scale=scale, gold=gold)
-        assert torch.equal(labels, ref[0])
-        want = (ref[1] - gold).clamp_min(0) * inv
+        labels, hinge = viterbi_triton(scaled[0], trans, st, en, lengths, kernel=kernel, guard=guard,
+                                       scale_unary=False, gold=gold)
+        assert torch.equal(labels, ref_labels)
+        want = (ref_score - gold).clamp_min(0) * inv
         assert torch.equal(hinge[:-1], want[:-1]) and bool(hinge[-1].isnan()), (hinge, want)
 
 

@@ -20,7 +20,8 @@ reads bound every sum the oracles form; where that bound does not fit the comput
 naming it rather than an inf; float64 potentials whose sums could pass 1.8e308 are an OverflowError naming the
 potentials (`torchssvm.structures.base`, "numerics at the dtype's limits"). On device tensors outside debug mode the
 values are not read (docs/gpu.md: a read makes the host wait for the device): there the hinge on a `Chain` is guarded
-inside its fused Triton kernels (+inf where the loss does not fit, never NaN), its other losses are not.
+inside its fused Triton kernels (`torchssvm.kernels.chain.guard_triton`: +inf where the loss does not fit, never NaN),
+its other losses are not.
 """
 
 from __future__ import annotations

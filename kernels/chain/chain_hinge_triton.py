@@ -8,17 +8,11 @@ of kernels and never wait for the device.
   (`torchssvm.set_debug`): a length outside ``[1, T]``, a label outside ``[0, K)`` within the length or a negative or
   non-finite loss weight makes that example's score NaN (so its loss is NaN), and every index is clamped, so bad values
   never read or write out of bounds.
-- The overflow guard ("numerics at the dtype's limits" in `torchssvm.structures.base`), which the host cannot run on
-  a device without reading the potentials' magnitudes (a wait): `_hinge_bound_kernel` reduces ``max |unary|``,
-  ``max |transition|``, ``max(max |start|, max |end|)`` and the largest Hamming weight ``max loss_weight x max
-  class_weight`` per program; the prepare kernel reduces those partials, bounds every sum an oracle forms by
-  ``4 (3T + 1) M`` (``M`` the largest of the four: ``T (u + w) + (T - 1) tr + start + end <= (3T + 1) M``, the
-  CPU's `Chain._score_bound`, times its margin of 4; no sum of magnitudes, which could overflow) and, where that
-  passes the compute dtype's largest value, takes the potentials times ``2**-s`` (exact: a power of two) with the
-  smallest such ``s``; Viterbi reads the transition, start and end scores times the same factor and multiplies
-  the hinge by ``2**s`` (`viterbi_triton`'s ``scale`` and ``gold``). So finite float32 potentials near 3.4e38 give
-  the hinge to float32's rounding of the sums, and a hinge float32 cannot hold is +inf (the CPU raises an
-  OverflowError; a device cannot without a read). Far from the limits ``s = 0``: every value bitwise as before.
+- The overflow guard (`torchssvm.kernels.chain.guard_triton`), which the host cannot run on a device without reading
+  the potentials' magnitudes: one launch reduces them, the prepare kernel writes the augmented unary and the truth's
+  score times ``2**-s`` (``s = 0`` far from the dtype's limits: bitwise as before), and Viterbi reads the other
+  potentials alike and stores the hinge times ``2**s``: finite potentials near the dtype's limits give the hinge to
+  its rounding of the sums, or +inf where the hinge does not fit, never NaN.
 - `chain_hinge_grad_triton` (backward): ``w_b (marginals(y_hat_b) - marginals(y_b))`` summed over the batch for
   the unary (written in full, no fill), the transitions (shared or per position), start and end (atomic adds of
   +-w into one zero-filled buffer; positions where both labellings agree are skipped, their terms cancel).
@@ -31,89 +25,16 @@ order), the unary gradient too; the score of the truth and the shared-factor gra
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from .guard_triton import chain_guard_partials, fp32_exact, guard_shift, pow2
+
 # Elements of the (positions x labels) tile a program holds at once.
 _TILE = 2048
-# The bound kernel: at most this many programs, each reducing at least _BOUND_CHUNK unary entries (the prepare
-# kernel reduces their partial maxima in one load of _BOUND_PROGRAMS entries per column).
-_BOUND_PROGRAMS = 256
-_BOUND_CHUNK = 4096
-_BOUND_BLOCK = 1024
-# The guard's largest exponent: potentials alone never need more than log2(4 (3T + 1)) + 1 < 64 bits of scaling;
-# beyond that only a loss weight drives the bound, and the hinge is +inf anyway.
-_MAX_SHIFT = tl.constexpr(64)
-
-
-@triton.jit
-def _abs_max(ptr, begin, end, BLOCK: tl.constexpr, stride=1):
-    """``max |ptr[i * stride]|`` over ``begin <= i < end`` in float64 (0 for an empty range; the maximum skips NaN
-    entries)."""
-    acc = tl.zeros([BLOCK], dtype=tl.float64)
-    for i0 in range(begin, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        acc = tl.maximum(acc, tl.abs(tl.load(ptr + i * stride, mask=i < end, other=0.0).to(tl.float64)))
-    return tl.max(acc, axis=0)
-
-
-@triton.jit
-def _hinge_bound_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, lw_ptr, cw_ptr, part_ptr,
-                        n_unary, n_trans, chunk_u, chunk_t, K, n_lw, lw_sb, lw_value,
-                        HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_CW: tl.constexpr,
-                        LW_TENSOR: tl.constexpr, BLOCK: tl.constexpr):
-    """Program p: ``part[0, p] = max |unary|`` over its chunk, ``part[1, p] = max |transition|`` over its chunk;
-    program 0 also ``part[2, 0] = max(max |start|, max |end|)`` and ``part[3, 0] = max loss_weight x max class_weight``
-    (the largest Hamming weight: dividing by a length >= 1 only lowers it); the other programs write 0 there."""
-    p = tl.program_id(0)
-    P = tl.num_programs(0)
-    u0 = p.to(tl.int64) * chunk_u
-    t0 = p.to(tl.int64) * chunk_t
-    tl.store(part_ptr + p, _abs_max(unary_ptr, u0, tl.minimum(u0 + chunk_u, n_unary), BLOCK))
-    tl.store(part_ptr + P + p, _abs_max(trans_ptr, t0, tl.minimum(t0 + chunk_t, n_trans), BLOCK))
-    se = tl.cast(0.0, tl.float64)
-    aug = tl.cast(0.0, tl.float64)
-    if p == 0:
-        if HAS_START:
-            se = _abs_max(start_ptr, 0, K, BLOCK)
-        if HAS_END:
-            se = tl.maximum(se, _abs_max(end_ptr, 0, K, BLOCK))
-        if LW_TENSOR:
-            aug = _abs_max(lw_ptr, 0, n_lw, BLOCK, lw_sb)
-        else:
-            aug = tl.abs(tl.cast(lw_value, tl.float64))
-        if HAS_CW:
-            aug = aug * _abs_max(cw_ptr, 0, K, BLOCK)
-    tl.store(part_ptr + 2 * P + p, se)
-    tl.store(part_ptr + 3 * P + p, aug)
-
-
-@triton.jit
-def _guard_shift(part_ptr, P, T, LOG2_MAX: tl.constexpr, BLOCK_P: tl.constexpr, MAX_SHIFT: tl.constexpr):
-    """The guard's exponent s >= 0 from the bound kernel's partials: the smallest with ``4 (3T + 1) M 2**-s`` at
-    most the compute dtype's largest value (``2**LOG2_MAX``), 0 where the bound fits or is not finite (non-finite
-    potentials or loss weights propagate as before), at most `_MAX_SHIFT`."""
-    i = tl.arange(0, BLOCK_P)
-    m = i < P
-    M = tl.max(tl.load(part_ptr + i, mask=m, other=0.0), axis=0)
-    M = tl.maximum(M, tl.max(tl.load(part_ptr + P + i, mask=m, other=0.0), axis=0))
-    M = tl.maximum(M, tl.max(tl.load(part_ptr + 2 * P + i, mask=m, other=0.0), axis=0))
-    M = tl.maximum(M, tl.max(tl.load(part_ptr + 3 * P + i, mask=m, other=0.0), axis=0))
-    x = tl.log2(M) + tl.log2((4 * (3 * T + 1)).to(tl.float64)) - LOG2_MAX
-    ok = (x > 0) & (x < 1e30)  # False for log2(0) = -inf, an infinite or NaN bound
-    return tl.where(ok, tl.minimum(tl.where(ok, x, 0.0), MAX_SHIFT - 1).to(tl.int32) + 1, 0)
-
-
-@triton.jit
-def _pow2(e):
-    """``2**e`` exactly, in float64, from the exponent's bits (``|e| <= 1022``; a cast to float32 stays exact for
-    ``|e| <= 126``)."""
-    return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
 
 
 def _blocks(T: int, K: int):
@@ -124,7 +45,7 @@ def _blocks(T: int, K: int):
 
 @triton.jit
 def _hinge_prepare_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, target_ptr, lw_ptr, cw_ptr, part_ptr,
-                          aug_ptr, gold_ptr, len_out_ptr, target_out_ptr, scale_ptr,
+                          aug_ptr, gold_ptr, len_out_ptr, target_out_ptr,
                           T, K, lw_sb, lw_value, trans_sb, trans_st, n_parts,
                           HAS_LENGTHS: tl.constexpr, HAS_START: tl.constexpr, HAS_END: tl.constexpr,
                           HAS_CW: tl.constexpr, LW_TENSOR: tl.constexpr, NORMALIZE: tl.constexpr,
@@ -133,12 +54,8 @@ def _hinge_prepare_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, tar
     b = tl.program_id(0).to(tl.int64)
     dt = aug_ptr.dtype.element_ty
     # the overflow guard: every value below is the potentials' times sc = 2**-s (s = 0 far from the limits)
-    shift = _guard_shift(part_ptr, n_parts, T, LOG2_MAX, BLOCK_P, _MAX_SHIFT)
-    sc64 = _pow2(-shift)
+    sc64 = pow2(-guard_shift(part_ptr, n_parts, T, LOG2_MAX, BLOCK_P))
     sc = sc64.to(dt)
-    if b == 0:
-        tl.store(scale_ptr, sc)
-        tl.store(scale_ptr + 1, _pow2(shift).to(dt))
     if HAS_LENGTHS:
         L_raw = tl.load(len_ptr + b).to(tl.int64)
     else:
@@ -193,17 +110,14 @@ def _hinge_prepare_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, tar
     tl.store(len_out_ptr + b, L)
 
 
-def _fp32_exact(x: float) -> bool:
-    return float(np.float32(x)) == x
-
-
 def chain_hinge_prepare_triton(unary: torch.Tensor, transition: torch.Tensor, start: Optional[torch.Tensor],
                                end: Optional[torch.Tensor], lengths: Optional[torch.Tensor], target: torch.Tensor,
                                loss_weight, class_weights: Optional[torch.Tensor], normalize: bool,
                                dtype: torch.dtype):
-    """``(augmented unary (B, T, K), score of the target (B,), lengths (B,) long, target (B, T) long, scale (2,))``,
-    the first two times ``scale[0] = 2**-s`` and ``scale[1] = 2**s`` (``dtype``): the overflow guard's factor, 1 far
-    from the dtype's limits (module docstring); Viterbi takes ``scale`` to read the other potentials alike.
+    """``(augmented unary (B, T, K), score of the target (B,), lengths (B,) long, target (B, T) long, guard)``, the
+    first two times the overflow guard's ``2**-s`` (1 far from the dtype's limits; `guard_triton`); ``guard`` (a
+    `ChainGuard`) is what `viterbi_triton` takes to read the other potentials alike (``guard=guard,
+    scale_unary=False``).
 
     Args:
         unary ``(B, T, K)``, transition ``(K, K)`` or ``(B, T-1, K, K)``, start, end ``(K,)`` or None: the
@@ -223,11 +137,10 @@ def chain_hinge_prepare_triton(unary: torch.Tensor, transition: torch.Tensor, st
     gold = torch.empty(B, dtype=dtype, device=dev)
     lengths_out = torch.empty(B, dtype=torch.long, device=dev)
     target_out = torch.empty(B, T, dtype=torch.long, device=dev)
-    scale = torch.empty(2, dtype=dtype, device=dev)
     if B == 0:
-        return aug, gold, lengths_out, target_out, scale.fill_(1.0)
+        return aug, gold, lengths_out, target_out, None
     lw_tensor = isinstance(loss_weight, torch.Tensor)
-    if not lw_tensor and not _fp32_exact(float(loss_weight)):  # a Triton float argument is float32
+    if not lw_tensor and not fp32_exact(float(loss_weight)):  # a Triton float argument is float32
         loss_weight, lw_tensor = torch.full((1,), float(loss_weight), dtype=torch.float64, device=dev), True
     if lw_tensor and loss_weight.dim() == 0:
         loss_weight = loss_weight.view(1)
@@ -242,20 +155,14 @@ def chain_hinge_prepare_triton(unary: torch.Tensor, transition: torch.Tensor, st
     flags = dict(HAS_START=start is not None, HAS_END=end is not None, HAS_CW=class_weights is not None,
                  LW_TENSOR=lw_tensor)
     lw_value = 0.0 if lw_tensor else float(loss_weight)
-    # the guard's partial maxima: one launch, P programs, no host read
-    P = max(1, min(_BOUND_PROGRAMS, triton.cdiv(unary.numel(), _BOUND_CHUNK)))
-    parts = torch.empty(4 * P, dtype=torch.float64, device=dev)
-    _hinge_bound_kernel[(P,)](
-        unary, transition, start_arg, end_arg, lw_arg, cw_arg, parts,
-        unary.numel(), transition.numel(), triton.cdiv(unary.numel(), P), triton.cdiv(transition.numel(), P), K,
-        (B if lw_sb else 1) if lw_tensor else 0, lw_sb, lw_value, BLOCK=_BOUND_BLOCK, num_warps=4, **flags)
+    guard = chain_guard_partials(unary, transition, start, end, loss_weight, class_weights)  # one launch
     _hinge_prepare_kernel[(B,)](
         unary, transition, start_arg, end_arg, target if lengths is None else lengths.contiguous(), target,
-        lw_arg, cw_arg, parts, aug, gold, lengths_out, target_out, scale,
-        T, K, lw_sb, lw_value, (T - 1) * K * K if per_position else 0, K * K if per_position else 0, P,
+        lw_arg, cw_arg, guard.parts, aug, gold, lengths_out, target_out,
+        T, K, lw_sb, lw_value, (T - 1) * K * K if per_position else 0, K * K if per_position else 0, guard.programs,
         HAS_LENGTHS=lengths is not None, NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_K=block_k,
-        LOG2_MAX=math.log2(torch.finfo(dtype).max), BLOCK_P=triton.next_power_of_2(P), num_warps=4, **flags)
-    return aug, gold, lengths_out, target_out, scale
+        num_warps=4, **flags, **guard.kernel_args(dtype))
+    return aug, gold, lengths_out, target_out, guard
 
 
 @triton.jit

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .guard_triton import ChainGuard, guard_shift, pow2
 from .viterbi_torch import promote_chain_potentials
 
 _SINGLE_TILE_MAX_K = 64
@@ -46,24 +47,37 @@ KERNELS = ("auto", "sequence", "grid", "grid-steps", "legacy")
 
 # ---------------------------------------------------------------------------------------- scale and epilogue
 @triton.jit
-def _scaled(x, scale_ptr, SCALED: tl.constexpr):
-    """``x`` times the power of two ``scale_ptr[0]`` (exact) where ``SCALED``: the fused hinge's transition, start
-    and end scores, whose unary it already scaled (`chain_hinge_prepare_triton`)."""
-    if SCALED:
-        x = x * tl.load(scale_ptr)
+def _guard(part_ptr, n_parts, T, dt: tl.constexpr, GUARD: tl.constexpr, LOG2_MAX: tl.constexpr,
+           BLOCK_P: tl.constexpr):
+    """``(2**-s, 2**s)`` in ``dt``: the overflow guard's factors (`guard_triton`), 1 without ``GUARD``."""
+    if GUARD:
+        shift = guard_shift(part_ptr, n_parts, T, LOG2_MAX, BLOCK_P)
+        sc = pow2(-shift).to(dt)
+        inv = pow2(shift).to(dt)
+    else:
+        sc = tl.full([], 1.0, dt)
+        inv = tl.full([], 1.0, dt)
+    return sc, inv
+
+
+@triton.jit
+def _scaled(x, sc, ON: tl.constexpr):
+    """``x`` times the guard's power of two ``sc`` (exact) where ``ON``."""
+    if ON:
+        x = x * sc
     return x
 
 
 @triton.jit
-def _result(score, b, scale_ptr, gold_ptr, SCALED: tl.constexpr, HINGE: tl.constexpr):
+def _result(score, b, inv, gold_ptr, GUARD: tl.constexpr, HINGE: tl.constexpr):
     """What a kernel stores for sequence ``b``: its best score, or with ``HINGE`` the margin-rescaled hinge
-    ``max(score - gold[b], 0)`` (NaN kept: the prepare kernel's flag), times ``scale_ptr[1] = 2**s`` where
-    ``SCALED`` (the scores were computed on the potentials times ``2**-s``; a hinge past the dtype's range is +inf)."""
+    ``max(score - gold[b], 0)`` (NaN kept: the prepare kernel's flag); with ``GUARD`` times ``inv = 2**s`` (the
+    scores were computed on the potentials times ``2**-s``; a value past the dtype's range is +-inf)."""
     if HINGE:
         d = score - tl.load(gold_ptr + b)
         score = tl.where(d > 0, d, tl.where(d == d, 0.0, d)).to(d.dtype)
-        if SCALED:
-            score = score * tl.load(scale_ptr + 1)
+    if GUARD:
+        score = score * inv
     return score
 
 
@@ -72,12 +86,16 @@ def _result(score, b, scale_ptr, gold_ptr, SCALED: tl.constexpr, HINGE: tl.const
 @triton.jit
 def _viterbi_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    bp_ptr, alpha_ptr, out_ptr, score_ptr, scale_ptr, gold_ptr,
-    T, K, trans_sb, trans_st,
+    bp_ptr, alpha_ptr, out_ptr, score_ptr, part_ptr, gold_ptr,
+    T, K, trans_sb, trans_st, n_parts,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
-    SINGLE: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
+    SINGLE: tl.constexpr, BLOCK: tl.constexpr,
+    GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
+    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
+    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    SU: tl.constexpr = GUARD and SCALE_UNARY
     L = tl.load(len_ptr + b)
     u_base = unary_ptr + b * T * K
     tr_base = trans_ptr + b * trans_sb
@@ -90,24 +108,24 @@ def _viterbi_kernel(
         mi = offs_i < K
         mj = offs_j < K
         tmask = mi[:, None] & mj[None, :]
-        alpha = tl.load(u_base + offs_i, mask=mi, other=NEG)
+        alpha = _scaled(tl.load(u_base + offs_i, mask=mi, other=NEG), sc, SU)
         if HAS_START:
-            alpha = alpha + _scaled(tl.load(start_ptr + offs_i, mask=mi, other=0.0), scale_ptr, SCALED)
+            alpha = alpha + _scaled(tl.load(start_ptr + offs_i, mask=mi, other=0.0), sc, GUARD)
         if not PER_POSITION:  # per-position tiles are loaded inside the loop (none exist when T == 1)
             tr = _scaled(tl.load(tr_base + offs_i[:, None] * K + offs_j[None, :], mask=tmask, other=NEG),
-                         scale_ptr, SCALED)
+                         sc, GUARD)
         for t in range(1, L):
             if PER_POSITION:
                 tr = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs_i[:, None] * K + offs_j[None, :],
-                                     mask=tmask, other=NEG), scale_ptr, SCALED)
+                                     mask=tmask, other=NEG), sc, GUARD)
             s = alpha[:, None] + tr
             best = tl.max(s, axis=0)
             arg = tl.argmax(s, axis=0)
-            u = tl.load(u_base + t * K + offs_j, mask=mj, other=NEG)
+            u = _scaled(tl.load(u_base + t * K + offs_j, mask=mj, other=NEG), sc, SU)
             tl.store(bp_base + t * K + offs_j, arg.to(tl.int32), mask=mj)
             alpha = best + u
         if HAS_END:
-            alpha = alpha + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
+            alpha = alpha + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), sc, GUARD)
         score = tl.max(alpha, axis=0)
         y = tl.argmax(alpha, axis=0).to(tl.int32)
     else:
@@ -115,9 +133,9 @@ def _viterbi_kernel(
         for j0 in range(0, K, BLOCK):
             offs = j0 + tl.arange(0, BLOCK)
             m = offs < K
-            a0 = tl.load(u_base + offs, mask=m, other=NEG)
+            a0 = _scaled(tl.load(u_base + offs, mask=m, other=NEG), sc, SU)
             if HAS_START:
-                a0 = a0 + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
+                a0 = a0 + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), sc, GUARD)
             tl.store(a_base + offs, a0, mask=m)
         tl.debug_barrier()
         for t in range(1, L):
@@ -134,14 +152,14 @@ def _viterbi_kernel(
                     mi = offs_i < K
                     a = tl.load(src + offs_i, mask=mi, other=NEG)
                     tr = _scaled(tl.load(tr_t + offs_i[:, None] * K + offs_j[None, :],
-                                         mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)
+                                         mask=mi[:, None] & mj[None, :], other=NEG), sc, GUARD)
                     s = a[:, None] + tr
                     tile_best = tl.max(s, axis=0)
                     tile_arg = tl.argmax(s, axis=0).to(tl.int32) + i0
                     upd = tile_best > best  # strict: an earlier tile keeps ties
                     best = tl.where(upd, tile_best, best)
                     arg = tl.where(upd, tile_arg, arg)
-                u = tl.load(u_base + t * K + offs_j, mask=mj, other=NEG)
+                u = _scaled(tl.load(u_base + t * K + offs_j, mask=mj, other=NEG), sc, SU)
                 tl.store(dst + offs_j, best + u, mask=mj)
                 tl.store(bp_base + t * K + offs_j, arg, mask=mj)
             tl.debug_barrier()
@@ -153,14 +171,14 @@ def _viterbi_kernel(
             m = offs < K
             v = tl.load(fsrc + offs, mask=m, other=NEG)
             if HAS_END:
-                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
+                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), sc, GUARD)
             upd = v > bestv
             bestv = tl.where(upd, v, bestv)
             argv = tl.where(upd, offs.to(tl.int32), argv)
         score = tl.max(bestv, axis=0)
         y = tl.min(tl.where(bestv == score, argv, K), axis=0).to(tl.int32)
 
-    tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
+    tl.store(score_ptr + b, _result(score, b, inv, gold_ptr, GUARD, HINGE))
     tl.debug_barrier()
     for s in range(0, L):
         t = L - 1 - s
@@ -174,12 +192,16 @@ def _viterbi_kernel(
 @triton.jit
 def _viterbi_seq_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    hist_ptr, out_ptr, score_ptr, scale_ptr, gold_ptr,
-    T, K, trans_sb, trans_st,
+    hist_ptr, out_ptr, score_ptr, part_ptr, gold_ptr,
+    T, K, trans_sb, trans_st, n_parts,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
+    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+    GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
+    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
+    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    SU: tl.constexpr = GUARD and SCALE_UNARY
     L = tl.load(len_ptr + b).to(tl.int32)
     u_base = unary_ptr + b * T * K
     h_base = hist_ptr + b * T * K
@@ -192,32 +214,32 @@ def _viterbi_seq_kernel(
     tmask = mi[:, None] & mj[None, :]
     tile = offs_i[:, None] * K + offs_j[None, :]
 
-    alpha = tl.load(u_base + offs_j, mask=mj, other=NEG)
+    alpha = _scaled(tl.load(u_base + offs_j, mask=mj, other=NEG), sc, SU)
     if HAS_START:
-        alpha = alpha + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
+        alpha = alpha + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), sc, GUARD)
     # masks of the prefetches: a label bound of K while the step exists, else 0 (no lane loads)
     lim = tl.where(L > 1, K, 0)
     if PER_POSITION:
         tr_next = tl.load(tr_base + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
     else:
-        tr = _scaled(tl.load(tr_base + tile, mask=tmask, other=NEG), scale_ptr, SCALED)
-    u_next = tl.load(u_base + K + offs_j, mask=offs_j < lim, other=0.0)
+        tr = _scaled(tl.load(tr_base + tile, mask=tmask, other=NEG), sc, GUARD)
+    u_next = _scaled(tl.load(u_base + K + offs_j, mask=offs_j < lim, other=0.0), sc, SU)
     for t in range(1, L):
         # the loads of step t + 1 go out before step t's arithmetic (they do not depend on it)
         lim = tl.where(t + 1 < L, K, 0)
         u = u_next
-        u_next = tl.load(u_base + (t + 1) * K + offs_j, mask=offs_j < lim, other=0.0)
+        u_next = _scaled(tl.load(u_base + (t + 1) * K + offs_j, mask=offs_j < lim, other=0.0), sc, SU)
         if PER_POSITION:
-            tr = _scaled(tr_next, scale_ptr, SCALED)
+            tr = _scaled(tr_next, sc, GUARD)
             tr_next = tl.load(tr_base + t * trans_st + tile, mask=mi[:, None] & (offs_j[None, :] < lim), other=NEG)
         tl.store(h_base + (t - 1) * K + offs_j, alpha, mask=mj)
         alpha = tl.max(alpha[:, None] + tr, axis=0) + u
     fin = alpha
     if HAS_END:
-        fin = fin + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), scale_ptr, SCALED)
+        fin = fin + _scaled(tl.load(end_ptr + offs_j, mask=mj, other=0.0), sc, GUARD)
     score = tl.max(fin, axis=0)
     y = tl.argmax(fin, axis=0).to(tl.int32)
-    tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
+    tl.store(score_ptr + b, _result(score, b, inv, gold_ptr, GUARD, HINGE))
 
     o_base = out_ptr + b * T
     for t0 in range(0, T, BLOCK_T):  # -1 past the length (the positions below it are written by the backtrack)
@@ -231,7 +253,7 @@ def _viterbi_seq_kernel(
         h = h_next
         h_next = tl.load(h_base + (t - 2) * K + offs_i, mask=offs_i < tl.where(t >= 2, K, 0), other=NEG)
         # column y_t of the transition tile (shared: read at the start, so likely still in the L1 cache)
-        col = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs_i * K + y, mask=mi, other=NEG), scale_ptr, SCALED)
+        col = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs_i * K + y, mask=mi, other=NEG), sc, GUARD)
         y = tl.argmax(h + col, axis=0).to(tl.int32)
         tl.store(o_base + (t - 1), y.to(tl.int64))
 
@@ -252,12 +274,13 @@ def _grid_barrier(sync_ptr, target):
 @triton.jit
 def _viterbi_grid_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
-    hist_ptr, out_ptr, score_ptr, sync_ptr, scale_ptr, gold_ptr,
-    B, T, K, KP, trans_sb, trans_st, t_begin, t_end,
+    hist_ptr, out_ptr, score_ptr, sync_ptr, part_ptr, gold_ptr,
+    B, T, K, KP, trans_sb, trans_st, t_begin, t_end, n_parts,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
     BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
     STAGES: tl.constexpr, STEPS: tl.constexpr, BACKTRACK: tl.constexpr, SYNC: tl.constexpr,
-    SCALED: tl.constexpr = False, HINGE: tl.constexpr = False,
+    GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
+    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
 ):
     """``STEPS``: run the forward steps ``t_begin <= t < min(t_end, max length)``; ``SYNC``: meet at the grid
     barrier after each (all programs resident: a cooperative launch); ``BACKTRACK``: then decode one sequence per
@@ -268,6 +291,8 @@ def _viterbi_grid_kernel(
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     NEG = float("-inf")
+    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    SU: tl.constexpr = GUARD and SCALE_UNARY
     n_jb = tl.cdiv(K, BJ)
     n_items = tl.cdiv(B, BB) * n_jb
 
@@ -298,27 +323,31 @@ def _viterbi_grid_kernel(
                         mi = offs_i < K
                         am = act[:, None] & mi[None, :]
                         a = tl.load(src + ob * src_sb + offs_i[None, :], mask=am, other=NEG)
+                        if SU:  # step 0's scores are the unary row 0 (scaled here), the others scaled already
+                            a = tl.where(first, a * sc, a)
                         if HAS_START:
                             a = tl.where(first, a + _scaled(tl.load(start_ptr + offs_i, mask=mi, other=0.0),
-                                                            scale_ptr, SCALED)[None, :], a)
+                                                            sc, GUARD)[None, :], a)
                         if PER_POSITION:
                             tr = _scaled(tl.load(trans_ptr + ob[:, :, None] * trans_sb + (t - 1) * trans_st
                                                  + offs_i[None, :, None] * K + offs_j[None, None, :],
-                                                 mask=am[:, :, None] & mj[None, None, :], other=NEG), scale_ptr, SCALED)
+                                                 mask=am[:, :, None] & mj[None, None, :], other=NEG), sc, GUARD)
                         else:
                             tr = _scaled(tl.load(trans_ptr + offs_i[:, None] * K + offs_j[None, :],
-                                                 mask=mi[:, None] & mj[None, :], other=NEG), scale_ptr, SCALED)
+                                                 mask=mi[:, None] & mj[None, :], other=NEG), sc, GUARD)
                             tr = tr[None, :, :]
                         acc = tl.maximum(acc, a[:, :, None] + tr)
                     best = tl.max(acc, axis=1)
                     om = act[:, None] & mj[None, :]
-                    u = tl.load(unary_ptr + (ob * T + t) * K + offs_j[None, :], mask=om, other=0.0)
+                    u = _scaled(tl.load(unary_ptr + (ob * T + t) * K + offs_j[None, :], mask=om, other=0.0), sc,
+                                SU)
                     tl.store(hist_ptr + (ob * T + t) * KP + offs_j[None, :], best + u, mask=om, cache_modifier=".cg")
                     if t == 1:
-                        a0 = tl.load(unary_ptr + ob * T * K + offs_j[None, :], mask=om, other=0.0)
+                        a0 = _scaled(tl.load(unary_ptr + ob * T * K + offs_j[None, :], mask=om, other=0.0), sc,
+                                     SU)
                         if HAS_START:
-                            a0 = a0 + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), scale_ptr,
-                                              SCALED)[None, :]
+                            a0 = a0 + _scaled(tl.load(start_ptr + offs_j, mask=mj, other=0.0), sc,
+                                              GUARD)[None, :]
                         tl.store(hist_ptr + ob * T * KP + offs_j[None, :], a0, mask=om, cache_modifier=".cg")
             if SYNC:
                 _grid_barrier(sync_ptr, (t - t_begin + 1) * G)
@@ -333,15 +362,15 @@ def _viterbi_grid_kernel(
             tr_base = trans_ptr + b * trans_sb
             o_base = out_ptr + b * T
             if L == 1:  # no step ran for this sequence: its forward scores are the first unary row (+ start)
-                v = tl.load(unary_ptr + b * T * K + offs, mask=m, other=NEG)
+                v = _scaled(tl.load(unary_ptr + b * T * K + offs, mask=m, other=NEG), sc, SU)
                 if HAS_START:
-                    v = v + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
+                    v = v + _scaled(tl.load(start_ptr + offs, mask=m, other=0.0), sc, GUARD)
             else:
                 v = tl.load(h_base + (L - 1) * KP + offs, mask=m, other=NEG, cache_modifier=".cg")
             if HAS_END:
-                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), scale_ptr, SCALED)
+                v = v + _scaled(tl.load(end_ptr + offs, mask=m, other=0.0), sc, GUARD)
             score, y = tl.max(v, axis=0, return_indices=True)
-            tl.store(score_ptr + b, _result(score, b, scale_ptr, gold_ptr, SCALED, HINGE))
+            tl.store(score_ptr + b, _result(score, b, inv, gold_ptr, GUARD, HINGE))
             for t0 in range(0, T, BLOCK_T):
                 offs_t = t0 + tl.arange(0, BLOCK_T)
                 tl.store(o_base + offs_t, tl.full([BLOCK_T], -1, tl.int64), mask=(offs_t >= L) & (offs_t < T))
@@ -355,7 +384,7 @@ def _viterbi_grid_kernel(
                 h_next = tl.load(h_base + (t - 2) * KP + offs, mask=offs < tl.where(t >= 2, K, 0), other=NEG,
                                  cache_modifier=".cg")
                 col = _scaled(tl.load(tr_base + (t - 1) * trans_st + offs.to(tl.int64) * K + y, mask=m, other=NEG),
-                              scale_ptr, SCALED)
+                              sc, GUARD)
                 y = tl.argmax(h + col, axis=0).to(tl.int32)
                 tl.store(o_base + (t - 1), y.to(tl.int64))
 
@@ -432,7 +461,8 @@ def viterbi_triton(
     num_warps: Optional[int] = None,
     programs: Optional[int] = None,
     tiles: Optional[dict] = None,
-    scale: Optional[torch.Tensor] = None,
+    guard: Optional[ChainGuard] = None,
+    scale_unary: bool = True,
     gold: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `viterbi_torch`; float32 or float64 potentials (promoted to one dtype).
@@ -442,12 +472,13 @@ def viterbi_triton(
     item; under the interpreter the persistent ``"grid"`` takes one); ``tiles``: override `grid_tiles`' choice
     (keys ``BB``, ``BI``, ``BJ``, ``BK``, ``STAGES``).
 
-    The fused hinge's two options (`chain_hinge_prepare_triton`, the overflow guard on a device): ``scale``, a
-    ``(2,)`` tensor of the potentials' dtype ``[2**-s, 2**s]``, multiplies the transition, start and end scores as
-    they are read by ``2**-s`` (the unary is taken as given: the caller scaled it), exact for a power of two, so
-    that no sum overflows; ``gold`` ``(B,)``: the second output is then the hinge ``max(score - gold, 0)`` per
-    sequence (NaN where ``gold`` is NaN), times ``2**s`` with ``scale``, instead of the best score. Neither reads
-    anything on the host."""
+    The overflow guard on a device (`guard_triton`): with ``guard`` (`chain_guard_partials` of these potentials, or
+    of the ones the caller scaled them from) every kernel finds the guard's ``s`` itself, reads the potentials times
+    ``2**-s`` (exact: a power of two; the unary as given with ``scale_unary=False``, where the caller scaled it
+    already) and returns the scores times ``2**s``: +-inf where one does not fit the dtype, the labelling exact.
+    ``gold`` ``(B,)``: the second output is then the margin-rescaled hinge ``max(score - gold, 0)`` per sequence
+    (NaN where ``gold`` is NaN) instead of the best score (`Chain`'s fused hinge). Neither reads anything on the
+    host; without them the kernels are those of before."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     unary, transition, start, end = promote_chain_potentials(unary, transition, start, end)
@@ -467,11 +498,12 @@ def viterbi_triton(
     start_arg = start.contiguous() if start is not None else unary
     end_arg = end.contiguous() if end is not None else unary
     flags = dict(HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position)
-    if scale is not None:
-        flags["SCALED"] = True
+    if guard is not None:
+        flags.update(GUARD=True, SCALE_UNARY=bool(scale_unary), **guard.kernel_args(unary.dtype))
     if gold is not None:
         flags["HINGE"] = True
-    extra = (unary if scale is None else scale, unary if gold is None else gold)
+    extra = (unary if guard is None else guard.parts, unary if gold is None else gold)
+    n_parts = 0 if guard is None else guard.programs
 
     if kernel == "legacy":
         labels = torch.full((B, T), -1, dtype=torch.long, device=dev)
@@ -481,7 +513,7 @@ def viterbi_triton(
         scratch = unary.new_empty(1 if single else B * 2 * K)
         _viterbi_kernel[(B,)](
             unary, transition, start_arg, end_arg, lengths, backpointers, scratch, labels, score, *extra,
-            T, K, trans_sb, trans_st, SINGLE=single, BLOCK=block,
+            T, K, trans_sb, trans_st, n_parts, SINGLE=single, BLOCK=block,
             num_warps=num_warps or (4 if single else 8), **flags,
         )
         return labels, score
@@ -499,7 +531,7 @@ def viterbi_triton(
         nw = num_warps or (1 if block <= (64 if single else 16) else 2 if block <= 32 else 8 if block <= 64 else 16)
         _viterbi_seq_kernel[(B,)](
             unary, transition, start_arg, end_arg, lengths, hist, labels, score, *extra,
-            T, K, trans_sb, trans_st, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
+            T, K, trans_sb, trans_st, n_parts, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
         )
         return labels, score
 
@@ -521,15 +553,15 @@ def viterbi_triton(
         if _interpreting() and programs != 1:
             raise ValueError("the persistent kernel meets at a grid barrier: one program under the interpreter")
         coop = {"launch_cooperative_grid": True} if dev.type == "cuda" else {}
-        _viterbi_grid_kernel[(programs,)](*args, 1, T, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
+        _viterbi_grid_kernel[(programs,)](*args, 1, T, n_parts, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
                                           **tiles, **flags, **coop)
         return labels, score
     # "grid-steps": one launch per step, then the backtrack
     if programs is None:
         programs = n_items
     for t in range(1, T):
-        _viterbi_grid_kernel[(programs,)](*args, t, t + 1, STEPS=True, BACKTRACK=False, SYNC=False, num_warps=nw,
-                                          **tiles, **flags)
-    _viterbi_grid_kernel[(min(programs, B),)](*args, 1, 1, STEPS=False, BACKTRACK=True, SYNC=False, num_warps=nw,
-                                              **tiles, **flags)
+        _viterbi_grid_kernel[(programs,)](*args, t, t + 1, n_parts, STEPS=True, BACKTRACK=False, SYNC=False,
+                                          num_warps=nw, **tiles, **flags)
+    _viterbi_grid_kernel[(min(programs, B),)](*args, 1, 1, n_parts, STEPS=False, BACKTRACK=True, SYNC=False,
+                                              num_warps=nw, **tiles, **flags)
     return labels, score

@@ -98,10 +98,10 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 # do not fit: the labelling is exact and `decode` needs no value. The losses, `score` and `log_partition` raise.
 #
 # On device tensors outside debug mode the magnitudes are not read (a read makes the host wait for the device,
-# docs/gpu.md): there a `Chain` computes in its compute dtype, as it trusts unread labels and lengths. Its fused
-# Triton hinge guards itself on the device (`torchssvm.kernels.chain.chain_hinge_triton`: the bound from magnitudes
-# the kernels reduce, the potentials times 2**-s, an honest +inf where the hinge does not fit); its other calls
-# there can still give an inf or NaN from float32 potentials whose sums pass 3.4e38. Debug mode
+# docs/gpu.md): there a `Chain` computes in its compute dtype, as it trusts unread labels and lengths. Its Triton
+# hinge and `max_oracle` guard themselves on the device (`torchssvm.kernels.chain.guard_triton`: the bound from
+# magnitudes the kernels reduce, the potentials times 2**-s, an honest +-inf where a result does not fit); its other
+# calls there can still give an inf or NaN from float32 potentials whose sums pass 3.4e38. Debug mode
 # (`torchssvm.set_debug`) turns this guard on there too, its magnitudes read with the finiteness check (no extra
 # wait). The other structures read their potentials on every device, so they are guarded everywhere.
 _HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp

@@ -141,7 +141,9 @@ class Chain(Structure):
 
     # -- the protocol -------------------------------------------------------------------------
     def _max_oracle(self, pot: ChainPotentials, lengths, target, loss_weight, backend):
-        """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None."""
+        """Unchecked `max_oracle`. ``loss_weight``: ``(B,)`` tensor or None. Where the values are not read (a device
+        outside debug mode) the Triton Viterbi guards its own sums against overflow (`guard_triton`, one launch
+        more): the labelling exact, the value +-inf where the dtype cannot hold it."""
         dt = compute_dtype(pot)
         unary = pot.unary.detach().to(dt)
         if target is not None:
@@ -153,6 +155,12 @@ class Chain(Structure):
             # where, not a product: a weight past the dtype's range gives +inf on the wrong labels, not inf * 0 = NaN
             unary = unary + torch.where(wrong, pos_w.unsqueeze(2), 0.0)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
+        if not reads_values(unary.device) and _kernels.resolve("viterbi", backend, unary.device) == "triton":
+            from ..kernels.chain.guard_triton import chain_guard_partials
+            from ..kernels.chain.viterbi_triton import viterbi_triton
+
+            guard = chain_guard_partials(unary, det[0], det[1], det[2])  # of the augmented unary: its weights too
+            return viterbi_triton(unary, det[0], det[1], det[2], lengths, guard=guard)
         return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
 
     # -- the margin-rescaled hinge, fused on a GPU ----------------------------------------------------------
@@ -187,13 +195,14 @@ class Chain(Structure):
         if isinstance(loss_weight, torch.Tensor):
             loss_weight = loss_weight.detach()
         # the potentials times the overflow guard's 2**-s (1 far from the limits), found on the device
-        unary, gold, lengths, target, scale = chain_hinge_prepare_triton(
+        unary, gold, lengths, target, guard = chain_hinge_prepare_triton(
             pot.unary.detach(), pot.transition.detach(), _detach(pot.start), _detach(pot.end), lengths, target,
             loss_weight, self._device_class_weights(pot.unary.device), self.normalize, dt)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
         # Viterbi stores the hinge max(value - gold, 0) * 2**s itself: NaN where the prepare kernel found a bad
         # label, length or loss weight, +inf where the hinge does not fit the dtype
-        y_hat, loss = viterbi_triton(unary, det[0], det[1], det[2], lengths, scale=scale, gold=gold)
+        y_hat, loss = viterbi_triton(unary, det[0], det[1], det[2], lengths, guard=guard, scale_unary=False,
+                                     gold=gold)
         return loss, y_hat, target, lengths
 
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
