@@ -47,6 +47,7 @@ import torch
 TRITON_MODULES = ("step.atoms_insert_triton", "step.atoms_select_triton", "step.block_step_triton",
                   "step.box_qp_triton", "step.sampling_triton", "projections.box_equality_triton",
                   "chain.chain_hinge_triton", "chain.chain_marginals_triton", "chain.chain_score_triton",
+                  "chain.guard_triton",
                   "tree.distance_transform_triton", "projections.simplex_triton", "chain.slack_chain_triton",
                   "tree.tree_triton", "chain.viterbi_triton")
 
@@ -170,7 +171,10 @@ def recording() -> Iterator[List[Tuple[Launch, Tuple[int, int, int]]]]:
         signature, constexprs = [], []
         for p in self.params:
             value = bound.arguments[p.name]
-            if p.is_constexpr:
+            # the JIT makes an integer argument equal to 1 a constant too (a kernel that calls a method of it, such
+            # as ``.to``, compiles at 1 only if it works on a Python int)
+            one = not getattr(p, "do_not_specialize", False) and type(value) is int and value == 1
+            if p.is_constexpr or one:
                 signature.append((p.name, "constexpr"))
                 constexprs.append((p.name, value))
             else:
@@ -403,6 +407,7 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
         32, 14, 26, f32, class_weights=True, lw_tensor=True, unary_dtype=torch.bfloat16),
     "chain hinge per-position (8,20,26) float64": _chain_hinge(8, 20, 26, f64, per_position=True),
     "chain hinge K=1024 (8,50,1024)": _chain_hinge(8, 50, 1024, f32, start_end=False),
+    "chain hinge T=1, B=1 (1,1,26)": _chain_hinge(1, 1, 26, f32),
     "chain marginals OCR (64,14,26) pair": _chain_marginals(64, 14, 26, True),
     "chain marginals CoNLL (64,100,45)": _chain_marginals(64, 100, 45, False),
     "atom insertion OCR (64 of 6251, cache 10, width 14), pairwise": _insert_atoms(64, 6251, 10, 14, True),

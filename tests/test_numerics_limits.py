@@ -372,42 +372,73 @@ def test_a_device_chain_outside_debug_mode_is_guarded_in_its_kernels(dtype, frac
         assert abs(refs[b]["augmented"][0][j] - v) <= tol  # the labelling maximizes the exact objective
 
 
+def _near_max_case(case, K, per_position, dtype, g):
+    """Potentials (float64 values of ``dtype``) and a loss weight of ``case``: "spread" (uniform in +-0.9 max),
+    "clustered" (all in [0.87, 0.9] max: every partial sum overflows, the hinges fit), "loss weight" (small
+    potentials, a loss weight of 0.03 max), "transitions" (small unary, start and end; clustered transitions)."""
+    top = 0.9 * torch.finfo(dtype).max
+    B, T = 4, 6
+
+    def draw(*shape, big=True):
+        r = torch.rand(*shape, generator=g, dtype=torch.float64)
+        if not big:
+            return r * 2 - 1
+        return top * (1 - r / 30) if case in ("clustered", "transitions") else top * (r * 2 - 1)
+
+    small = case in ("loss weight", "transitions")  # the unary, start and end
+    pot = [draw(B, T, K, big=not small), draw(*((B, T - 1) if per_position else ()), K, K, big=case != "loss weight"),
+           draw(K, big=not small), draw(K, big=not small)]
+    lw = top / 30 if case == "loss weight" else 1.0
+    return [t.to(dtype).double() for t in pot], lw
+
+
+NEAR_MAX = [(case, K, pp, dt) for case in ("spread", "clustered", "loss weight", "transitions")
+            for K, pp in ((5, False), (5, True), (70, False), (70, True))
+            for dt in ((torch.float32, torch.float64) if case == "clustered" else (torch.float32,))]
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
-@pytest.mark.parametrize("K,per_position", [(5, False), (5, True), (70, False)])
-def test_a_device_chain_near_float32_max_matches_the_float64_hinge_and_oracle(K, per_position):
-    """Larger chains than the brute force can enumerate (the sequence kernel; per-position transitions; K = 70, the
-    GPU-wide kernel): float32 potentials up to 3e38 on the simulated device give the float64 hinge and
-    loss-augmented value of the CPU to float32's rounding of the sums, the value of the device's labelling the
-    optimum; a loss past float32's range is +inf, never NaN. The same potentials unguarded (before the kernels
-    scaled them) gave NaN and inf."""
+@pytest.mark.parametrize("case,K,per_position,dtype", NEAR_MAX,
+                         ids=[f"{c}-K{k}-{'pp' if p else 'shared'}-{str(d)[6:]}" for c, k, p, d in NEAR_MAX])
+def test_a_device_chain_near_the_max_matches_the_exact_hinge_and_oracle(case, K, per_position, dtype):
+    """Larger chains than the brute force can enumerate (the sequence kernel at K = 5, the GPU-wide one at K = 70,
+    shared and per-position transitions), potentials and loss weights near the dtype's max, on the simulated
+    device outside debug mode: the hinge and the loss-augmented value of the CPU's torch path in float64 (at
+    ``2**-40`` of the scale, exact: a power of two) to the dtype's rounding of the sums; +-inf where they do not fit,
+    never NaN; the device's labelling scores the optimum. Unguarded, these gave NaN and inf."""
     from torchssvm.testing import simulated_cuda
 
-    g = torch.Generator().manual_seed(K + per_position)
-    B, T = 4, 6
-    unary = (torch.rand(B, T, K, generator=g, dtype=torch.float64) * 2 - 1) * 3e38
-    trans = (torch.rand(*((B, T - 1) if per_position else ()), K, K, generator=g, dtype=torch.float64) * 2 - 1) * 3e38
-    start, end = ((torch.rand(K, generator=g, dtype=torch.float64) * 2 - 1) * 1e38 for _ in range(2))
+    g = torch.Generator().manual_seed(zlib.crc32(f"{case}-{K}-{per_position}-{dtype}".encode()))
+    pot, lw = _near_max_case(case, K, per_position, dtype, g)
+    B, T = pot[0].shape[:2]
     y = torch.randint(0, K, (B, T), generator=g)
     lengths = torch.tensor([6, 1, 4, 5])
     chain = ts.Chain(K)
-    pot64 = ts.ChainPotentials(unary, trans, start, end)
-    ref = ts.structured_hinge_loss(chain, pot64, y, lengths, reduction="none", backend="torch")
-    _, ref_value = chain.max_oracle(pot64, y, lengths, backend="torch")
+    f = 2.0 ** -40
+    low = ts.ChainPotentials(*(t * f for t in pot))
+    ref = ts.structured_hinge_loss(chain, low, y, lengths, loss_weight=lw * f, reduction="none", backend="torch") / f
+    _, ref_value = chain.max_oracle(low, y, lengths, loss_weight=lw * f, backend="torch")
+    ref_value = ref_value / f
     with simulated_cuda():
-        d_pot = ts.ChainPotentials(*(t.float().to("cuda", non_blocking=True) for t in (unary, trans, start, end)))
+        d_pot = ts.ChainPotentials(*(t.to(dtype).to("cuda", non_blocking=True) for t in pot))
         d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
-        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none").cpu()
-        y_hat, value = (t.cpu() for t in chain.max_oracle(d_pot, d_y, d_len))
-    atol = 64 * torch.finfo(torch.float32).eps * T * 3 * 3e38
-    big = torch.finfo(torch.float32).max
+        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, loss_weight=lw, reduction="none").cpu()
+        y_hat, value = (t.cpu() for t in chain.max_oracle(d_pot, d_y, d_len, loss_weight=lw))
+    top = 0.9 * torch.finfo(dtype).max
+    atol = 64 * torch.finfo(dtype).eps * T * 3 * top
+    big = torch.finfo(dtype).max
+    finite = 0
     for out, want in ((got, ref), (value, ref_value)):
         assert not bool(out.isnan().any()), out
         fits = want.abs() <= big
         assert torch.equal(out[~fits], want[~fits].sign() * float("inf")), (out, want)
         torch.testing.assert_close(out[fits].double(), want[fits], rtol=0, atol=atol)
-    # the device's labelling scores the optimum (in float64: loss-augmented score of y_hat)
-    aug = ts.Chain(K).score(pot64, y_hat, lengths) + ts.Chain(K).task_loss(y_hat, y, lengths)
+        finite += int(fits.sum())
+    # the device's labelling scores the optimum (its loss-augmented score, in float64 at the low scale)
+    aug = (chain.score(low, y_hat, lengths) + lw * f * chain.task_loss(y_hat, y, lengths)) / f
     torch.testing.assert_close(aug, ref_value, rtol=0, atol=atol)
+    if case != "spread":  # there every result is past the max: the +-inf and the labelling are what is checked
+        assert finite >= 4, (got, value)  # the comparison is not empty
 
 
 # ------------------------------------------------------------------------------------------- the small errors

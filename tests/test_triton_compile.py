@@ -37,7 +37,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_within_the_launch_limits(tmp_pa
     assert all(r["ok"] and not r["error"] and not r["problems"] for r in results)
     compiled = {(r["launch"]["module"], r["launch"]["kernel"], r["arch"]) for r in results}
     kernels = {tuple(name.rsplit(".", 1)) for name in report["kernels"]}
-    assert len(kernels) == 22
+    assert len(kernels) == 23
     assert compiled == {(m, k, arch) for m, k in kernels for arch in (80, 90)}
     assert all(r["registers"] > 0 and r["num_warps"] >= 1 for r in results)
     # The dispatch rules reach every constexpr branch: both Viterbi tilings, both masks, both float types.
@@ -132,3 +132,24 @@ def test_recording_refuses_the_interpreter(monkeypatch):
     with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
         with compile_check.recording():
             pass
+
+
+def test_every_module_with_triton_kernels_is_checked():
+    """`TRITON_MODULES` names every module of the package that defines a `@triton.jit` function: a new one left out
+    would compile nowhere before a GPU runs it (the overflow guard's module was, at first)."""
+    import importlib
+    import pkgutil
+
+    import torchssvm.kernels as kernels
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    jitted = (JITFunction, InterpretedFunction)  # what @triton.jit makes, without and with TRITON_INTERPRET=1
+    found = set()
+    for info in pkgutil.walk_packages(kernels.__path__, "torchssvm.kernels."):
+        if info.ispkg or not info.name.endswith("_triton"):
+            continue
+        mod = importlib.import_module(info.name)
+        if any(isinstance(obj, jitted) and obj.fn.__module__ == mod.__name__ for obj in vars(mod).values()):
+            found.add(info.name.removeprefix("torchssvm.kernels."))
+    assert found == set(compile_check.TRITON_MODULES)

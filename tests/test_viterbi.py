@@ -201,7 +201,7 @@ def test_triton_kernels_guard_and_hinge_options(kernel, B, T, K, per_position, d
     for s in (0, 3):
         # the largest magnitude M that makes the guard take s: log2 M + log2(4 (3T + 1)) - log2(max) in [s - 1, s)
         M = 1.0 if s == 0 else 2.0 ** (log2_max + s - 0.5 - math.log2(4 * (3 * T + 1)))
-        guard = ChainGuard(torch.tensor([M, 0.0, 0.0, 0.0], dtype=torch.float64), 1)
+        guard = ChainGuard(torch.tensor([M, 0.0, 0.0, 0.0], dtype=torch.float64), 1, T)
         sc, inv = 2.0 ** -s, 2.0 ** s
         scaled = [None if t is None else t * sc for t in (unary, trans, st, en)]
         ref_labels, ref_score = viterbi_torch(*scaled, lengths)

@@ -46,15 +46,14 @@ def _blocks(T: int, K: int):
 @triton.jit
 def _hinge_prepare_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, target_ptr, lw_ptr, cw_ptr, part_ptr,
                           aug_ptr, gold_ptr, len_out_ptr, target_out_ptr,
-                          T, K, lw_sb, lw_value, trans_sb, trans_st, n_parts,
+                          T, K, lw_sb, lw_value, trans_sb, trans_st, n_parts, guard_limit,
                           HAS_LENGTHS: tl.constexpr, HAS_START: tl.constexpr, HAS_END: tl.constexpr,
                           HAS_CW: tl.constexpr, LW_TENSOR: tl.constexpr, NORMALIZE: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, LOG2_MAX: tl.constexpr,
-                          BLOCK_P: tl.constexpr):
+                          BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     dt = aug_ptr.dtype.element_ty
     # the overflow guard: every value below is the potentials' times sc = 2**-s (s = 0 far from the limits)
-    sc64 = pow2(-guard_shift(part_ptr, n_parts, T, LOG2_MAX, BLOCK_P))
+    sc64 = pow2(-guard_shift(part_ptr, n_parts, guard_limit, BLOCK_P))
     sc = sc64.to(dt)
     if HAS_LENGTHS:
         L_raw = tl.load(len_ptr + b).to(tl.int64)
@@ -160,8 +159,8 @@ def chain_hinge_prepare_triton(unary: torch.Tensor, transition: torch.Tensor, st
         unary, transition, start_arg, end_arg, target if lengths is None else lengths.contiguous(), target,
         lw_arg, cw_arg, guard.parts, aug, gold, lengths_out, target_out,
         T, K, lw_sb, lw_value, (T - 1) * K * K if per_position else 0, K * K if per_position else 0, guard.programs,
-        HAS_LENGTHS=lengths is not None, NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_K=block_k,
-        num_warps=4, **flags, **guard.kernel_args(dtype))
+        guard.limit(dtype), HAS_LENGTHS=lengths is not None, NORMALIZE=bool(normalize), BLOCK_T=block_t,
+        BLOCK_K=block_k, BLOCK_P=guard.block(), num_warps=4, **flags)
     return aug, gold, lengths_out, target_out, guard
 
 

@@ -18,7 +18,11 @@ fused hinge and the Triton Viterbi guard themselves:
    scaled back by ``2**s``. An oracle value or hinge the dtype cannot hold becomes an honest +-inf (the CPU raises an
    OverflowError; a device cannot without a read).
 
-Far from the limits ``s = 0`` and every value is bitwise what the unguarded kernels give. ``s`` is 0 too where ``M`` is
+One ``s`` serves the whole call (the transitions are shared, and the GPU-wide Viterbi kernel reads one transition
+tile for a block of sequences): one example's huge potentials or loss weight scale the others' too, whose entries
+below ``2**(s - 126)`` in float32 then lose bits to subnormals, far below the rounding of the sums that needed the
+scale. Far from the limits ``s = 0`` and every value is bitwise what the unguarded kernels give. All this holds for finite
+potentials and valid labels, lengths and weights; NaN and inf inputs propagate as they did. ``s`` is 0 too where ``M`` is
 not finite (non-finite potentials or loss weights propagate as they did) and at most `MAX_SHIFT`: potentials alone
 never need more than ``log2(4 (3T + 1)) + 1`` bits of scaling; past that only a loss weight drives the bound, and the
 hinge is +inf anyway.
@@ -42,15 +46,22 @@ MAX_SHIFT = tl.constexpr(64)
 
 
 class ChainGuard(NamedTuple):
-    """What a guarded kernel takes: ``parts`` (4 P float64 partial maxima, `chain_guard_partials`) and ``programs``
-    (P)."""
+    """What a guarded kernel takes: ``parts`` (4 P float64 partial maxima, `chain_guard_partials`), ``programs`` (P)
+    and ``T``, the padded length the bound counts."""
 
     parts: torch.Tensor
     programs: int
+    T: int
 
-    def kernel_args(self, dtype: torch.dtype) -> dict:
-        """The constexprs a consumer kernel's `guard_shift` needs for potentials computed in ``dtype``."""
-        return dict(LOG2_MAX=math.log2(torch.finfo(dtype).max), BLOCK_P=triton.next_power_of_2(self.programs))
+    def limit(self, dtype: torch.dtype) -> float:
+        """``log2(max of dtype) - log2(4 (3T + 1))``: the largest ``log2 M`` that needs no scaling, computed on the
+        host (T may be 1, which Triton would make a constant of, and ``4 (3T + 1)`` is not an int32 for every T),
+        passed to every consumer alike so that they all find the same ``s``."""
+        return math.log2(torch.finfo(dtype).max) - math.log2(4 * (3 * self.T + 1))
+
+    def block(self) -> int:
+        """The consumers' `guard_shift` ``BLOCK_P`` (a constexpr)."""
+        return triton.next_power_of_2(self.programs)
 
 
 @triton.jit
@@ -96,19 +107,21 @@ def _chain_bound_kernel(unary_ptr, trans_ptr, start_ptr, end_ptr, lw_ptr, cw_ptr
 
 
 @triton.jit
-def guard_shift(part_ptr, P, T, LOG2_MAX: tl.constexpr, BLOCK_P: tl.constexpr):
+def guard_shift(part_ptr, P, limit, BLOCK_P: tl.constexpr):
     """The guard's exponent s (int32, ``0 <= s <= MAX_SHIFT``) from `chain_guard_partials`' ``P`` partials: the
-    smallest with ``4 (3T + 1) M 2**-s <= 2**LOG2_MAX`` (the compute dtype's largest value), 0 where the bound fits
-    or ``M`` is not finite."""
+    smallest with ``log2 M - s <= limit`` (`ChainGuard.limit`: ``4 (3T + 1) M 2**-s`` within the compute dtype's
+    largest value), 0 where the bound fits or ``M`` is not finite."""
     i = tl.arange(0, BLOCK_P)
     m = i < P
     M = tl.max(tl.load(part_ptr + i, mask=m, other=0.0), axis=0)
     M = tl.maximum(M, tl.max(tl.load(part_ptr + P + i, mask=m, other=0.0), axis=0))
     M = tl.maximum(M, tl.max(tl.load(part_ptr + 2 * P + i, mask=m, other=0.0), axis=0))
     M = tl.maximum(M, tl.max(tl.load(part_ptr + 3 * P + i, mask=m, other=0.0), axis=0))
-    x = tl.log2(M) + tl.log2((4 * (3 * T + 1)).to(tl.float64)) - LOG2_MAX
+    x = tl.log2(M) - limit
     ok = (x > 0) & (x < 1e30)  # False for log2(0) = -inf, an infinite or NaN bound
-    return tl.where(ok, tl.minimum(tl.where(ok, x, 0.0), MAX_SHIFT - 1).to(tl.int32) + 1, 0)
+    x = tl.minimum(tl.where(ok, x, 0.0), MAX_SHIFT)
+    t = x.to(tl.int32)  # x >= 0: truncation is the floor
+    return tl.where(ok, t + (x > t).to(tl.int32), 0)  # the ceiling
 
 
 @triton.jit
@@ -137,7 +150,7 @@ def chain_guard_partials(unary: torch.Tensor, transition: torch.Tensor, start: O
     """
     dev = unary.device
     unary, transition = unary.contiguous(), transition.contiguous()
-    P = max(1, min(_PROGRAMS, triton.cdiv(unary.numel(), _CHUNK)))
+    P = max(1, min(_PROGRAMS, triton.cdiv(max(unary.numel(), transition.numel()), _CHUNK)))
     parts = torch.empty(4 * P, dtype=torch.float64, device=dev)
     lw_tensor = isinstance(loss_weight, torch.Tensor)
     if not lw_tensor and not fp32_exact(float(loss_weight)):  # a Triton float argument is float32
@@ -153,4 +166,4 @@ def chain_guard_partials(unary: torch.Tensor, transition: torch.Tensor, start: O
         0.0 if lw_tensor else float(loss_weight),
         HAS_START=start is not None, HAS_END=end is not None, HAS_CW=class_weights is not None, LW_TENSOR=lw_tensor,
         BLOCK=_BLOCK, num_warps=4)
-    return ChainGuard(parts, P)
+    return ChainGuard(parts, P, unary.shape[1])

@@ -47,11 +47,10 @@ KERNELS = ("auto", "sequence", "grid", "grid-steps", "legacy")
 
 # ---------------------------------------------------------------------------------------- scale and epilogue
 @triton.jit
-def _guard(part_ptr, n_parts, T, dt: tl.constexpr, GUARD: tl.constexpr, LOG2_MAX: tl.constexpr,
-           BLOCK_P: tl.constexpr):
+def _guard(part_ptr, n_parts, limit, dt: tl.constexpr, GUARD: tl.constexpr, BLOCK_P: tl.constexpr):
     """``(2**-s, 2**s)`` in ``dt``: the overflow guard's factors (`guard_triton`), 1 without ``GUARD``."""
     if GUARD:
-        shift = guard_shift(part_ptr, n_parts, T, LOG2_MAX, BLOCK_P)
+        shift = guard_shift(part_ptr, n_parts, limit, BLOCK_P)
         sc = pow2(-shift).to(dt)
         inv = pow2(shift).to(dt)
     else:
@@ -75,7 +74,7 @@ def _result(score, b, inv, gold_ptr, GUARD: tl.constexpr, HINGE: tl.constexpr):
     scores were computed on the potentials times ``2**-s``; a value past the dtype's range is +-inf)."""
     if HINGE:
         d = score - tl.load(gold_ptr + b)
-        score = tl.where(d > 0, d, tl.where(d == d, 0.0, d)).to(d.dtype)
+        score = tl.where(d < 0, 0.0, d).to(d.dtype)  # torch's clamp_min(d, 0): NaN and -0.0 kept
     if GUARD:
         score = score * inv
     return score
@@ -87,14 +86,14 @@ def _result(score, b, inv, gold_ptr, GUARD: tl.constexpr, HINGE: tl.constexpr):
 def _viterbi_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
     bp_ptr, alpha_ptr, out_ptr, score_ptr, part_ptr, gold_ptr,
-    T, K, trans_sb, trans_st, n_parts,
+    T, K, trans_sb, trans_st, n_parts, guard_limit,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
     SINGLE: tl.constexpr, BLOCK: tl.constexpr,
     GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
-    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
+    BLOCK_P: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
-    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    sc, inv = _guard(part_ptr, n_parts, guard_limit, unary_ptr.dtype.element_ty, GUARD, BLOCK_P)
     SU: tl.constexpr = GUARD and SCALE_UNARY
     L = tl.load(len_ptr + b)
     u_base = unary_ptr + b * T * K
@@ -193,14 +192,14 @@ def _viterbi_kernel(
 def _viterbi_seq_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
     hist_ptr, out_ptr, score_ptr, part_ptr, gold_ptr,
-    T, K, trans_sb, trans_st, n_parts,
+    T, K, trans_sb, trans_st, n_parts, guard_limit,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
     GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
-    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
+    BLOCK_P: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
-    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    sc, inv = _guard(part_ptr, n_parts, guard_limit, unary_ptr.dtype.element_ty, GUARD, BLOCK_P)
     SU: tl.constexpr = GUARD and SCALE_UNARY
     L = tl.load(len_ptr + b).to(tl.int32)
     u_base = unary_ptr + b * T * K
@@ -275,12 +274,12 @@ def _grid_barrier(sync_ptr, target):
 def _viterbi_grid_kernel(
     unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr,
     hist_ptr, out_ptr, score_ptr, sync_ptr, part_ptr, gold_ptr,
-    B, T, K, KP, trans_sb, trans_st, t_begin, t_end, n_parts,
+    B, T, K, KP, trans_sb, trans_st, t_begin, t_end, n_parts, guard_limit,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
     BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
     STAGES: tl.constexpr, STEPS: tl.constexpr, BACKTRACK: tl.constexpr, SYNC: tl.constexpr,
     GUARD: tl.constexpr = False, SCALE_UNARY: tl.constexpr = False, HINGE: tl.constexpr = False,
-    LOG2_MAX: tl.constexpr = 128.0, BLOCK_P: tl.constexpr = 1,
+    BLOCK_P: tl.constexpr = 1,
 ):
     """``STEPS``: run the forward steps ``t_begin <= t < min(t_end, max length)``; ``SYNC``: meet at the grid
     barrier after each (all programs resident: a cooperative launch); ``BACKTRACK``: then decode one sequence per
@@ -291,7 +290,7 @@ def _viterbi_grid_kernel(
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     NEG = float("-inf")
-    sc, inv = _guard(part_ptr, n_parts, T, unary_ptr.dtype.element_ty, GUARD, LOG2_MAX, BLOCK_P)
+    sc, inv = _guard(part_ptr, n_parts, guard_limit, unary_ptr.dtype.element_ty, GUARD, BLOCK_P)
     SU: tl.constexpr = GUARD and SCALE_UNARY
     n_jb = tl.cdiv(K, BJ)
     n_items = tl.cdiv(B, BB) * n_jb
@@ -499,11 +498,12 @@ def viterbi_triton(
     end_arg = end.contiguous() if end is not None else unary
     flags = dict(HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position)
     if guard is not None:
-        flags.update(GUARD=True, SCALE_UNARY=bool(scale_unary), **guard.kernel_args(unary.dtype))
+        flags.update(GUARD=True, SCALE_UNARY=bool(scale_unary), BLOCK_P=guard.block())
     if gold is not None:
         flags["HINGE"] = True
     extra = (unary if guard is None else guard.parts, unary if gold is None else gold)
     n_parts = 0 if guard is None else guard.programs
+    limit = 0.0 if guard is None else guard.limit(unary.dtype)
 
     if kernel == "legacy":
         labels = torch.full((B, T), -1, dtype=torch.long, device=dev)
@@ -513,7 +513,7 @@ def viterbi_triton(
         scratch = unary.new_empty(1 if single else B * 2 * K)
         _viterbi_kernel[(B,)](
             unary, transition, start_arg, end_arg, lengths, backpointers, scratch, labels, score, *extra,
-            T, K, trans_sb, trans_st, n_parts, SINGLE=single, BLOCK=block,
+            T, K, trans_sb, trans_st, n_parts, limit, SINGLE=single, BLOCK=block,
             num_warps=num_warps or (4 if single else 8), **flags,
         )
         return labels, score
@@ -531,7 +531,7 @@ def viterbi_triton(
         nw = num_warps or (1 if block <= (64 if single else 16) else 2 if block <= 32 else 8 if block <= 64 else 16)
         _viterbi_seq_kernel[(B,)](
             unary, transition, start_arg, end_arg, lengths, hist, labels, score, *extra,
-            T, K, trans_sb, trans_st, n_parts, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
+            T, K, trans_sb, trans_st, n_parts, limit, BLOCK=block, BLOCK_T=block_t, num_warps=nw, **flags,
         )
         return labels, score
 
@@ -553,15 +553,15 @@ def viterbi_triton(
         if _interpreting() and programs != 1:
             raise ValueError("the persistent kernel meets at a grid barrier: one program under the interpreter")
         coop = {"launch_cooperative_grid": True} if dev.type == "cuda" else {}
-        _viterbi_grid_kernel[(programs,)](*args, 1, T, n_parts, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
+        _viterbi_grid_kernel[(programs,)](*args, 1, T, n_parts, limit, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
                                           **tiles, **flags, **coop)
         return labels, score
     # "grid-steps": one launch per step, then the backtrack
     if programs is None:
         programs = n_items
     for t in range(1, T):
-        _viterbi_grid_kernel[(programs,)](*args, t, t + 1, n_parts, STEPS=True, BACKTRACK=False, SYNC=False,
+        _viterbi_grid_kernel[(programs,)](*args, t, t + 1, n_parts, limit, STEPS=True, BACKTRACK=False, SYNC=False,
                                           num_warps=nw, **tiles, **flags)
-    _viterbi_grid_kernel[(min(programs, B),)](*args, 1, 1, n_parts, STEPS=False, BACKTRACK=True, SYNC=False,
+    _viterbi_grid_kernel[(min(programs, B),)](*args, 1, 1, n_parts, limit, STEPS=False, BACKTRACK=True, SYNC=False,
                                               num_warps=nw, **tiles, **flags)
     return labels, score
