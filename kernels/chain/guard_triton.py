@@ -21,11 +21,10 @@ fused hinge and the Triton Viterbi guard themselves:
 One ``s`` serves the whole call (the transitions are shared, and the GPU-wide Viterbi kernel reads one transition
 tile for a block of sequences): one example's huge potentials or loss weight scale the others' too, whose entries
 below ``2**(s - 126)`` in float32 then lose bits to subnormals, far below the rounding of the sums that needed the
-scale. Far from the limits ``s = 0`` and every value is bitwise what the unguarded kernels give. All this holds for finite
-potentials and valid labels, lengths and weights; NaN and inf inputs propagate as they did. ``s`` is 0 too where ``M`` is
-not finite (non-finite potentials or loss weights propagate as they did) and at most `MAX_SHIFT`: potentials alone
-never need more than ``log2(4 (3T + 1)) + 1`` bits of scaling; past that only a loss weight drives the bound, and the
-hinge is +inf anyway.
+scale. Far from the limits ``s = 0`` and every value is bitwise what the unguarded kernels give. All this holds for
+finite potentials and valid labels, lengths and weights; NaN and inf inputs propagate as they did (``s`` is 0 where
+``M`` is not finite). ``s`` is at most `MAX_SHIFT`: potentials alone never need more than ``log2(4 (3T + 1)) + 1``
+bits of scaling; past that only a loss weight drives the bound, and the hinge is +inf anyway.
 """
 
 from __future__ import annotations

@@ -553,8 +553,8 @@ def viterbi_triton(
         if _interpreting() and programs != 1:
             raise ValueError("the persistent kernel meets at a grid barrier: one program under the interpreter")
         coop = {"launch_cooperative_grid": True} if dev.type == "cuda" else {}
-        _viterbi_grid_kernel[(programs,)](*args, 1, T, n_parts, limit, STEPS=True, BACKTRACK=True, SYNC=True, num_warps=nw,
-                                          **tiles, **flags, **coop)
+        _viterbi_grid_kernel[(programs,)](*args, 1, T, n_parts, limit, STEPS=True, BACKTRACK=True, SYNC=True,
+                                          num_warps=nw, **tiles, **flags, **coop)
         return labels, score
     # "grid-steps": one launch per step, then the backtrack
     if programs is None:
