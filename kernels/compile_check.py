@@ -79,7 +79,7 @@ OUTPUTS = {
     "_qp_select_kernel": ("gamma_ptr", "grad_ptr", "state_ptr", "running_ptr"),
     "_chain_inner_kernel": ("out_ptr",),
     "_chain_bound_kernel": ("part_ptr",),
-    "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr", "scale_ptr"),
+    "_hinge_prepare_kernel": ("aug_ptr", "gold_ptr", "len_out_ptr", "target_out_ptr"),
     "_hinge_grad_kernel": ("gu_ptr", "gt_ptr", "gs_ptr", "ge_ptr"),
     "_chain_marginals_kernel": ("out_ptr",),
     "_chain_score_kernel": ("out_ptr",),

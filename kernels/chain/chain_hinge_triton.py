@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .guard_triton import chain_guard_partials, fp32_exact, guard_shift, pow2
+from .guard_triton import chain_guard_partials, guard_shift, loss_weight_arg, pow2
 
 # Elements of the (positions x labels) tile a program holds at once.
 _TILE = 2048
@@ -138,11 +138,7 @@ def chain_hinge_prepare_triton(unary: torch.Tensor, transition: torch.Tensor, st
     target_out = torch.empty(B, T, dtype=torch.long, device=dev)
     if B == 0:
         return aug, gold, lengths_out, target_out, None
-    lw_tensor = isinstance(loss_weight, torch.Tensor)
-    if not lw_tensor and not fp32_exact(float(loss_weight)):  # a Triton float argument is float32
-        loss_weight, lw_tensor = torch.full((1,), float(loss_weight), dtype=torch.float64, device=dev), True
-    if lw_tensor and loss_weight.dim() == 0:
-        loss_weight = loss_weight.view(1)
+    loss_weight, lw_tensor = loss_weight_arg(loss_weight, dev)
     lw_sb = (loss_weight.stride(0) if loss_weight.shape[0] == B else 0) if lw_tensor else 0
     per_position = transition.dim() == 4
     unary, transition, target = unary.contiguous(), transition.contiguous(), target.contiguous()

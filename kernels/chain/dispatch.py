@@ -74,13 +74,20 @@ def _promoted(*tensors):
 
 
 @torch.no_grad()
-def viterbi(unary, transition, start, end, lengths, backend: str = "auto"):
+def viterbi(unary, transition, start, end, lengths, backend: str = "auto", *, guard: bool = False):
     """Dispatch to `viterbi_torch`, `viterbi_triton` or `viterbi_numba` (bitwise equal); see `viterbi_torch` for
-    the contract. Inputs are not checked here (the structures validate at the boundary)."""
+    the contract. Inputs are not checked here (the structures validate at the boundary). ``guard``: where Triton
+    runs, guard the sums against overflow on the device (`guard_triton`, one launch more), for callers that did
+    not read the potentials' magnitudes; the other forms run on the host's guard (`Structure._guarded`)."""
     be = resolve("viterbi", backend, unary.device, unary, transition, start, end)
     if be == "triton":
         from .viterbi_triton import viterbi_triton
 
+        if guard:
+            from .guard_triton import chain_guard_partials
+
+            return viterbi_triton(unary, transition, start, end, lengths,
+                                  guard=chain_guard_partials(unary, transition, start, end))
         return viterbi_triton(unary, transition, start, end, lengths)
     if be == "numba":
         from .viterbi_numba import viterbi_numba

@@ -130,9 +130,16 @@ def pow2(e):
     return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
 
 
-def fp32_exact(x: float) -> bool:
-    """Whether ``x`` is a float32 value (a Triton float argument is float32; others travel as a tensor)."""
-    return float(torch.tensor(x, dtype=torch.float32)) == x
+def loss_weight_arg(loss_weight, device):
+    """``(loss_weight, is_tensor)`` as a kernel takes it: a number that float32 holds exactly stays a number (a
+    Triton float argument is float32); any other number becomes a ``(1,)`` float64 tensor on ``device``, and a
+    0-dim tensor a ``(1,)`` view."""
+    if not isinstance(loss_weight, torch.Tensor):
+        x = float(loss_weight)
+        if float(torch.tensor(x, dtype=torch.float32)) == x:
+            return x, False
+        return torch.full((1,), x, dtype=torch.float64, device=device), True
+    return (loss_weight.view(1) if loss_weight.dim() == 0 else loss_weight), True
 
 
 def chain_guard_partials(unary: torch.Tensor, transition: torch.Tensor, start: Optional[torch.Tensor],
@@ -151,11 +158,7 @@ def chain_guard_partials(unary: torch.Tensor, transition: torch.Tensor, start: O
     unary, transition = unary.contiguous(), transition.contiguous()
     P = max(1, min(_PROGRAMS, triton.cdiv(max(unary.numel(), transition.numel()), _CHUNK)))
     parts = torch.empty(4 * P, dtype=torch.float64, device=dev)
-    lw_tensor = isinstance(loss_weight, torch.Tensor)
-    if not lw_tensor and not fp32_exact(float(loss_weight)):  # a Triton float argument is float32
-        loss_weight, lw_tensor = torch.full((1,), float(loss_weight), dtype=torch.float64, device=dev), True
-    if lw_tensor and loss_weight.dim() == 0:
-        loss_weight = loss_weight.view(1)
+    loss_weight, lw_tensor = loss_weight_arg(loss_weight, dev)
     n_lw = loss_weight.shape[0] if lw_tensor else 0
     _chain_bound_kernel[(P,)](
         unary, transition, unary if start is None else start.contiguous(), unary if end is None else end.contiguous(),

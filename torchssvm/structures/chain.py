@@ -155,13 +155,8 @@ class Chain(Structure):
             # where, not a product: a weight past the dtype's range gives +inf on the wrong labels, not inf * 0 = NaN
             unary = unary + torch.where(wrong, pos_w.unsqueeze(2), 0.0)
         det = [None if t is None else t.detach().to(dt) for t in (pot.transition, pot.start, pot.end)]
-        if not reads_values(unary.device) and _kernels.resolve("viterbi", backend, unary.device) == "triton":
-            from ..kernels.chain.guard_triton import chain_guard_partials
-            from ..kernels.chain.viterbi_triton import viterbi_triton
-
-            guard = chain_guard_partials(unary, det[0], det[1], det[2])  # of the augmented unary: its weights too
-            return viterbi_triton(unary, det[0], det[1], det[2], lengths, guard=guard)
-        return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend)
+        # unread magnitudes: the guard of the augmented unary (its Hamming weights included) on the device
+        return viterbi(unary, det[0], det[1], det[2], lengths, backend=backend, guard=not reads_values(unary.device))
 
     # -- the margin-rescaled hinge, fused on a GPU ----------------------------------------------------------
     # With the Triton backend the hinge runs as `chain_hinge_prepare_triton` (the overflow guard's bound, then the
