@@ -6,6 +6,7 @@ brute-force reference over every labelling) or a clear OverflowError; never NaN,
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import zlib
 
@@ -136,6 +137,7 @@ def _reference(structure, pot, y, lengths, labellings, lw):
     gold = [mpmath.fsum(s[b][j] for j in range(N) if torch.equal(labellings[j], y[b])) for b in range(B)]
     aug = [[lw * mpmath.mpf(delta[b][j]) + s[b][j] for j in range(N)] for b in range(B)]
     return {
+        "scores": s,
         "score": gold,
         "value": [max(a) for a in aug],
         "augmented": aug,
@@ -372,6 +374,92 @@ def test_a_device_chain_outside_debug_mode_is_guarded_in_its_kernels(dtype, frac
         assert abs(refs[b]["augmented"][0][j] - v) <= tol  # the labelling maximizes the exact objective
 
 
+def _device_brute_force(dtype, fraction, pattern, seed):
+    """A small chain at ``fraction`` of ``dtype``'s range (B = 3 examples of lengths 4, 2, 3; T = 4, K = 2) and, per
+    example at its own length, the exact reference of every result (`_reference`) and its labellings."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{seed}-{dtype}-{fraction}-{pattern}".encode()))
+    B, T, K = 3, 4, 2
+    pot = ts.ChainPotentials(*(_values(s, pattern, _scale(dtype, fraction), g).to(dtype)
+                               for s in ((B, T, K), (K, K), (K,), (K,))))
+    y = torch.randint(0, K, (B, T), generator=g)
+    lengths = torch.tensor([4, 2, 3])
+    labellings = torch.tensor(list(itertools.product(range(K), repeat=T)))
+    refs, tabs = [], []
+    for b in range(B):
+        L = int(lengths[b])
+        one = ts.ChainPotentials(pot.unary[b:b + 1, :L], *pot[1:])
+        tabs.append(torch.unique(labellings[:, :L], dim=0))
+        refs.append(_reference(ts.Chain(K), one, y[b:b + 1, :L], None, tabs[-1], 1.0))
+    return pot, y, lengths, refs, tabs
+
+
+def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude, *, signed=True):
+    """``got`` (one value per example) is ``refs[b][key]`` to the output dtype's rounding of sums of ``magnitude``
+    where that fits the dtype, else +-inf (the device's honest overflow); never NaN."""
+    out = _out_dtype(dtype)
+    big = torch.finfo(out).max
+    assert got.dtype == out, (what, got.dtype)
+    assert not bool(got.isnan().any()), f"{what}: NaN in {got}"
+    tol = 64 * torch.finfo(out).eps * magnitude + 1e-6
+    for b, g in enumerate(got.tolist()):
+        r = refs[b][key][0]
+        if abs(r) > big:
+            assert g == (float("inf") if r > 0 or not signed else -float("inf")), (what, g, mpmath.nstr(r, 5))
+        else:
+            assert abs(g - float(r)) <= tol, f"{what}: {g} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+
+
+@pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
+                         ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
+def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fraction, pattern):
+    """A `Chain`'s `score`, `log_partition`, CRF loss, and its hinge and `max_oracle` on the torch backend, on a
+    (simulated) CUDA device outside debug mode: the power of two of `device_scaling`, found on the device with no
+    host wait, keeps every sum in range. The exact result (to the compute dtype's rounding of the sums) where it
+    fits, +-inf where not, never NaN, a maximizing labelling, and the CRF's gradient (the marginals minus the truth's
+    one-hot) that of the CPU's guarded float64 path. Against the exact brute force over every labelling."""
+    from torchssvm.testing import simulated_cuda
+
+    pot, y, lengths, refs, tabs = _device_brute_force(dtype, fraction, pattern, "torch-paths")
+    chain = ts.Chain(2)
+    mag = _magnitude(pot) + 4
+    leaves = [t.clone().requires_grad_() for t in pot]
+    with simulated_cuda() as mode:
+        d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in leaves))
+        d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
+        syncs = mode.syncs
+        score = chain.score(d_pot, d_y, d_len)
+        log_z = chain.log_partition(d_pot, d_len)
+        crf = ts.crf_negative_log_likelihood(chain, d_pot, d_y, d_len, reduction="none")
+        hinge = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="torch")
+        y_hat, value = chain.max_oracle(d_pot, d_y, d_len, backend="torch")
+        decoded, top = chain.max_oracle(d_pot, lengths=d_len, backend="torch")
+        assert mode.syncs == syncs, mode.sync_sites
+        grads = torch.autograd.grad(crf.sum(), leaves)  # back to the CPU leaves: a copy, which waits
+        results = [t.detach().cpu() for t in (score, log_z, crf, hinge, value, top, y_hat, decoded)]
+    score, log_z, crf, hinge, value, top, y_hat, decoded = results
+    _assert_exact_or_inf("score", score, refs, "score", dtype, mag)
+    _assert_exact_or_inf("log_partition", log_z, refs, "log_partition", dtype, mag)
+    _assert_exact_or_inf("crf", crf, refs, "crf", dtype, mag)
+    _assert_exact_or_inf("hinge", hinge, refs, "hinge", dtype, mag)
+    _assert_exact_or_inf("max_oracle", value, refs, "value", dtype, mag)
+    tol = 64 * torch.finfo(_out_dtype(dtype)).eps * mag
+    for b in range(3):
+        L = int(lengths[b])
+        j = next(j for j in range(tabs[b].shape[0]) if torch.equal(tabs[b][j], y_hat[b, :L]))
+        assert abs(refs[b]["augmented"][0][j] - refs[b]["value"][0]) <= tol  # a maximizer of the exact objective
+        k = next(j for j in range(tabs[b].shape[0]) if torch.equal(tabs[b][j], decoded[b, :L]))
+        scores = refs[b]["scores"][0]
+        assert abs(scores[k] - max(scores)) <= tol  # decode: a maximizer of the score
+    assert not any(bool(g.isnan().any()) for g in grads), grads
+    try:
+        want = torch.autograd.grad(ts.crf_negative_log_likelihood(chain, ts.ChainPotentials(*leaves), y, lengths,
+                                                                  reduction="sum"), leaves)
+    except OverflowError:  # the CPU cannot hold the sum of the losses: no reference for the gradient
+        return
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g.double(), w.double(), rtol=0, atol=2e-2)
+
+
 def _near_max_case(case, K, per_position, dtype, g):
     """Potentials (float64 values of ``dtype``) and a loss weight of ``case``: "spread" (uniform in +-0.9 max),
     "clustered" (all in [0.87, 0.9] max: every partial sum overflows, the hinges fit), "loss weight" (small
@@ -441,6 +529,64 @@ def test_a_device_chain_near_the_max_matches_the_exact_hinge_and_oracle(case, K,
         assert finite >= 4, (got, value)  # the comparison is not empty
 
 
+def test_the_guard_scales_a_spatial_trees_weights_not_its_rest_offsets():
+    """float64 potentials near 1.8e308 are computed at ``2**-shift`` of their size: a spatial tree's score, oracle
+    value and hinge are homogeneous in its unary and weights, not in its rest offsets (they enter through
+    ``|l_c - l_p - r|^2``), which the scaling must leave alone. At ``2**1021`` of ordinary potentials (with their
+    loss weight) every result is that power of two times the ordinary one, bitwise; scaling the offsets too gave
+    1.9999e307 for a score of 0."""
+    st = ts.SpatialTree([-1, 0], 2, 2, loss="hamming")
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(3, 2, 4, dtype=torch.float64, generator=g)
+    w = torch.tensor([[0.3, 1.0, -0.2, 0.5]], dtype=torch.float64)
+    rest = torch.tensor([[0.75, -1.25]], dtype=torch.float64)
+    y = torch.randint(0, 4, (3, 2), generator=g)
+    k = torch.tensor(1021)
+    small = ts.SpatialTreePotentials(u, w, rest)
+    big = ts.SpatialTreePotentials(torch.ldexp(u, k), torch.ldexp(w, k), rest)
+    mags = {"unary": float(big.unary.abs().max()), "weights": float(big.weights.abs().max()), "rest": 1.25}
+    assert st.unchecked.overflow_plan(st.tensors(big), mags, homogeneous=True)[1] > 0  # the scaled path
+    assert torch.equal(st.score(big, y), torch.ldexp(st.score(small, y), k))
+    for backend in BACKENDS["spatial_tree"]:
+        y_s, v_s = st.max_oracle(small, y, loss_weight=1.0, backend=backend)
+        y_b, v_b = st.max_oracle(big, y, loss_weight=2.0 ** 1021, backend=backend)
+        assert torch.equal(y_b, y_s) and torch.equal(v_b, torch.ldexp(v_s, k)), backend
+        h_s = ts.structured_hinge_loss(st, small, y, reduction="none", backend=backend)
+        h_b = ts.structured_hinge_loss(st, big, y, loss_weight=2.0 ** 1021, reduction="none", backend=backend)
+        assert torch.equal(h_b, torch.ldexp(h_s, k)), backend
+
+
+def test_logsumexp_scaled_is_torchs_value_with_a_normalised_gradient():
+    """`logsumexp_scaled` at scale 1 gives `torch.logsumexp`'s value bitwise (+-inf rows included); its gradient is
+    the softmax, which sums to 1 where `torch.logsumexp`'s ``exp(x - result)`` does not: float32 logits of 1e8 lose
+    ``log 2`` in the rounding, and the CRF's gradient came out as ``[0, 1, 0]`` for ``[-0.5, 0.5, 0]``."""
+    from torchssvm.structures.base import logsumexp_scaled
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for i in range(40):
+            x = torch.randn(5, 6, 4, generator=g, dtype=dtype) * 10.0 ** (i % 40 - 5)
+            x[0, 0] = -math.inf
+            x[1] = -math.inf
+            x[2, 1, 2] = math.inf
+            for dim in range(3):
+                assert torch.equal(logsumexp_scaled(x, dim).nan_to_num(), torch.logsumexp(x, dim).nan_to_num())
+    x = torch.tensor([[1e8, 1e8, 0.0]], requires_grad=True)
+    ts.crf_negative_log_likelihood(ts.Multiclass(3), x, torch.tensor([0])).backward()
+    assert x.grad.tolist() == [[-0.5, 0.5, 0.0]]
+    unary = torch.tensor([[[1e8, 1e8], [0.0, 0.0]]], requires_grad=True)
+    ts.crf_negative_log_likelihood(ts.Chain(2), ts.ChainPotentials(unary, torch.zeros(2, 2)),
+                                   torch.tensor([[0, 0]])).backward()
+    assert unary.grad.tolist() == [[[-0.5, 0.5], [-0.5, 0.5]]]
+    # at a power-of-two scale: the same value and gradient as the unscaled log-sum-exp, where that one fits
+    x = torch.randn(4, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    c = 2.0 ** 7
+    got = c * logsumexp_scaled(x / c, 1, c)
+    torch.testing.assert_close(got, torch.logsumexp(x, 1))
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(grad, torch.softmax(x, 1))
+
+
 # ------------------------------------------------------------------------------------------- the small errors
 @pytest.mark.parametrize("loss", [ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss,
                                   ts.crf_negative_log_likelihood])
@@ -502,7 +648,9 @@ def test_the_batch_mean_and_sum_accumulate_where_they_cannot_overflow():
         ts.structured_hinge_loss(mc, s, t, reduction="sum")
     s64 = torch.tensor([[1.5e308, -1e308, 0.0]] * 3, dtype=torch.float64)
     assert float(ts.structured_hinge_loss(mc, s64, t)) == pytest.approx(1.5e308)
-    with pytest.raises(OverflowError, match="potentials.*overflows float64"):  # not homogeneous: no scaling
-        ts.crf_negative_log_likelihood(mc, s64, t)
+    # the CRF is homogeneous too with its log-sum-exp at temperature 2**-shift; the slack products are not
+    assert float(ts.crf_negative_log_likelihood(mc, s64, t)) == pytest.approx(1.5e308)
+    with pytest.raises(OverflowError, match="potentials.*overflows float64"):
+        ts.slack_rescaled_hinge_loss(mc, s64, t)
     with pytest.raises(OverflowError, match="sum of the losses overflows float64"):
         ts.structured_hinge_loss(mc, s64, t, reduction="sum")

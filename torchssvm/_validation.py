@@ -143,7 +143,7 @@ def check_fits(what: str, value: torch.Tensor, dtype: torch.dtype, hint: str = "
         flat = value.detach().reshape(-1).abs()
         i = int(torch.nan_to_num(flat, nan=math.inf).argmax())
         where = f" of example {i}" if value.dim() == 1 else ""
-        x = float(value.reshape(-1)[i])
+        x = float(value.detach().reshape(-1)[i])
         shown = f"{x:.3e}" if not shift else f"{x:.3e} * 2**{shift}"
         if dtype == torch.float64:
             hint = "rescale the potentials"

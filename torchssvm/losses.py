@@ -20,8 +20,13 @@ reads bound every sum the oracles form; where that bound does not fit the comput
 naming it rather than an inf; float64 potentials whose sums could pass 1.8e308 are an OverflowError naming the
 potentials (`torchssvm.structures.base`, "numerics at the dtype's limits"). On device tensors outside debug mode the
 values are not read (docs/gpu.md: a read makes the host wait for the device): there the hinge on a `Chain` is guarded
-inside its fused Triton kernels (`torchssvm.kernels.chain.guard_triton`: +inf where the loss does not fit, never NaN),
-its other losses are not.
+inside its fused Triton kernels (`torchssvm.kernels.chain.guard_triton`), and its hinge on the torch backend and its CRF
+loss at a power of two found on the device (`torchssvm.structures.base.device_scaling`): +inf where the loss does not
+fit, never NaN. Its slack-rescaled loss there is not guarded.
+
+The CRF loss is guarded as the hinge: ``log Z(theta) - s(y*) = c (log Z_c(theta / c) - s_{theta / c}(y*))`` with the
+log-sum-exps at temperature ``1 / c`` (`torchssvm.structures.base.logsumexp_scaled`, whose gradient is the softmax
+normalised by its own sum: `torch.logsumexp`'s is not where ``log K`` is lost in the rounding of large logits).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from ._validation import (
     reads_values,
 )
 from .kernels import check_backend, resolve
-from .structures.base import Structure, compute_dtype, lw_magnitude, no_autocast, scaled
+from .structures.base import Structure, compute_dtype, lw_magnitude, no_autocast
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -46,9 +51,16 @@ REDUCTIONS = ("mean", "sum", "none")
 class _StructuredHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, loss_weight, backend, plan, *tensors):
-        pot = structure.from_tensors(_widened(tensors, plan))
-        if plan[1]:  # potentials scaled by 2**-shift: the loss weight too (the hinge is homogeneous in both)
-            loss_weight = loss_weight * 2.0 ** -plan[1]
+        if isinstance(plan, tuple):
+            pot = structure.from_tensors(_widened(structure, tensors, plan))
+            if plan[1]:  # potentials scaled by 2**-shift: the loss weight too (the hinge is homogeneous in both)
+                loss_weight = loss_weight * 2.0 ** -plan[1]
+        else:  # `_plan`: the device's power of two (unread values)
+            low, c = plan
+            if not isinstance(loss_weight, torch.Tensor):
+                loss_weight = torch.full((target.shape[0],), float(loss_weight), dtype=torch.float64,
+                                         device=target.device)
+            pot, loss_weight = structure.from_tensors(low), loss_weight / c.to(torch.float64)
         with no_autocast():  # the oracle and the gold score in compute_dtype, not autocast's half precision
             loss, y_hat, target, lengths = structure.unchecked.hinge_forward(pot, target, lengths,
                                                                              loss_weight=loss_weight, backend=backend)
@@ -70,17 +82,32 @@ class _StructuredHinge(torch.autograd.Function):
         return (None, None, None, grad_lw, None, None) + grads
 
 
-def _widened(tensors, plan):
+def _plan(structure, tensors, mags, *, loss_weight=0.0, slack=False, homogeneous=False, guarded=False):
+    """The overflow guard's plan for a loss: ``(wide, shift)`` (`Unchecked.overflow_plan`) where the values were
+    read; where they were not (a device outside debug mode) and the loss is ``homogeneous`` in the potentials (and
+    does not guard itself: ``guarded``), the pair ``[low, c]`` of `Unchecked.device_scaling`, a list so that the
+    two kinds of plan cannot be mistaken for each other."""
+    if homogeneous and not slack and not guarded:
+        scaling = structure.unchecked.device_scaling(tensors, mags, loss_weight=loss_weight)
+        if scaling is not None:
+            return list(scaling)
+    return structure.unchecked.overflow_plan(tensors, mags, loss_weight=lw_magnitude(loss_weight), slack=slack,
+                                             homogeneous=homogeneous)
+
+
+def _widened(structure, tensors, plan):
     """The potential tensors as the overflow guard's ``plan`` ``(wide, shift)`` asks (`Unchecked.overflow_plan`):
-    unchanged, in float64, or in float64 times ``2**-shift``."""
+    unchanged, in float64, or in float64 times ``2**-shift`` (`Unchecked.scaled`)."""
     wide, shift = plan
-    return scaled(tensors, shift) if wide else tensors
+    return structure.unchecked.scaled(tensors, shift) if wide else tensors
 
 
 def _narrowed(loss: torch.Tensor, tensors, plan, what: str) -> torch.Tensor:
     """A loss computed as the guard's ``plan`` says, back in the potentials' `compute_dtype` (and scaled back): an
     OverflowError naming ``what`` where it does not fit (an inf would hide the loss, and NaN follow in a mean or a
-    gradient step)."""
+    gradient step); for a device's plan ``[low, c]``, times ``c``: +inf where it does not fit, never NaN."""
+    if not isinstance(plan, tuple):
+        return loss * plan[1].to(loss.dtype)
     wide, shift = plan
     if not wide:
         return loss
@@ -192,7 +219,8 @@ def structured_hinge_loss(
     else:  # a number stays one (no tensor filled per call)
         check_loss_weight_value(loss_weight)
         lw = float(loss_weight)
-    plan = structure.unchecked.overflow_plan(tensors, mags, loss_weight=lw_magnitude(lw), homogeneous=True)
+    plan = _plan(structure, tensors, mags, loss_weight=lw, homogeneous=True,
+                 guarded=structure.unchecked.guards_own_hinge(tensors[0].device, backend))
     loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
@@ -232,7 +260,7 @@ class StructuredHingeLoss(nn.Module):
 class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, backend, search, plan, *tensors):
-        pot = structure.from_tensors(_widened(tensors, plan))
+        pot = structure.from_tensors(_widened(structure, tensors, plan))
         with no_autocast():
             if search == "exact":
                 y_hat, value = structure.unchecked.slack_max_oracle(pot, target, lengths, backend=backend)
@@ -380,11 +408,16 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     with collect_magnitudes() as mags:
         pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
-    plan = structure.unchecked.overflow_plan(tensors, mags)
+    # homogeneous with its log-sum-exps at temperature 1 / c:
+    # log Z(theta) - s(y*) = c (log Z_c(theta / c) - s_{theta / c}(y*))
+    plan = _plan(structure, tensors, mags, homogeneous=True)
     with no_autocast():
-        wpot = structure.from_tensors(_widened(tensors, plan))
-        log_z = structure.unchecked.log_partition(wpot, lengths)
-        as_log_z = [None if t is None else t.to(log_z.dtype) for t in tensors]
+        if isinstance(plan, tuple):
+            low, scale = _widened(structure, tensors, plan), 2.0 ** plan[1]
+        else:
+            (low, scale), plan = plan, [None, plan[1]]
+        log_z = structure.unchecked.log_partition(structure.from_tensors(low), lengths, scale=scale)
+        as_log_z = [None if t is None else t.to(log_z.dtype) for t in low]
         nll = log_z - structure.unchecked.score(structure.from_tensors(as_log_z), target, lengths)
     nll = _narrowed(nll, tensors, plan, "crf_negative_log_likelihood: the loss")
     return _reduce(nll.to(compute_dtype(tensors)), reduction)  # float32 for half precision (see _StructuredHinge)

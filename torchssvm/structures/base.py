@@ -90,20 +90,24 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 #   has no float32 value: inf would hide it, NaN would follow in the mean);
 # - else (float64 potentials near 1e308): no wider dtype is left. A result homogeneous in the potentials (the
 #   margin-rescaled hinge, with its loss weight; a score; the loss-augmented value) is computed on the potentials
-#   times 2**-shift (exact: a power of two) and scaled back, with an OverflowError where it does not fit float64;
-#   the others (log-partition, the CRF loss, the slack-rescaled products) raise an OverflowError naming the
-#   potentials. The bound is conservative: such an error can come where the exact result would have fit.
+#   times 2**-shift (exact: a power of two) and scaled back, with an OverflowError where it does not fit float64.
+#   So is a log-partition function (and the CRF loss), which is homogeneous once its log-sum-exp carries the scale
+#   as a temperature: ``log Z(theta) = c log Z_c(theta / c)``, ``log Z_c(phi) = (1/c) log sum_y exp(c s_phi(y))``
+#   (`logsumexp_scaled`). The slack-rescaled products raise an OverflowError naming the potentials. The bound is
+#   conservative: such an error can come where the exact result would have fit. Offsets that enter the score
+#   non-linearly (`Structure.offset_names`: a spatial tree's rest offsets) are never scaled.
 #
 # The oracles' values next to their labellings (`max_oracle`, `slack_max_oracle`) become an honest +-inf where they
 # do not fit: the labelling is exact and `decode` needs no value. The losses, `score` and `log_partition` raise.
 #
 # On device tensors outside debug mode the magnitudes are not read (a read makes the host wait for the device,
-# docs/gpu.md): there a `Chain` computes in its compute dtype, as it trusts unread labels and lengths. Its Triton
-# hinge and `max_oracle` guard themselves on the device (`torchssvm.kernels.chain.guard_triton`: the bound from
-# magnitudes the kernels reduce, the potentials times 2**-s, an honest +-inf where a result does not fit); its other
-# calls there can still give an inf or NaN from float32 potentials whose sums pass 3.4e38. Debug mode
-# (`torchssvm.set_debug`) turns this guard on there too, its magnitudes read with the finiteness check (no extra
-# wait). The other structures read their potentials on every device, so they are guarded everywhere.
+# docs/gpu.md): there a `Chain` reduces them on the device instead. Its Triton hinge and `max_oracle` guard
+# themselves inside their kernels (`torchssvm.kernels.chain.guard_triton`); its `score`, `log_partition`, CRF loss
+# and its `max_oracle` and hinge on the torch backend take the same power of two from a handful of torch reductions
+# (`device_scaling`), with no host wait: a result that does not fit is an honest +-inf (the CPU's OverflowError,
+# which a device cannot raise without a read), never NaN. Its slack-rescaled loss there is not guarded. Debug mode
+# (`torchssvm.set_debug`) reads the magnitudes with the finiteness check (no extra wait) and guards as on the CPU.
+# The other structures read their potentials on every device, so they are guarded everywhere.
 _HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp
 
 
@@ -118,16 +122,63 @@ def lw_magnitude(loss_weight) -> float:
     return float(loss_weight.detach().max())
 
 
-def scaled(tensors, shift: int):
-    """The potential tensors in float64, times ``2**-shift`` (exact: a power of two; None kept)."""
+def scaled(tensors, shift: int, offsets: Sequence[bool] = ()):
+    """The potential tensors in float64, times ``2**-shift`` (exact: a power of two; None kept), except those whose
+    ``offsets`` entry is True (only widened: `Structure.offset_names`)."""
     out = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if t is not None:
             t = t.to(torch.float64)
-            if shift:
+            if shift and not (i < len(offsets) and offsets[i]):
                 t = torch.ldexp(t, torch.tensor(-shift, dtype=torch.float64, device=t.device))
         out.append(t)
     return out
+
+
+def logsumexp_scaled(x: torch.Tensor, dim: int, scale=1.0) -> torch.Tensor:
+    """``(1 / scale) log sum exp(scale x)`` along ``dim``: a log-sum-exp at temperature ``1 / scale``, with which a
+    log-partition function is homogeneous in its potentials, ``log Z(theta) = c log Z_c(theta / c)`` for
+    ``log Z_c(phi) = (1/c) log sum_y exp(c s_phi(y))``. The overflow guard runs the forward algorithm on the
+    potentials times ``1 / c`` (a power of two: exact), whose sums fit where those of ``theta`` do not, and
+    ``c (x - max x)`` is exact or underflows to a weight of 0. ``scale``: a number, or a 0-dim tensor on ``x``'s
+    device (`device_scaling`).
+
+    The value is `torch.logsumexp`'s, bitwise at ``scale`` 1 (the same steps: the max, an infinite one not
+    subtracted, ``log sum exp(x - max) + max``); the gradient is ``softmax(scale x)``, normalised by the same sum.
+    `torch.logsumexp`'s own backward, ``exp(x - result)``, is not: where ``|x|`` is so large that ``log K`` is lost
+    in the rounding of the result (float32 logits of 1e8), several entries get a weight of 1, and a CRF's marginals
+    came out as 2 or 3."""
+    m = x.detach().amax(dim, keepdim=True)
+    m = torch.where(m.abs() == math.inf, 0.0, m)
+    if not isinstance(scale, torch.Tensor) and scale == 1:
+        return (x - m).exp().sum(dim).log() + m.squeeze(dim)
+    return ((x - m) * scale).exp().sum(dim).log() / scale + m.squeeze(dim)
+
+
+def device_scaling(tensors, coefficient: float, aug=0.0, offsets: Sequence[bool] = ()):
+    """The overflow guard on a device whose values are not read: ``(low, c)`` with ``c = 2**s`` a 0-dim tensor of
+    the tensors' `compute_dtype` on their device and ``low`` the tensors in that dtype times ``1 / c`` (exact;
+    ``offsets`` entries True: not scaled, None kept). ``s >= 0`` is the least integer with ``4 (2 coefficient M')
+    <= 2**s max``, ``M' = max(M, aug / coefficient)``, ``M`` the largest ``|entry|`` of the scaled tensors: the
+    structure's bound ``coefficient M + aug`` on every sum its oracles form (`Structure._score_bound` is linear in
+    the magnitudes), taken with ``_HEADROOM`` and one bit more for the rounding of the float ``log2``. ``aug``: a
+    number or a 0-dim tensor on the device. A handful of small reductions and no host read; ``s = 0`` (``c = 1``,
+    every value bitwise as unscaled) far from the limits, and where ``M`` is not finite (NaN and inf inputs give what
+    they gave before)."""
+    dt = compute_dtype(tensors)
+    live = [t for i, t in enumerate(tensors)
+            if t is not None and t.numel() and not (i < len(offsets) and offsets[i])]
+    m = torch.stack([t.detach().abs().amax().to(dt) for t in live]).amax()
+    if isinstance(aug, torch.Tensor):
+        m = torch.maximum(m, aug.detach().to(dt) / coefficient)
+    elif aug:
+        m = m.clamp_min(aug / coefficient)
+    s = torch.ceil(torch.log2(m) + (math.log2(2.0 * _HEADROOM * coefficient) - math.log2(torch.finfo(dt).max)))
+    s = torch.where(torch.isfinite(m), s.clamp_min(0.0), 0.0)
+    c, inv = torch.exp2(s), torch.exp2(-s)
+    low = [None if t is None else (t.to(dt) if i < len(offsets) and offsets[i] else t.to(dt) * inv)
+           for i, t in enumerate(tensors)]
+    return low, c
 
 
 #: The capabilities a structure may declare (class attributes of `Structure`, all False there), with what each one
@@ -187,8 +238,10 @@ class Unchecked:
     def task_loss(self, y_hat, y, lengths=None) -> torch.Tensor:
         return self.structure._task_loss(y_hat, y, lengths)
 
-    def log_partition(self, potentials, lengths=None) -> torch.Tensor:
-        return self.structure._log_partition(potentials, lengths)
+    def log_partition(self, potentials, lengths=None, *, scale=1.0) -> torch.Tensor:
+        """``(1 / scale) log sum_y exp(scale s(y))`` (`logsumexp_scaled`): ``log Z`` at ``scale`` 1; the overflow
+        guard's ``log Z(theta) / c`` from the potentials ``theta / c`` at ``scale`` ``c``."""
+        return self.structure._log_partition(potentials, lengths, scale)
 
     def labelling_table(self, potentials, target):
         return self.structure._labelling_table(potentials, target)
@@ -212,6 +265,24 @@ class Unchecked:
         potentials (or the loss weight) where no plan fits."""
         s = self.structure
         return s._plan(tensors, magnitudes, loss_weight * s._cost_max(), slack, homogeneous)
+
+    def guards_own_hinge(self, device, backend: str = "auto") -> bool:
+        """Whether ``hinge_forward`` guards its own sums on ``device`` where the values are not read (a `Chain`'s
+        fused Triton hinge), so that the loss need not scale the potentials first (`device_scaling`)."""
+        return self.structure._guards_own_hinge(device, backend)
+
+    def scaled(self, tensors, shift: int):
+        """The potential tensors as the guard's plan ``(True, shift)`` computes on them: float64, times ``2**-shift``
+        (`scaled`; the structure's offsets only widened)."""
+        return scaled(tensors, shift, self.structure._offsets())
+
+    def device_scaling(self, tensors, magnitudes: dict, *, loss_weight=0.0):
+        """The overflow guard where the values were not read (``magnitudes`` empty on a device outside debug mode):
+        ``(low, c)`` as `device_scaling` gives them for the structure's bound, with the largest ``loss_weight`` (a
+        number or a device tensor, reduced there); None where the values are read or the structure has no bound.
+        For results homogeneous in the potentials (`logsumexp_scaled` for a log-partition): compute on ``low``,
+        then multiply by ``c``."""
+        return self.structure._device_scaling(tensors, magnitudes, loss_weight)
 
     def marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where ``needs``
@@ -256,6 +327,10 @@ class Structure:
 
     #: names of the potential tensors, in the order of `tensors()` (used in error messages)
     potential_names: Tuple[str, ...] = ()
+    #: names of the potential tensors that are offsets, not weights of the joint feature map: the score is not
+    #: homogeneous in them (a spatial tree's rest offsets enter through ``|l_c - l_p - r|^2``), so the overflow guard's
+    #: power-of-two scaling leaves them as they are
+    offset_names: Tuple[str, ...] = ()
     #: the row of the backend table (`torchssvm.kernels.backends.FORMS`) that says which ``backend`` forms
     #: ``max_oracle`` has: a structure whose oracle runs a kernel names it (``"viterbi"``)
     oracle_op: str = STRUCTURE_ORACLE
@@ -318,7 +393,9 @@ class Structure:
         with no_autocast():
             return self._guarded(pot, mags, lambda p, c: self._max_oracle(p, lengths, target,
                                                                           None if lw is None else lw * c, backend),
-                                 "max_oracle: the value", aug=aug, homogeneous=True, saturate=True)
+                                 "max_oracle: the value", aug=aug, homogeneous=True, saturate=True,
+                                 device_lw=None if self._guards_own_oracle(first.device, backend)
+                                 else 0.0 if lw is None else lw)
 
     def _max_oracle(self, potentials, lengths, target, loss_weight, backend):
         raise NotImplementedError
@@ -365,9 +442,11 @@ class Structure:
         with collect_magnitudes() as mags:
             pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
-            return self._guarded(pot, mags, lambda p, c: self._log_partition(p, lengths), "log_partition")
+            return self._guarded(pot, mags, lambda p, c: self._log_partition(p, lengths, 1 / c), "log_partition",
+                                 homogeneous=True)
 
-    def _log_partition(self, potentials, lengths) -> torch.Tensor:
+    def _log_partition(self, potentials, lengths, scale=1.0) -> torch.Tensor:
+        """``(1 / scale) log sum_y exp(scale s(y))`` (the log-sum-exps by `logsumexp_scaled`)."""
         self.require("has_log_partition", "the CRF loss needs one")
         raise NotImplementedError(f"{type(self).__name__} declares has_log_partition but has no _log_partition")
 
@@ -512,17 +591,30 @@ class Structure:
                             "rescale the potentials")
 
     def _guarded(self, pot, mags: dict, fn, what: str, *, aug: float = 0.0, slack: bool = False,
-                 homogeneous: bool = False, saturate: bool = False):
+                 homogeneous: bool = False, saturate: bool = False, device_lw=0.0):
         """``fn(pot, c)`` (``c`` the factor by which the potentials were scaled, for the loss weight) as `_plan`
         says, with its floating results back in `compute_dtype`: an OverflowError naming ``what`` where one does
         not fit, or with ``saturate`` (the oracles' values, next to labellings that are exact) an honest +-inf.
-        Half-precision potentials are cast to float32 first, as the oracles do."""
+        Half-precision potentials are cast to float32 first, as the oracles do. Where the values were not read (a
+        device outside debug mode) a ``homogeneous`` result is computed at the power of two `device_scaling` finds
+        there (``device_lw``: the loss weights it bounds too; None: the call guards itself, as a `Chain`'s Triton
+        oracle), and an honest +-inf where it does not fit."""
         tensors = self.tensors(pot)
         dt = compute_dtype(tensors)
+        if homogeneous and not slack and device_lw is not None:
+            scaling = self._device_scaling(tensors, mags, device_lw)
+            if scaling is not None:
+                low, c = scaling
+                out = fn(self.from_tensors(low), 1 / c)
+
+                def up(x):
+                    return x * c.to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+                return tuple(up(x) for x in out) if isinstance(out, tuple) else up(out)
         wide, shift = self._plan(tensors, mags, aug, slack, homogeneous)
         if not wide:
             return fn(self.from_tensors([None if t is None else t.to(dt) for t in tensors]), 1.0)
-        out = fn(self.from_tensors(scaled(tensors, shift)), 2.0 ** -shift)
+        out = fn(self.from_tensors(scaled(tensors, shift, self._offsets())), 2.0 ** -shift)
 
         def back(x):
             if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -532,6 +624,38 @@ class Structure:
             return torch.ldexp(x, torch.tensor(shift, dtype=x.dtype, device=x.device)).to(dt) if shift else x.to(dt)
 
         return tuple(back(x) for x in out) if isinstance(out, tuple) else back(out)
+
+    def _offsets(self) -> Tuple[bool, ...]:
+        """Per potential tensor, whether it is an offset (`offset_names`), which the guard's scaling leaves alone."""
+        return tuple(name in self.offset_names for name in self.potential_names)
+
+    def _device_scaling(self, tensors, mags: dict, loss_weight=0.0):
+        """`Unchecked.device_scaling`: ``(low, c)`` from `device_scaling` where the values were not read (``mags``
+        empty, tensors on a device outside debug mode), the structure has a bound and no offsets; else None.
+        ``loss_weight``: a number or a device tensor (its largest entry, reduced there, times the largest cost of a
+        mistake, at every loss site, is part of the bound)."""
+        first = next((t for t in tensors if t is not None), None)
+        if mags or first is None or reads_values(first.device) or any(self._offsets()):
+            return None
+        coefficient = self._score_bound(tensors, dict.fromkeys(self.potential_names, 1.0), 0.0)
+        if coefficient is None or coefficient <= 0:
+            return None
+        per_unit = self._score_bound(tensors, {}, 1.0) * self._cost_max()  # the bound is linear in the loss weight
+        if isinstance(loss_weight, torch.Tensor):
+            aug = (loss_weight.detach().abs().amax() if loss_weight.numel() else loss_weight.new_zeros(())) * per_unit
+        else:
+            aug = abs(float(loss_weight)) * per_unit
+        return device_scaling(tensors, coefficient, aug, self._offsets())
+
+    def _guards_own_hinge(self, device, backend: str) -> bool:
+        """Whether ``_hinge_forward`` on ``device`` with ``backend`` guards its own sums where the values are not read
+        (a `Chain`'s fused Triton hinge does): then the loss does not scale them first."""
+        return False
+
+    def _guards_own_oracle(self, device, backend: str) -> bool:
+        """Whether ``_max_oracle`` on ``device`` with ``backend`` guards its own sums where the values are not read
+        (a `Chain`'s Triton Viterbi does, in its kernels): then `_guarded` does not scale them first."""
+        return False
 
     # -- shared helpers ------------------------------------------------------------------------
     def _check_common(self, tensors: dict, ref: torch.Tensor) -> None:

@@ -18,7 +18,7 @@ from .._validation import (
     reads_values,
 )
 from ..kernels import chain_score_torch, slack_viterbi, viterbi
-from .base import Structure, compute_dtype
+from .base import Structure, compute_dtype, logsumexp_scaled
 
 
 def _detach(t):
@@ -294,18 +294,24 @@ class Chain(Structure):
     def _loss_sites(self, tensors) -> int:
         return tensors[0].shape[1]
 
-    def _log_partition(self, pot: ChainPotentials, lengths) -> torch.Tensor:
+    def _log_partition(self, pot: ChainPotentials, lengths, scale=1.0) -> torch.Tensor:
         dt = compute_dtype(pot)
         unary, trans = pot.unary.to(dt), pot.transition.to(dt)
         T = unary.shape[1]
         alpha = unary[:, 0] + pot.start.to(dt) if pot.start is not None else unary[:, 0]
         for t in range(1, T):
             tr = trans[:, t - 1] if trans.dim() == 4 else trans
-            new = torch.logsumexp(alpha.unsqueeze(2) + tr, dim=1) + unary[:, t]
+            new = logsumexp_scaled(alpha.unsqueeze(2) + tr, 1, scale) + unary[:, t]
             alpha = torch.where((lengths > t).unsqueeze(1), new, alpha)
         if pot.end is not None:
             alpha = alpha + pot.end.to(dt)
-        return torch.logsumexp(alpha, dim=1)
+        return logsumexp_scaled(alpha, 1, scale)
+
+    def _guards_own_hinge(self, device, backend: str) -> bool:
+        return self._fused(device, backend)
+
+    def _guards_own_oracle(self, device, backend: str) -> bool:
+        return backend != "numba" and _kernels.resolve(self.oracle_op, backend, device) == "triton"
 
     # -- autograd plumbing -----------------------------------------------------------------------
     def tensors(self, potentials):

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from .._validation import check_finite, check_float_dtype, check_labels, check_tensor
-from .base import Structure, compute_dtype, truth_unless_violated
+from .base import Structure, compute_dtype, logsumexp_scaled, truth_unless_violated
 
 
 def _no_lengths(lengths) -> None:
@@ -89,8 +89,8 @@ class Multiclass(Structure):
     def _score_bound(self, tensors, mags, aug):
         return mags.get("scores", 0.0) + aug
 
-    def _log_partition(self, scores, lengths) -> torch.Tensor:
-        return torch.logsumexp(scores.to(compute_dtype([scores])), dim=1)
+    def _log_partition(self, scores, lengths, scale=1.0) -> torch.Tensor:
+        return logsumexp_scaled(scores.to(compute_dtype([scores])), 1, scale)
 
     def _labelling_table(self, scores, target):
         labels = torch.arange(self.num_labels, device=scores.device)

@@ -26,7 +26,7 @@ from .._validation import (
     check_shape,
     check_tensor,
 )
-from .base import Structure, binary_hamming_table, compute_dtype, truth_unless_violated
+from .base import Structure, binary_hamming_table, compute_dtype, logsumexp_scaled, truth_unless_violated
 
 #: Exact enumeration limit: 2^16 = 65,536 labellings per example.
 MAX_ENUMERATION_LABELS = 16
@@ -254,7 +254,7 @@ class MultiLabel(Structure):
     def _loss_sites(self, tensors) -> int:
         return self.num_labels
 
-    def _log_partition(self, pot, lengths) -> torch.Tensor:
+    def _log_partition(self, pot, lengths, scale=1.0) -> torch.Tensor:
         self._check_enumerable()
         dt = compute_dtype(pot)
         c = self.configurations(pot.unary.device).to(dt)
@@ -264,7 +264,7 @@ class MultiLabel(Structure):
             both = c[:, e[:, 0]] * c[:, e[:, 1]]
             pw = pot.pairwise.to(dt)
             s = s + (pw @ both.t() if pw.dim() == 2 else (both @ pw).unsqueeze(0))
-        return torch.logsumexp(s, 1)
+        return logsumexp_scaled(s, 1, scale)
 
     # -- autograd plumbing -----------------------------------------------------------------------
     def tensors(self, potentials):

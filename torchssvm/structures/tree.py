@@ -272,6 +272,7 @@ class SpatialTree(Tree):
     """
 
     potential_names = ("unary", "weights", "rest")
+    offset_names = ("rest",)
     oracle_op = "spatial_tree_max_sum"
 
     def __init__(self, parents: Sequence[int], height: int, width: int, *, loss: str = "truncated"):
