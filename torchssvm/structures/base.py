@@ -148,36 +148,41 @@ def logsumexp_scaled(x: torch.Tensor, dim: int, scale=1.0) -> torch.Tensor:
     `torch.logsumexp`'s own backward, ``exp(x - result)``, is not: where ``|x|`` is so large that ``log K`` is lost
     in the rounding of the result (float32 logits of 1e8), several entries get a weight of 1, and a CRF's marginals
     came out as 2 or 3."""
-    m = x.detach().amax(dim, keepdim=True)
-    m = torch.where(m.abs() == math.inf, 0.0, m)
+    m = torch.nan_to_num(x.detach().amax(dim, keepdim=True), nan=math.nan, posinf=0.0, neginf=0.0)
     if not isinstance(scale, torch.Tensor) and scale == 1:
         return (x - m).exp().sum(dim).log() + m.squeeze(dim)
-    return ((x - m) * scale).exp().sum(dim).log() / scale + m.squeeze(dim)
+    log_sum = ((x - m) * scale).exp().sum(dim).log()
+    if isinstance(scale, torch.Tensor):  # one launch for the division and the sum
+        return torch.addcdiv(m.squeeze(dim), log_sum, scale.to(x.dtype))
+    return log_sum / scale + m.squeeze(dim)
 
 
 def device_scaling(tensors, coefficient: float, aug=0.0, offsets: Sequence[bool] = ()):
     """The overflow guard on a device whose values are not read: ``(low, c)`` with ``c = 2**s`` a 0-dim tensor of
     the tensors' `compute_dtype` on their device and ``low`` the tensors in that dtype times ``1 / c`` (exact;
-    ``offsets`` entries True: not scaled, None kept). ``s >= 0`` is the least integer with ``4 (2 coefficient M')
-    <= 2**s max``, ``M' = max(M, aug / coefficient)``, ``M`` the largest ``|entry|`` of the scaled tensors: the
-    structure's bound ``coefficient M + aug`` on every sum its oracles form (`Structure._score_bound` is linear in
-    the magnitudes), taken with ``_HEADROOM`` and one bit more for the rounding of the float ``log2``. ``aug``: a
-    number or a 0-dim tensor on the device. A handful of small reductions and no host read; ``s = 0`` (``c = 1``,
-    every value bitwise as unscaled) far from the limits, and where ``M`` is not finite (NaN and inf inputs give what
-    they gave before)."""
+    ``offsets`` entries True: not scaled, None kept). With ``M' = max(M, aug / coefficient)``, ``M`` the largest
+    ``|entry|`` of the scaled tensors and ``M' = m 2**e`` (``0.5 <= m < 1``, `torch.frexp`: exact), ``s = max(0, e + k
+    - floor(log2 max))`` for the least ``k`` with ``2**k >= 2 * 4 * coefficient``: then ``4 (coefficient M + aug)
+    <= 2**s max``, the structure's bound (`Structure._score_bound`, linear in the magnitudes) with ``_HEADROOM``.
+    ``aug``: a number or a 0-dim tensor on the device. No host read and about a dozen launches (the magnitudes and
+    the scaling as `torch._foreach_norm` / `torch._foreach_mul`); ``s = 0`` (``c = 1``, every value bitwise as
+    unscaled) far from the limits, and where ``M`` is not finite (frexp's exponent of inf and NaN is 0: NaN and inf
+    inputs give what they gave before)."""
     dt = compute_dtype(tensors)
-    live = [t for i, t in enumerate(tensors)
-            if t is not None and t.numel() and not (i < len(offsets) and offsets[i])]
-    m = torch.stack([t.detach().abs().amax().to(dt) for t in live]).amax()
+    scale_me = [t is not None and not (i < len(offsets) and offsets[i]) for i, t in enumerate(tensors)]
+    wide = [None if t is None else t.to(dt) for t in tensors]
+    live = [t.detach() for t, me in zip(wide, scale_me) if me]
+    norms = torch._foreach_norm([t for t in live if t.numel()], math.inf) if any(t.numel() for t in live) else []
+    m = torch.stack(list(norms)).amax() if norms else torch.zeros((), dtype=dt, device=live[0].device)
     if isinstance(aug, torch.Tensor):
         m = torch.maximum(m, aug.detach().to(dt) / coefficient)
     elif aug:
         m = m.clamp_min(aug / coefficient)
-    s = torch.ceil(torch.log2(m) + (math.log2(2.0 * _HEADROOM * coefficient) - math.log2(torch.finfo(dt).max)))
-    s = torch.where(torch.isfinite(m), s.clamp_min(0.0), 0.0)
+    k = math.ceil(math.log2(2.0 * _HEADROOM * coefficient))
+    s = (torch.frexp(m).exponent + (k - math.floor(math.log2(torch.finfo(dt).max)))).clamp_min_(0).to(dt)
     c, inv = torch.exp2(s), torch.exp2(-s)
-    low = [None if t is None else (t.to(dt) if i < len(offsets) and offsets[i] else t.to(dt) * inv)
-           for i, t in enumerate(tensors)]
+    scaled_live = iter(torch._foreach_mul([t for t, me in zip(wide, scale_me) if me], inv) if live else [])
+    low = [next(scaled_live) if me else t for t, me in zip(wide, scale_me)]
     return low, c
 
 
