@@ -460,6 +460,45 @@ def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fractio
         torch.testing.assert_close(g.double(), w.double(), rtol=0, atol=2e-2)
 
 
+def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches():
+    """The device guard's bound includes the loss weight (a number or a device tensor) without forming a product
+    that overflows float32: a tensor loss weight of 1e38 gave NaN (its bound was inf, so nothing was scaled), a
+    number of 1e39 a RuntimeError, and a number of 1e38 an oracle value of inf with a wrong labelling. An empty batch
+    with per-position transitions gives empty results."""
+    from torchssvm.testing import simulated_cuda
+
+    chain = ts.Chain(2)
+    y = torch.zeros(1, 4, dtype=torch.long)
+    flat = ts.ChainPotentials(torch.full((1, 4, 2), 1e38), torch.zeros(2, 2))  # every labelling scores 4e38
+    steps = ts.ChainPotentials(torch.tensor([[[2e38, 2e38], [2e38, 2e38], [-2e38, -2e38], [-2e38, -2e38]]]),
+                               torch.zeros(2, 2))
+    with simulated_cuda() as mode:
+        def dev(pot):
+            return ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot[:2]))
+
+        d_y = y.to("cuda", non_blocking=True)
+        syncs = mode.syncs
+        hinges = [ts.structured_hinge_loss(chain, dev(flat), d_y, loss_weight=lw, reduction="none", backend="torch")
+                  for lw in (1e38, torch.full((1,), 1e38, dtype=torch.float64).to("cuda", non_blocking=True), 1e39)]
+        y_hat, value = chain.max_oracle(dev(steps), d_y, loss_weight=1e38, backend="torch")
+        empty = ts.ChainPotentials(torch.zeros(0, 3, 2).to("cuda", non_blocking=True),
+                                   torch.zeros(0, 2, 2, 2).to("cuda", non_blocking=True))
+        y0 = torch.zeros(0, 3, dtype=torch.long).to("cuda", non_blocking=True)
+        empties = [chain.score(empty, y0), chain.log_partition(empty),
+                   ts.crf_negative_log_likelihood(chain, empty, y0, reduction="none"),
+                   ts.structured_hinge_loss(chain, empty, y0, reduction="none", backend="torch")]
+        assert mode.syncs == syncs, mode.sync_sites
+        hinges, y_hat, value = [h.cpu() for h in hinges], y_hat.cpu(), value.cpu()
+        assert all(e.shape == (0,) for e in empties)
+    # the exact hinges: lw * Delta with every position wrong, Delta = 1 (normalized Hamming); 1e39 has no float32
+    assert hinges[0].tolist() == hinges[1].tolist() == [pytest.approx(1e38, rel=1e-6)]
+    assert hinges[2].tolist() == [float("inf")]
+    # the oracle: every label wrong in the first two positions (+1e38 loss weight, normalized: 2.5e37 each)
+    want_y, want_v = chain.max_oracle(ts.ChainPotentials(steps.unary.double(), steps.transition.double()), y,
+                                      loss_weight=1e38)
+    assert torch.equal(y_hat, want_y) and value.tolist() == [pytest.approx(float(want_v), rel=1e-6)]
+
+
 def _near_max_case(case, K, per_position, dtype, g):
     """Potentials (float64 values of ``dtype``) and a loss weight of ``case``: "spread" (uniform in +-0.9 max),
     "clustered" (all in [0.87, 0.9] max: every partial sum overflows, the hinges fit), "loss weight" (small
@@ -570,7 +609,8 @@ def test_logsumexp_scaled_is_torchs_value_with_a_normalised_gradient():
             x[1] = -math.inf
             x[2, 1, 2] = math.inf
             for dim in range(3):
-                assert torch.equal(logsumexp_scaled(x, dim).nan_to_num(), torch.logsumexp(x, dim).nan_to_num())
+                torch.testing.assert_close(logsumexp_scaled(x, dim), torch.logsumexp(x, dim), rtol=0, atol=0,
+                                           equal_nan=True)
     x = torch.tensor([[1e8, 1e8, 0.0]], requires_grad=True)
     ts.crf_negative_log_likelihood(ts.Multiclass(3), x, torch.tensor([0])).backward()
     assert x.grad.tolist() == [[-0.5, 0.5, 0.0]]

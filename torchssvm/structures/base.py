@@ -157,29 +157,37 @@ def logsumexp_scaled(x: torch.Tensor, dim: int, scale=1.0) -> torch.Tensor:
     return log_sum / scale + m.squeeze(dim)
 
 
-def device_scaling(tensors, coefficient: float, aug=0.0, offsets: Sequence[bool] = ()):
+def device_scaling(tensors, coefficient: float, loss_weight=0.0, per_unit: float = 0.0,
+                   offsets: Sequence[bool] = ()):
     """The overflow guard on a device whose values are not read: ``(low, c)`` with ``c = 2**s`` a 0-dim tensor of
     the tensors' `compute_dtype` on their device and ``low`` the tensors in that dtype times ``1 / c`` (exact;
-    ``offsets`` entries True: not scaled, None kept). With ``M' = max(M, aug / coefficient)``, ``M`` the largest
-    ``|entry|`` of the scaled tensors and ``M' = m 2**e`` (``0.5 <= m < 1``, `torch.frexp`: exact), ``s = max(0, e + k
-    - floor(log2 max))`` for the least ``k`` with ``2**k >= 2 * 4 * coefficient``: then ``4 (coefficient M + aug)
-    <= 2**s max``, the structure's bound (`Structure._score_bound`, linear in the magnitudes) with ``_HEADROOM``.
-    ``aug``: a number or a 0-dim tensor on the device. No host read and about a dozen launches (the magnitudes and
-    the scaling as `torch._foreach_norm` / `torch._foreach_mul`); ``s = 0`` (``c = 1``, every value bitwise as
-    unscaled) far from the limits, and where ``M`` is not finite (frexp's exponent of inf and NaN is 0: NaN and inf
-    inputs give what they gave before)."""
+    ``offsets`` entries True: not scaled, None kept). The structure's bound (`Structure._score_bound`, linear in the
+    magnitudes) is ``coefficient M + per_unit L``, ``M`` the largest ``|entry|`` of the scaled tensors and ``L`` the
+    largest ``|loss_weight|`` (a number, or a tensor on the device); with ``M < 2**e_M`` and ``per_unit L /
+    coefficient < 2**e_L`` (exponents by `torch.frexp` / `math.frexp`: exact, and no product that could overflow the
+    dtype), ``s = max(0, max(e_M, e_L) + k - floor(log2 max))`` for the least ``k`` with ``2**k >= 2 * 4 *
+    coefficient``, so that ``4 (coefficient M + per_unit L) <= 2**s max`` (``_HEADROOM``). No host read and about a
+    dozen launches (the magnitudes and the scaling as `torch._foreach_norm` / `torch._foreach_mul`); ``s = 0``
+    (``c = 1``, every value bitwise as unscaled) far from the limits, and where ``M`` or ``L`` is not finite (frexp's
+    exponent of inf and NaN is 0: NaN and inf inputs give what they gave before)."""
     dt = compute_dtype(tensors)
     scale_me = [t is not None and not (i < len(offsets) and offsets[i]) for i, t in enumerate(tensors)]
     wide = [None if t is None else t.to(dt) for t in tensors]
     live = [t.detach() for t, me in zip(wide, scale_me) if me]
+    device = next(t for t in wide if t is not None).device
     norms = torch._foreach_norm([t for t in live if t.numel()], math.inf) if any(t.numel() for t in live) else []
-    m = torch.stack(list(norms)).amax() if norms else torch.zeros((), dtype=dt, device=live[0].device)
-    if isinstance(aug, torch.Tensor):
-        m = torch.maximum(m, aug.detach().to(dt) / coefficient)
-    elif aug:
-        m = m.clamp_min(aug / coefficient)
+    m = torch.stack(list(norms)).amax() if norms else torch.zeros((), dtype=dt, device=device)
+    e = torch.frexp(m).exponent
+    if per_unit > 0:  # the loss weight's exponent, and that of per_unit / coefficient, added: no overflow
+        extra = math.ceil(math.log2(per_unit / coefficient))
+        if isinstance(loss_weight, torch.Tensor):
+            if loss_weight.numel():
+                lw = loss_weight.detach().abs().amax().to(torch.float64)
+                e = torch.maximum(e, torch.frexp(lw).exponent + extra)
+        elif loss_weight and math.isfinite(loss_weight):
+            e = e.clamp_min(math.frexp(abs(float(loss_weight)))[1] + extra)
     k = math.ceil(math.log2(2.0 * _HEADROOM * coefficient))
-    s = (torch.frexp(m).exponent + (k - math.floor(math.log2(torch.finfo(dt).max)))).clamp_min_(0).to(dt)
+    s = (e + (k - math.floor(math.log2(torch.finfo(dt).max)))).clamp_min_(0).to(dt)
     c, inv = torch.exp2(s), torch.exp2(-s)
     scaled_live = iter(torch._foreach_mul([t for t, me in zip(wide, scale_me) if me], inv) if live else [])
     low = [next(scaled_live) if me else t for t, me in zip(wide, scale_me)]
@@ -246,7 +254,7 @@ class Unchecked:
     def log_partition(self, potentials, lengths=None, *, scale=1.0) -> torch.Tensor:
         """``(1 / scale) log sum_y exp(scale s(y))`` (`logsumexp_scaled`): ``log Z`` at ``scale`` 1; the overflow
         guard's ``log Z(theta) / c`` from the potentials ``theta / c`` at ``scale`` ``c``."""
-        return self.structure._log_partition(potentials, lengths, scale)
+        return self.structure._scaled_log_partition(potentials, lengths, scale)
 
     def labelling_table(self, potentials, target):
         return self.structure._labelling_table(potentials, target)
@@ -447,8 +455,15 @@ class Structure:
         with collect_magnitudes() as mags:
             pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
-            return self._guarded(pot, mags, lambda p, c: self._log_partition(p, lengths, 1 / c), "log_partition",
-                                 homogeneous=True)
+            return self._guarded(pot, mags, lambda p, c: self._scaled_log_partition(p, lengths, 1 / c),
+                                 "log_partition", homogeneous=True)
+
+    def _scaled_log_partition(self, potentials, lengths, scale):
+        """``_log_partition`` at ``scale``, called without it at the number 1: a structure written before the hook had
+        a ``scale`` still works wherever the guard does not scale."""
+        if not isinstance(scale, torch.Tensor) and scale == 1:
+            return self._log_partition(potentials, lengths)
+        return self._log_partition(potentials, lengths, scale)
 
     def _log_partition(self, potentials, lengths, scale=1.0) -> torch.Tensor:
         """``(1 / scale) log sum_y exp(scale s(y))`` (the log-sum-exps by `logsumexp_scaled`)."""
@@ -646,11 +661,7 @@ class Structure:
         if coefficient is None or coefficient <= 0:
             return None
         per_unit = self._score_bound(tensors, {}, 1.0) * self._cost_max()  # the bound is linear in the loss weight
-        if isinstance(loss_weight, torch.Tensor):
-            aug = (loss_weight.detach().abs().amax() if loss_weight.numel() else loss_weight.new_zeros(())) * per_unit
-        else:
-            aug = abs(float(loss_weight)) * per_unit
-        return device_scaling(tensors, coefficient, aug, self._offsets())
+        return device_scaling(tensors, coefficient, loss_weight, per_unit, self._offsets())
 
     def _guards_own_hinge(self, device, backend: str) -> bool:
         """Whether ``_hinge_forward`` on ``device`` with ``backend`` guards its own sums where the values are not read
