@@ -216,13 +216,14 @@ def _viterbi(B, T, K, dtype, kernel="auto", guarded=False, **kw):
     return run
 
 
-def _slack(B, T, K, dtype, **kw):
+def _slack(B, T, K, dtype, margin=1.0, **kw):
     def run():
         from .chain.slack_chain_triton import slack_viterbi_triton
 
         args = _chain(B, T, K, dtype, **kw)
         target = torch.zeros(B, T, dtype=torch.long)
-        slack_viterbi_triton(*args, target, torch.ones(B, dtype=dtype), torch.zeros(B, dtype=dtype))
+        slack_viterbi_triton(*args, target, torch.ones(B, dtype=dtype), torch.zeros(B, dtype=dtype),
+                             torch.full((), margin, dtype=dtype) if margin != 1 else margin)
     return run
 
 
@@ -398,6 +399,7 @@ WORKLOADS: Dict[str, Callable[[], None]] = {
     "slack chain OCR (32,14,26)": _slack(32, 14, 26, f32),
     "slack chain (8,100,45) float64": _slack(8, 100, 45, f64),
     "slack chain per-position (4,20,26)": _slack(4, 20, 26, f32, per_position=True),
+    "slack chain guarded margin (32,14,26)": _slack(32, 14, 26, f32, margin=2.0 ** -3),
     "chain atom scores OCR (64,10,14,26) float64": _chain_score(64, 10, 14, 26, f64),
     "chain atom scores CoNLL (64,10,100,45), no start/end": _chain_score(64, 10, 100, 45, f32, start_end=False),
     "chain inner OCR (64,14,26) float64": _chain_inner(64, 14, 26, f64),

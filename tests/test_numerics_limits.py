@@ -393,7 +393,7 @@ def _device_brute_force(dtype, fraction, pattern, seed):
     return pot, y, lengths, refs, tabs
 
 
-def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude, *, signed=True):
+def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude):
     """``got`` (one value per example) is ``refs[b][key]`` to the output dtype's rounding of sums of ``magnitude``
     where that fits the dtype, else +-inf (the device's honest overflow); never NaN."""
     out = _out_dtype(dtype)
@@ -404,7 +404,7 @@ def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude, *, signed=True)
     for b, g in enumerate(got.tolist()):
         r = refs[b][key][0]
         if abs(r) > big:
-            assert g == (float("inf") if r > 0 or not signed else -float("inf")), (what, g, mpmath.nstr(r, 5))
+            assert g == (float("inf") if r > 0 else -float("inf")), (what, g, mpmath.nstr(r, 5))
         else:
             assert abs(g - float(r)) <= tol, f"{what}: {g} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
 
@@ -412,11 +412,12 @@ def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude, *, signed=True)
 @pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
                          ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
 def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fraction, pattern):
-    """A `Chain`'s `score`, `log_partition`, CRF loss, and its hinge and `max_oracle` on the torch backend, on a
-    (simulated) CUDA device outside debug mode: the power of two of `device_scaling`, found on the device with no
-    host wait, keeps every sum in range. The exact result (to the compute dtype's rounding of the sums) where it
-    fits, +-inf where not, never NaN, a maximizing labelling, and the CRF's gradient (the marginals minus the truth's
-    one-hot) that of the CPU's guarded float64 path. Against the exact brute force over every labelling."""
+    """A `Chain`'s `score`, `log_partition`, CRF loss, slack-rescaled loss (torch and Triton backends), and its hinge
+    and `max_oracle` on the torch backend, on a (simulated) CUDA device outside debug mode: the power of two of
+    `device_scaling`, found on the device with no host wait, keeps every sum in range. The exact result (to the
+    compute dtype's rounding of the sums) where it fits, +-inf where not, never NaN, a maximizing labelling, and the
+    CRF's gradient (the marginals minus the truth's one-hot) that of the CPU's guarded float64 path. Against the
+    exact brute force over every labelling."""
     from torchssvm.testing import simulated_cuda
 
     pot, y, lengths, refs, tabs = _device_brute_force(dtype, fraction, pattern, "torch-paths")
@@ -433,7 +434,10 @@ def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fractio
         hinge = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="torch")
         y_hat, value = chain.max_oracle(d_pot, d_y, d_len, backend="torch")
         decoded, top = chain.max_oracle(d_pot, lengths=d_len, backend="torch")
+        slack = {be: ts.slack_rescaled_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend=be)
+                 for be in ["torch"] + (["triton"] if INTERPRET else [])}
         assert mode.syncs == syncs, mode.sync_sites
+        slack = {be: got.detach().cpu() for be, got in slack.items()}
         grads = torch.autograd.grad(crf.sum(), leaves)  # back to the CPU leaves: a copy, which waits
         results = [t.detach().cpu() for t in (score, log_z, crf, hinge, value, top, y_hat, decoded)]
     score, log_z, crf, hinge, value, top, y_hat, decoded = results
@@ -442,6 +446,8 @@ def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fractio
     _assert_exact_or_inf("crf", crf, refs, "crf", dtype, mag)
     _assert_exact_or_inf("hinge", hinge, refs, "hinge", dtype, mag)
     _assert_exact_or_inf("max_oracle", value, refs, "value", dtype, mag)
+    for be, got in slack.items():
+        _assert_exact_or_inf(f"slack [{be}]", got, refs, "slack", dtype, 8 * mag)
     tol = 64 * torch.finfo(_out_dtype(dtype)).eps * mag
     for b in range(3):
         L = int(lengths[b])
@@ -463,8 +469,11 @@ def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fractio
 def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches():
     """The device guard's bound includes the loss weight (a number or a device tensor) without forming a product
     that overflows float32: a tensor loss weight of 1e38 gave NaN (its bound was inf, so nothing was scaled), a
-    number of 1e39 a RuntimeError, and a number of 1e38 an oracle value of inf with a wrong labelling. An empty batch
-    with per-position transitions gives empty results."""
+    number of 1e39 a RuntimeError, and a number of 1e38 an oracle value of inf with a wrong labelling. The slack
+    loss scales its margin with the potentials: where every labelling scores 0 (unary +-1e38 at alternate
+    positions, partial sums up to 1e38 times the bound's 4 (3T + 1): scaled) it is ``max Delta (1 + 0) = 1``
+    exactly, on the device (torch and Triton) and on the CPU in float64 at 1e308 (a margin left at 1 gives the
+    scale, 2**s). An empty batch with per-position transitions gives empty results."""
     from torchssvm.testing import simulated_cuda
 
     chain = ts.Chain(2)
@@ -481,6 +490,10 @@ def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches(
         hinges = [ts.structured_hinge_loss(chain, dev(flat), d_y, loss_weight=lw, reduction="none", backend="torch")
                   for lw in (1e38, torch.full((1,), 1e38, dtype=torch.float64).to("cuda", non_blocking=True), 1e39)]
         y_hat, value = chain.max_oracle(dev(steps), d_y, loss_weight=1e38, backend="torch")
+        tied = ts.ChainPotentials(torch.tensor([1e38, -1e38, 1e38, -1e38]).view(1, 4, 1).expand(1, 4, 2).contiguous(),
+                                  torch.zeros(2, 2))
+        slack = [ts.slack_rescaled_hinge_loss(chain, dev(tied), d_y, reduction="none", backend=be)
+                 for be in ["torch"] + (["triton"] if INTERPRET else [])]
         empty = ts.ChainPotentials(torch.zeros(0, 3, 2).to("cuda", non_blocking=True),
                                    torch.zeros(0, 2, 2, 2).to("cuda", non_blocking=True))
         y0 = torch.zeros(0, 3, dtype=torch.long).to("cuda", non_blocking=True)
@@ -489,6 +502,7 @@ def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches(
                    ts.structured_hinge_loss(chain, empty, y0, reduction="none", backend="torch")]
         assert mode.syncs == syncs, mode.sync_sites
         hinges, y_hat, value = [h.cpu() for h in hinges], y_hat.cpu(), value.cpu()
+        slack = [v.cpu() for v in slack]
         assert all(e.shape == (0,) for e in empties)
     # the exact hinges: lw * Delta with every position wrong, Delta = 1 (normalized Hamming); 1e39 has no float32
     assert hinges[0].tolist() == hinges[1].tolist() == [pytest.approx(1e38, rel=1e-6)]
@@ -497,6 +511,11 @@ def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches(
     want_y, want_v = chain.max_oracle(ts.ChainPotentials(steps.unary.double(), steps.transition.double()), y,
                                       loss_weight=1e38)
     assert torch.equal(y_hat, want_y) and value.tolist() == [pytest.approx(float(want_v), rel=1e-6)]
+    assert all(v.tolist() == [1.0] for v in slack), slack
+    tied64 = ts.ChainPotentials(torch.tensor([1e308, -1e308, 1e308, -1e308], dtype=torch.float64).view(1, 4, 1)
+                                .expand(1, 4, 2).contiguous(), torch.zeros(2, 2, dtype=torch.float64))
+    assert ts.slack_rescaled_hinge_loss(chain, tied64, y, reduction="none").tolist() == [1.0]
+    assert chain.slack_max_oracle(tied64, y)[1].tolist() == [1.0]
 
 
 def _near_max_case(case, K, per_position, dtype, g):
@@ -688,9 +707,11 @@ def test_the_batch_mean_and_sum_accumulate_where_they_cannot_overflow():
         ts.structured_hinge_loss(mc, s, t, reduction="sum")
     s64 = torch.tensor([[1.5e308, -1e308, 0.0]] * 3, dtype=torch.float64)
     assert float(ts.structured_hinge_loss(mc, s64, t)) == pytest.approx(1.5e308)
-    # the CRF is homogeneous too with its log-sum-exp at temperature 2**-shift; the slack products are not
+    # the CRF is homogeneous too with its log-sum-exp at temperature 2**-shift, the exact slack-rescaled loss with
+    # its margin 2**-shift; the searches over lambda-oracles form the products themselves: not scaled
     assert float(ts.crf_negative_log_likelihood(mc, s64, t)) == pytest.approx(1.5e308)
+    assert float(ts.slack_rescaled_hinge_loss(mc, s64, t)) == pytest.approx(1.5e308)
     with pytest.raises(OverflowError, match="potentials.*overflows float64"):
-        ts.slack_rescaled_hinge_loss(mc, s64, t)
+        ts.slack_rescaled_hinge_loss(mc, s64, t, search="bisecting")
     with pytest.raises(OverflowError, match="sum of the losses overflows float64"):
         ts.structured_hinge_loss(mc, s64, t, reduction="sum")

@@ -20,9 +20,9 @@ reads bound every sum the oracles form; where that bound does not fit the comput
 naming it rather than an inf; float64 potentials whose sums could pass 1.8e308 are an OverflowError naming the
 potentials (`torchssvm.structures.base`, "numerics at the dtype's limits"). On device tensors outside debug mode the
 values are not read (docs/gpu.md: a read makes the host wait for the device): there the hinge on a `Chain` is guarded
-inside its fused Triton kernels (`torchssvm.kernels.chain.guard_triton`), and its hinge on the torch backend and its CRF
-loss at a power of two found on the device (`torchssvm.structures.base.device_scaling`): +inf where the loss does not
-fit, never NaN. Its slack-rescaled loss there is not guarded.
+inside its fused Triton kernels (`torchssvm.kernels.chain.guard_triton`), and its hinge on the torch backend, its CRF
+loss and its exact slack-rescaled loss (with its margin ``1 / c``) at a power of two ``c`` found on the device
+(`torchssvm.structures.base.device_scaling`): +inf where the loss does not fit, never NaN.
 
 The CRF loss is guarded as the hinge: ``log Z(theta) - s(y*) = c (log Z_c(theta / c) - s_{theta / c}(y*))`` with the
 log-sum-exps at temperature ``1 / c`` (`torchssvm.structures.base.logsumexp_scaled`, whose gradient is the softmax
@@ -87,8 +87,8 @@ def _plan(structure, tensors, mags, *, loss_weight=0.0, slack=False, homogeneous
     read; where they were not (a device outside debug mode) and the loss is ``homogeneous`` in the potentials (and
     does not guard itself: ``guarded``), the pair ``[low, c]`` of `Unchecked.device_scaling`, a list so that the
     two kinds of plan cannot be mistaken for each other."""
-    if homogeneous and not slack and not guarded:
-        scaling = structure.unchecked.device_scaling(tensors, mags, loss_weight=loss_weight)
+    if homogeneous and not guarded:
+        scaling = structure.unchecked.device_scaling(tensors, mags, loss_weight=loss_weight, slack=slack)
         if scaling is not None:
             return list(scaling)
     return structure.unchecked.overflow_plan(tensors, mags, loss_weight=lw_magnitude(loss_weight), slack=slack,
@@ -260,10 +260,14 @@ class StructuredHingeLoss(nn.Module):
 class _SlackRescaledHinge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, structure, target, lengths, backend, search, plan, *tensors):
-        pot = structure.from_tensors(_widened(structure, tensors, plan))
+        if isinstance(plan, tuple):  # the margin scales with the potentials (a shift only for search="exact")
+            pot, margin = structure.from_tensors(_widened(structure, tensors, plan)), 2.0 ** -plan[1]
+        else:  # `_plan`: the device's power of two (unread values)
+            pot, margin = structure.from_tensors(plan[0]), 1 / plan[1]
         with no_autocast():
             if search == "exact":
-                y_hat, value = structure.unchecked.slack_max_oracle(pot, target, lengths, backend=backend)
+                y_hat, value = structure.unchecked.slack_max_oracle(pot, target, lengths, backend=backend,
+                                                                    margin=margin)
             else:
                 y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
         value = _narrowed(value, tensors, plan, "slack_rescaled_hinge_loss: the loss")
@@ -368,8 +372,9 @@ def slack_rescaled_hinge_loss(
     tensors = structure.tensors(pot)
     resolve(structure.oracle_op, backend, tensors[0].device)
     # the searches call the loss-augmented oracle with weights up to a few times the largest slack ratio: bound
-    # them as the exact oracle's products
-    plan = structure.unchecked.overflow_plan(tensors, mags, slack=True)
+    # them as the exact oracle's products. The exact oracle is homogeneous with its margin scaled too; the searches
+    # form Delta (1 + s - s*) themselves, so they are not scaled (float64 past the bound: an OverflowError)
+    plan = _plan(structure, tensors, mags, slack=True, homogeneous=search == "exact")
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss

@@ -174,11 +174,12 @@ def chain_marginals(labels, lengths, num_labels: int, minus=None, dtype=torch.fl
 
 
 @torch.no_grad()
-def slack_viterbi(unary, transition, start, end, lengths, target, cost, target_score, backend: str = "auto"):
+def slack_viterbi(unary, transition, start, end, lengths, target, cost, target_score, backend: str = "auto",
+                  margin=1.0):
     """Dispatch to `slack_viterbi_torch` or `slack_viterbi_triton`; see `slack_viterbi_torch` for the
     contract (the exact slack-rescaled chain oracle; Choi et al., 2016)."""
     if resolve("slack_viterbi", backend, unary.device) == "triton":
         from .slack_chain_triton import slack_viterbi_triton
 
-        return slack_viterbi_triton(unary, transition, start, end, lengths, target, cost, target_score)
-    return slack_viterbi_torch(unary, transition, start, end, lengths, target, cost, target_score)
+        return slack_viterbi_triton(unary, transition, start, end, lengths, target, cost, target_score, margin)
+    return slack_viterbi_torch(unary, transition, start, end, lengths, target, cost, target_score, margin)

@@ -34,6 +34,7 @@ def slack_viterbi_torch(
     target: torch.Tensor,
     cost: torch.Tensor,
     target_score: torch.Tensor,
+    margin=1.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Most violating labelling under slack rescaling.
 
@@ -43,6 +44,8 @@ def slack_viterbi_torch(
         target: ``(B, T)`` true labels (padding ignored).
         cost: ``(B,)`` loss of one wrong position (``1 / length`` for the normalized Hamming loss).
         target_score: ``(B,)`` ``s(y*)``.
+        margin: the 1 of ``1 + s(y) - s(y*)``: the overflow guard passes ``2**-s`` (a number or a 0-dim tensor on
+            the device) with the potentials times ``2**-s``, for ``Phi`` at ``2**-s`` of its size.
 
     Returns:
         labels ``(B, T)`` long (-1 padded) and ``value (B,)`` = ``max(0, max_y Phi(y))`` (the truth,
@@ -56,7 +59,7 @@ def slack_viterbi_torch(
             slack_viterbi_torch(unary[s : s + chunk],
                                 transition[s : s + chunk] if transition.dim() == 4 else transition, start, end,
                                 lengths[s : s + chunk], target[s : s + chunk], cost[s : s + chunk],
-                                target_score[s : s + chunk])
+                                target_score[s : s + chunk], margin)
             for s in range(0, B, chunk)
         ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -66,7 +69,7 @@ def slack_viterbi_torch(
     per_position = transition.dim() == 4
     y = target.clamp_min(0)
     hit = torch.nn.functional.one_hot(y, K).bool()  # (B, T, K): label k is the truth at t
-    neg = torch.tensor(-torch.inf, dtype=dt, device=dev)
+    neg = torch.full((), -torch.inf, dtype=dt, device=dev)  # a fill on the device, not a copy from the host
     a0 = unary[:, 0] + start if start is not None else unary[:, 0]
     alpha = torch.full((B, E, K), -torch.inf, dtype=dt, device=dev)
     alpha[:, 0] = torch.where(hit[:, 0], a0, neg)
@@ -87,7 +90,8 @@ def slack_viterbi_torch(
     final = alpha + end if end is not None else alpha
     best, last = final.max(2)  # S_e and its last label, (B, E)
     errors = torch.arange(E, device=dev, dtype=dt)
-    phi = cost.to(dt).unsqueeze(1) * errors * (1 + best - target_score.to(dt).unsqueeze(1))
+    one = margin.to(dt) if isinstance(margin, torch.Tensor) else margin
+    phi = cost.to(dt).unsqueeze(1) * errors * (one + best - target_score.to(dt).unsqueeze(1))
     phi = torch.where(torch.isfinite(best), phi, neg)
     phi[:, 0] = 0.0  # e = 0 is the truth itself
     value, e = phi.max(1)  # first maximum: the smallest error count

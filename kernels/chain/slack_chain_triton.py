@@ -24,10 +24,10 @@ import triton.language as tl
 
 @triton.jit
 def _slack_viterbi_kernel(
-    unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, target_ptr, cost_ptr, tscore_ptr,
+    unary_ptr, trans_ptr, start_ptr, end_ptr, len_ptr, target_ptr, cost_ptr, tscore_ptr, margin_ptr,
     bp_ptr, alpha_ptr, out_ptr, value_ptr,
     T, K, E, trans_sb, trans_st,
-    HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_END: tl.constexpr, PER_POSITION: tl.constexpr, HAS_MARGIN: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -85,7 +85,10 @@ def _slack_viterbi_kernel(
     cost = tl.load(cost_ptr + b)
     ts = tl.load(tscore_ptr + b)
     errors = offs_e.to(fin.dtype)
-    phi = cost * errors * (1 + S - ts)
+    if HAS_MARGIN:  # the overflow guard's 2**-s: Phi of the potentials times 2**-s, at 2**-s of its size
+        phi = cost * errors * (tl.load(margin_ptr) + S - ts)
+    else:
+        phi = cost * errors * (1 + S - ts)
     phi = tl.where(S > NEG, phi, NEG)
     phi = tl.where(offs_e == 0, 0.0, phi)  # e = 0 is the truth itself
     phi = tl.where(me, phi, NEG)
@@ -112,8 +115,10 @@ def slack_viterbi_triton(
     target: torch.Tensor,
     cost: torch.Tensor,
     target_score: torch.Tensor,
+    margin=1.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `slack_viterbi_torch`; float32 or float64 potentials."""
+    """Same contract as `slack_viterbi_torch`; float32 or float64 potentials. ``margin`` other than the number 1 (a
+    number or a 0-dim tensor on the device) is read by the kernel (``HAS_MARGIN``)."""
     B, T, K = unary.shape
     E = T + 1
     dt, dev = unary.dtype, unary.device
@@ -128,6 +133,7 @@ def slack_viterbi_triton(
         return labels, value
     backpointers = torch.empty((B, T, E, K), dtype=torch.int32, device=dev)
     scratch = unary.new_empty(B * 2 * E * K)
+    has_margin = isinstance(margin, torch.Tensor) or margin != 1
     block_e, block_k = triton.next_power_of_2(E), triton.next_power_of_2(K)
     _slack_viterbi_kernel[(B,)](
         unary, transition,
@@ -135,9 +141,10 @@ def slack_viterbi_triton(
         end.to(dt).contiguous() if end is not None else unary,
         lengths.long().contiguous(), target.clamp_min(0).long().contiguous(),
         cost.to(dt).contiguous(), target_score.to(dt).contiguous(),
+        unary if not has_margin else torch.as_tensor(margin, dtype=dt, device=dev).reshape(1),
         backpointers, scratch, labels, value,
         T, K, E, trans_sb, trans_st,
-        HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position,
+        HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position, HAS_MARGIN=has_margin,
         BLOCK_E=block_e, BLOCK_K=block_k,
         # At most 16 tile entries per thread: with 4 warps a 64 x 64 tile already spills (compile_check).
         num_warps=min(16, max(4, block_e * block_k // 512)),

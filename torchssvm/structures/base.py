@@ -93,7 +93,9 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 #   times 2**-shift (exact: a power of two) and scaled back, with an OverflowError where it does not fit float64.
 #   So is a log-partition function (and the CRF loss), which is homogeneous once its log-sum-exp carries the scale
 #   as a temperature: ``log Z(theta) = c log Z_c(theta / c)``, ``log Z_c(phi) = (1/c) log sum_y exp(c s_phi(y))``
-#   (`logsumexp_scaled`). The slack-rescaled products raise an OverflowError naming the potentials. The bound is
+#   (`logsumexp_scaled`), and the exact slack-rescaled value, once its margin 1 is scaled too: ``Delta (2**-shift +
+#   s'(y) - s'(y*))`` (the searches over lambda-oracles form the products themselves: an OverflowError naming the
+#   potentials). The bound is
 #   conservative: such an error can come where the exact result would have fit. Offsets that enter the score
 #   non-linearly (`Structure.offset_names`: a spatial tree's rest offsets) are never scaled.
 #
@@ -105,7 +107,8 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 # themselves inside their kernels (`torchssvm.kernels.chain.guard_triton`); its `score`, `log_partition`, CRF loss
 # and its `max_oracle` and hinge on the torch backend take the same power of two from a handful of torch reductions
 # (`device_scaling`), with no host wait: a result that does not fit is an honest +-inf (the CPU's OverflowError,
-# which a device cannot raise without a read), never NaN. Its slack-rescaled loss there is not guarded. Debug mode
+# which a device cannot raise without a read), never NaN; so do its exact slack-rescaled loss and oracle, with the
+# margin at ``1 / c`` (the torch and Triton twins take it). Debug mode
 # (`torchssvm.set_debug`) reads the magnitudes with the finiteness check (no extra wait) and guards as on the CPU.
 # The other structures read their potentials on every device, so they are guarded everywhere.
 _HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp
@@ -242,8 +245,10 @@ class Unchecked:
     def decode(self, potentials, lengths=None, *, target=None, loss_weight=1.0, backend="auto"):
         return self.max_oracle(potentials, target, lengths, loss_weight=loss_weight, backend=backend)[0]
 
-    def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto"):
-        return self.structure._slack_max_oracle(potentials, lengths, target, backend)
+    def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto", margin=1.0):
+        """``margin``: the 1 of ``Delta (1 + s(y) - s(y*))``; the overflow guard's ``2**-s`` with the potentials times
+        ``2**-s`` gives the value at ``2**-s`` of its size."""
+        return self.structure._margin_slack_oracle(potentials, lengths, target, backend, margin)
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         return self.structure._score(potentials, y, lengths)
@@ -289,13 +294,13 @@ class Unchecked:
         (`scaled`; the structure's offsets only widened)."""
         return scaled(tensors, shift, self.structure._offsets())
 
-    def device_scaling(self, tensors, magnitudes: dict, *, loss_weight=0.0):
+    def device_scaling(self, tensors, magnitudes: dict, *, loss_weight=0.0, slack: bool = False):
         """The overflow guard where the values were not read (``magnitudes`` empty on a device outside debug mode):
         ``(low, c)`` as `device_scaling` gives them for the structure's bound, with the largest ``loss_weight`` (a
         number or a device tensor, reduced there); None where the values are read or the structure has no bound.
         For results homogeneous in the potentials (`logsumexp_scaled` for a log-partition): compute on ``low``,
         then multiply by ``c``."""
-        return self.structure._device_scaling(tensors, magnitudes, loss_weight)
+        return self.structure._device_scaling(tensors, magnitudes, loss_weight, slack)
 
     def marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where ``needs``
@@ -425,10 +430,19 @@ class Structure:
             pot, lengths, target = self.validate(potentials, lengths, target)
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
-            return self._guarded(pot, mags, lambda p, c: self._slack_max_oracle(p, lengths, target, backend),
-                                 "slack_max_oracle: the value", slack=True, saturate=True)
+            return self._guarded(pot, mags, lambda p, c: self._margin_slack_oracle(p, lengths, target, backend, c),
+                                 "slack_max_oracle: the value", slack=True, saturate=True, homogeneous=True)
 
-    def _slack_max_oracle(self, potentials, lengths, target, backend):
+    def _margin_slack_oracle(self, potentials, lengths, target, backend, margin):
+        """``_slack_max_oracle`` with its ``margin``, called without it at the number 1: a structure written before the
+        hook had a ``margin`` still works wherever the guard does not scale."""
+        if not isinstance(margin, torch.Tensor) and margin == 1:
+            return self._slack_max_oracle(potentials, lengths, target, backend)
+        return self._slack_max_oracle(potentials, lengths, target, backend, margin)
+
+    def _slack_max_oracle(self, potentials, lengths, target, backend, margin=1.0):
+        """``(y_hat, max(0, max_y Delta(target, y) (margin + s(y) - s(target))))``: the slack-rescaled oracle, whose
+        ``margin`` (1; the overflow guard's ``2**-s`` with the potentials times ``2**-s``) makes it homogeneous."""
         self.require("has_slack_oracle")
         raise NotImplementedError(f"{type(self).__name__} declares has_slack_oracle but has no _slack_max_oracle")
 
@@ -576,7 +590,8 @@ class Structure:
         """How the oracles run so that no sum overflows: ``(wide, shift)``, ``wide`` True for float64 rather than
         `compute_dtype`, ``shift`` > 0 to run on the potentials (and the loss weight) times ``2**-shift`` and scale the
         result back (exact: a power of two; only for ``homogeneous`` results, the margin-rescaled hinge, the score,
-        the loss-augmented value, where float64 itself is not enough). ``(False, 0)`` where nothing was read
+        the loss-augmented value, the log-partition with its temperature, the slack-rescaled value with its margin
+        ``2**-shift``, where float64 itself is not enough). ``(False, 0)`` where nothing was read
         (``mags`` empty) or the structure has no bound; an OverflowError naming the potentials (or the loss weight)
         where no plan fits."""
         if not mags:
@@ -593,11 +608,15 @@ class Structure:
         f64 = torch.finfo(torch.float64).max
         if need <= f64:
             return True, 0
-        if homogeneous and not slack:
-            # the bound is linear in the potentials' magnitudes (not in the rest offsets, lengths): in a Python float
-            # it may overflow itself, so it is taken at 2**-128 of them
-            low = {k: (v if k == "rest" else math.ldexp(v, -128)) for k, v in mags.items()}
-            need_low = _HEADROOM * self._score_bound(tensors, low, math.ldexp(aug, -128))
+        if homogeneous:
+            # the bound is linear in the potentials' magnitudes (not in the offsets, lengths): in a Python float it may
+            # overflow itself, so it is taken at 2**-128 of them
+            low = {k: (v if k in self.offset_names else math.ldexp(v, -128)) for k, v in mags.items()}
+            bound_low = self._score_bound(tensors, low, math.ldexp(aug, -128))
+            if slack:  # the margin scales with the potentials: Delta(y) (2**-shift + s'(y) - s'(y*))
+                bound_low = max(1.0, self._loss_sites(tensors) * self._cost_max()) * (
+                    math.ldexp(1.0, -128) + 2.0 * bound_low)
+            need_low = _HEADROOM * bound_low
             if math.isfinite(need_low) and need_low > 0:
                 return True, max(1, math.ceil(math.log2(need_low) + 128 - math.log2(f64)) + 1)
         name = str(dt).replace("torch.", "")
@@ -621,8 +640,8 @@ class Structure:
         oracle), and an honest +-inf where it does not fit."""
         tensors = self.tensors(pot)
         dt = compute_dtype(tensors)
-        if homogeneous and not slack and device_lw is not None:
-            scaling = self._device_scaling(tensors, mags, device_lw)
+        if homogeneous and device_lw is not None:
+            scaling = self._device_scaling(tensors, mags, device_lw, slack)
             if scaling is not None:
                 low, c = scaling
                 out = fn(self.from_tensors(low), 1 / c)
@@ -649,17 +668,20 @@ class Structure:
         """Per potential tensor, whether it is an offset (`offset_names`), which the guard's scaling leaves alone."""
         return tuple(name in self.offset_names for name in self.potential_names)
 
-    def _device_scaling(self, tensors, mags: dict, loss_weight=0.0):
+    def _device_scaling(self, tensors, mags: dict, loss_weight=0.0, slack: bool = False):
         """`Unchecked.device_scaling`: ``(low, c)`` from `device_scaling` where the values were not read (``mags``
         empty, tensors on a device outside debug mode), the structure has a bound and no offsets; else None.
         ``loss_weight``: a number or a device tensor (its largest entry, reduced there, times the largest cost of a
-        mistake, at every loss site, is part of the bound)."""
+        mistake, at every loss site, is part of the bound). ``slack``: for the slack-rescaled products ``Delta(y)
+        (margin + s(y) - s(y*))``, whose bound is ``max(1, the largest task loss) (1 + 2 bound)``."""
         first = next((t for t in tensors if t is not None), None)
         if mags or first is None or reads_values(first.device) or any(self._offsets()):
             return None
         coefficient = self._score_bound(tensors, dict.fromkeys(self.potential_names, 1.0), 0.0)
         if coefficient is None or coefficient <= 0:
             return None
+        if slack:  # the margin 1 / c <= 1 is in the headroom
+            coefficient *= 2.0 * max(1.0, self._loss_sites(tensors) * self._cost_max())
         per_unit = self._score_bound(tensors, {}, 1.0) * self._cost_max()  # the bound is linear in the loss weight
         return device_scaling(tensors, coefficient, loss_weight, per_unit, self._offsets())
 

@@ -207,7 +207,7 @@ class Chain(Structure):
 
         return chain_hinge_grad_triton(y_hat, target, lengths, weight, *tensors, needs, compute_dtype(tensors))
 
-    def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend):
+    def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))``, exact by the error-count DP
         (`torchssvm.kernels.chain.slack_chain_torch`); needs a uniform Hamming cost (no ``class_weights``)."""
         if self.class_weights is not None:
@@ -218,7 +218,7 @@ class Chain(Structure):
         gold = self._score(det, target, lengths)
         cost = 1.0 / lengths.to(dt) if self.normalize else torch.ones(lengths.shape, dtype=dt, device=lengths.device)
         return slack_viterbi(det.unary, det.transition, det.start, det.end, lengths, target, cost, gold,
-                             backend=backend)
+                             backend=backend, margin=margin)
 
     def position_loss_weights(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` float64: the Hamming cost of a mistake at each position of labellings ``y`` (0 on padding),

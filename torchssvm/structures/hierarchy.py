@@ -180,7 +180,7 @@ class Hierarchy(Structure):
             y = y[1:]
         return y.to(device) if device is not None else y
 
-    def _slack_max_oracle(self, scores, lengths, target, backend):
+    def _slack_max_oracle(self, scores, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_Y Delta (1 + s(Y) - s(Y*))))`` by enumeration of the leaf sets."""
         dt = compute_dtype([scores])
         theta = scores.detach().to(dt)
@@ -188,7 +188,7 @@ class Hierarchy(Structure):
         s = theta @ configs.to(dt).t()
         gold = (theta * target.to(dt)).sum(1, keepdim=True)
         loss = binary_hamming_table(self._node_costs(dt, theta.device), target, configs)
-        value, j = (loss * (1 + s - gold)).max(1)
+        value, j = (loss * (margin + s - gold)).max(1)
         return truth_unless_violated(configs[j], value, target)
 
     # -- scores, losses, marginals --------------------------------------------------------------

@@ -52,13 +52,13 @@ class Multiclass(Structure):
         value, y_hat = s.max(dim=1)
         return y_hat, value
 
-    def _slack_max_oracle(self, scores, lengths, target, backend):
+    def _slack_max_oracle(self, scores, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_k Delta(y, k) (1 + s_k - s_y)))`` by enumeration; ``y`` when nothing violates."""
         s = scores.detach().to(compute_dtype([scores]))
         gold = s.gather(1, target.unsqueeze(1))
         cost = self._class_weight(target, s.dtype).unsqueeze(1)
         wrong = torch.ones_like(s, dtype=torch.bool).scatter_(1, target.unsqueeze(1), False)
-        value, y_hat = torch.where(wrong, cost * (1 + s - gold), 0.0).max(dim=1)
+        value, y_hat = torch.where(wrong, cost * (margin + s - gold), 0.0).max(dim=1)
         return truth_unless_violated(y_hat, value, target)
 
     def _score(self, scores, y, lengths) -> torch.Tensor:

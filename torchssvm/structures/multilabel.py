@@ -199,14 +199,14 @@ class MultiLabel(Structure):
         return self._enumerate(pot, target,
                                lambda s, loss, rows: s + torch.where(loss > 0, lw[rows].unsqueeze(1) * loss, 0.0))
 
-    def _slack_max_oracle(self, pot, lengths, target, backend):
+    def _slack_max_oracle(self, pot, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))`` by enumeration; the truth when nothing
         violates."""
         dt = compute_dtype(pot)
         gold = self._score(MultiLabelPotentials(*(None if t is None else t.detach().to(dt) for t in pot)),
                            target, None)
         y_hat, value = self._enumerate(pot, target,
-                                       lambda s, loss, rows: loss * (1 + s - gold[rows].unsqueeze(1)))
+                                       lambda s, loss, rows: loss * (margin + s - gold[rows].unsqueeze(1)))
         return truth_unless_violated(y_hat, value, target)
 
     def _score(self, pot, y, lengths) -> torch.Tensor:
