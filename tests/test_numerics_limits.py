@@ -715,3 +715,43 @@ def test_the_batch_mean_and_sum_accumulate_where_they_cannot_overflow():
         ts.slack_rescaled_hinge_loss(mc, s64, t, search="bisecting")
     with pytest.raises(OverflowError, match="sum of the losses overflows float64"):
         ts.structured_hinge_loss(mc, s64, t, reduction="sum")
+
+
+def test_a_device_batch_mean_accumulates_where_it_cannot_overflow():
+    """On a (simulated) CUDA device nothing is read: float32 hinges near 3.4e38 are averaged in float64 (their
+    float32 mean was inf), float64 ones near 1.8e308 at 2**-k of their size; a sum that does not fit is +inf (the CPU
+    raises). Ordinary means equal the CPU's, bitwise: both accumulate in float64."""
+    from torchssvm.testing import simulated_cuda
+
+    mc = ts.Multiclass(3)
+    t = torch.tensor([2, 2, 2])
+    g = torch.Generator().manual_seed(0)
+    ordinary = torch.randn(5, 3, generator=g)
+    with simulated_cuda() as mode:
+        d_t = t.to("cuda", non_blocking=True)
+        big = torch.tensor([[2e38, -1e38, 0.0]] * 3).to("cuda", non_blocking=True)
+        big64 = torch.tensor([[1.5e308, -1e308, 0.0]] * 3, dtype=torch.float64).to("cuda", non_blocking=True)
+        d_ord = ordinary.to("cuda", non_blocking=True)
+        d_ot = torch.tensor([0, 1, 2, 0, 1]).to("cuda", non_blocking=True)
+
+        def reduced(loss, scores, target, reduction="mean"):
+            # Multiclass reads its scores and labels on every device; the reduction adds no read of its own
+            syncs = mode.syncs
+            loss(mc, scores, target, reduction="none")
+            per_call = mode.syncs - syncs
+            syncs = mode.syncs
+            out = loss(mc, scores, target, reduction=reduction)
+            assert mode.syncs - syncs == per_call, mode.sync_sites
+            return out
+
+        previous = ts.set_debug(False)
+        try:
+            out = [reduced(ts.structured_hinge_loss, big, d_t), reduced(ts.structured_hinge_loss, big, d_t, "sum"),
+                   reduced(ts.structured_hinge_loss, big64, d_t), reduced(ts.crf_negative_log_likelihood, big, d_t),
+                   reduced(ts.structured_hinge_loss, d_ord, d_ot)]
+        finally:
+            ts.set_debug(previous)
+        out = [float(x.cpu()) for x in out]
+    assert out[0] == pytest.approx(2e38) and out[1] == float("inf") and out[2] == pytest.approx(1.5e308)
+    assert out[3] == pytest.approx(2e38)
+    assert out[4] == float(ts.structured_hinge_loss(mc, ordinary, torch.tensor([0, 1, 2, 0, 1])))

@@ -40,7 +40,6 @@ from ._validation import (
     check_loss_weight,
     check_loss_weight_value,
     collect_magnitudes,
-    reads_values,
 )
 from .kernels import check_backend, resolve
 from .structures.base import Structure, compute_dtype, lw_magnitude, no_autocast
@@ -147,19 +146,25 @@ def _tensor_leaves(x):
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    """The batch ``"mean"`` or ``"sum"`` of per-example losses. Where values are read (CPU tensors, debug mode:
-    `torchssvm._validation.reads_values`) it accumulates in float64, so that float32 losses near 3.4e38 do not sum
-    to inf (their mean is finite, and so is a sum that float32 holds; a sum it cannot hold is an OverflowError), and
-    a float64 mean near 1.8e308 is taken at a power-of-two scale (the checks read the result: on the CPU only). On
-    a device outside debug mode: in the loss's dtype, as before (no extra launch)."""
+    """The batch ``"mean"`` or ``"sum"`` of per-example losses, accumulated where it cannot overflow: float32 (and
+    half) losses in float64, so that losses near 3.4e38 do not sum to inf (their mean is finite, and so is a sum that
+    float32 holds), and a float64 mean near 1.8e308 at a power-of-two scale. On the CPU the result is read: a sum
+    float32 cannot hold is an OverflowError. On a device nothing is read (docs/gpu.md): such a sum is +inf, a float32
+    mean costs one launch more (the cast back) and a float64 mean two (the exact scalings by ``2**-k``, ``2**k``,
+    ``2**k >= B``)."""
     if reduction == "none":
         return loss
-    if not reads_values(loss.device) or not loss.is_floating_point():
+    if not loss.is_floating_point():
         return loss.mean() if reduction == "mean" else loss.sum()
     dt = loss.dtype
+    if loss.device.type != "cpu":  # no read (none of its own in debug mode either)
+        if dt != torch.float64:
+            return (loss.mean(dtype=torch.float64) if reduction == "mean" else loss.sum(dtype=torch.float64)).to(dt)
+        if reduction == "sum":
+            return loss.sum()
+        k = max(1, (loss.numel() - 1).bit_length())  # the scaled entries sum below float64's max; exact scalings
+        return loss.mul(2.0 ** -k).mean().mul(2.0 ** k)
     out = loss.mean(dtype=torch.float64) if reduction == "mean" else loss.sum(dtype=torch.float64)
-    if loss.device.type != "cpu":  # debug mode on a device: the wide sum, without a read of its own
-        return out.to(dt)
     if loss.numel() and not bool(torch.isfinite(out)) and bool(torch.isfinite(loss).all()):
         if reduction == "sum":
             raise OverflowError(f"the sum of the losses overflows {str(dt).replace('torch.', '')}; use "
