@@ -518,6 +518,51 @@ def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches(
     assert chain.slack_max_oracle(tied64, y)[1].tolist() == [1.0]
 
 
+class _LegacyChain(ts.Chain):
+    """A structure written before the hooks took the guard's ``scale`` and ``margin``."""
+
+    def _slack_max_oracle(self, pot, lengths, target, backend):
+        return super()._slack_max_oracle(pot, lengths, target, backend)
+
+    def _log_partition(self, pot, lengths):
+        return super()._log_partition(pot, lengths)
+
+
+def test_hooks_without_the_guards_scale_still_work_and_are_never_scaled():
+    """A `_slack_max_oracle` without ``margin`` or a `_log_partition` without ``scale`` is called without them: the
+    same results as before on the CPU and on a device (where the guard then does not scale), and an OverflowError
+    naming the potentials, not a TypeError, where float64 cannot hold their sums."""
+    from torchssvm.testing import simulated_cuda
+
+    old, new = _LegacyChain(3), ts.Chain(3)
+    assert not old.unchecked.scalable("slack_max_oracle") and not old.unchecked.scalable("log_partition")
+    assert new.unchecked.scalable("slack_max_oracle") and new.unchecked.scalable("log_partition")
+    g = torch.Generator().manual_seed(3)
+    pot = ts.ChainPotentials(torch.randn(2, 4, 3, generator=g), torch.randn(3, 3, generator=g))
+    y = torch.randint(0, 3, (2, 4), generator=g)
+    for chain in (old, new):
+        cpu = [ts.slack_rescaled_hinge_loss(chain, pot, y, reduction="none"), chain.slack_max_oracle(pot, y)[1],
+               ts.crf_negative_log_likelihood(chain, pot, y, reduction="none"), chain.log_partition(pot)]
+        with simulated_cuda():
+            d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot[:2]))
+            d_y = y.to("cuda", non_blocking=True)
+            dev = [ts.slack_rescaled_hinge_loss(chain, d_pot, d_y, reduction="none", backend="torch"),
+                   chain.slack_max_oracle(d_pot, d_y, backend="torch")[1],
+                   ts.crf_negative_log_likelihood(chain, d_pot, d_y, reduction="none"), chain.log_partition(d_pot)]
+            dev = [t.detach().cpu() for t in dev]
+        for a, b in zip(cpu, dev):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-6, atol=1e-6)
+    # every labelling scores 0, through partial sums of 1e308
+    huge = ts.ChainPotentials(torch.tensor([1e308, -1e308, 1e308, -1e308], dtype=torch.float64).view(1, 4, 1)
+                              .expand(1, 4, 3).contiguous(), torch.zeros(3, 3, dtype=torch.float64))
+    y1 = y[:1]
+    for call in (lambda c: ts.slack_rescaled_hinge_loss(c, huge, y1), lambda c: c.slack_max_oracle(huge, y1)[1],
+                 lambda c: ts.crf_negative_log_likelihood(c, huge, y1), lambda c: c.log_partition(huge)):
+        with pytest.raises(OverflowError, match="potentials"):
+            call(old)
+        assert bool(torch.isfinite(call(new)).all())
+
+
 def _near_max_case(case, K, per_position, dtype, g):
     """Potentials (float64 values of ``dtype``) and a loss weight of ``case``: "spread" (uniform in +-0.9 max),
     "clustered" (all in [0.87, 0.9] max: every partial sum overflows, the hinges fit), "loss weight" (small

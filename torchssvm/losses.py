@@ -379,7 +379,8 @@ def slack_rescaled_hinge_loss(
     # the searches call the loss-augmented oracle with weights up to a few times the largest slack ratio: bound
     # them as the exact oracle's products. The exact oracle is homogeneous with its margin scaled too; the searches
     # form Delta (1 + s - s*) themselves, so they are not scaled (float64 past the bound: an OverflowError)
-    plan = _plan(structure, tensors, mags, slack=True, homogeneous=search == "exact")
+    plan = _plan(structure, tensors, mags, slack=True,
+                 homogeneous=search == "exact" and structure.unchecked.scalable("slack_max_oracle"))
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
@@ -420,7 +421,7 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     tensors = structure.tensors(pot)
     # homogeneous with its log-sum-exps at temperature 1 / c:
     # log Z(theta) - s(y*) = c (log Z_c(theta / c) - s_{theta / c}(y*))
-    plan = _plan(structure, tensors, mags, homogeneous=True)
+    plan = _plan(structure, tensors, mags, homogeneous=structure.unchecked.scalable("log_partition"))
     with no_autocast():
         if isinstance(plan, tuple):
             low, scale = _widened(structure, tensors, plan), 2.0 ** plan[1]

@@ -141,7 +141,8 @@ def slack_viterbi_triton(
         end.to(dt).contiguous() if end is not None else unary,
         lengths.long().contiguous(), target.clamp_min(0).long().contiguous(),
         cost.to(dt).contiguous(), target_score.to(dt).contiguous(),
-        unary if not has_margin else torch.as_tensor(margin, dtype=dt, device=dev).reshape(1),
+        unary if not has_margin else margin.to(dt).reshape(1) if isinstance(margin, torch.Tensor)
+        else torch.full((1,), margin, dtype=dt, device=dev),  # a fill on the device, not a copy from the host
         backpointers, scratch, labels, value,
         T, K, E, trans_sb, trans_st,
         HAS_START=start is not None, HAS_END=end is not None, PER_POSITION=per_position, HAS_MARGIN=has_margin,

@@ -8,6 +8,7 @@ labels are integer tensors. All operations are batched over a leading dimension 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -112,6 +113,7 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 # (`torchssvm.set_debug`) reads the magnitudes with the finiteness check (no extra wait) and guards as on the CPU.
 # The other structures read their potentials on every device, so they are guarded everywhere.
 _HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp
+_SCALABLE: dict = {}  # (structure class, hook): whether the hook takes the guard's scale (`Structure._scalable`)
 
 
 def lw_magnitude(loss_weight) -> float:
@@ -284,6 +286,11 @@ class Unchecked:
         s = self.structure
         return s._plan(tensors, magnitudes, loss_weight * s._cost_max(), slack, homogeneous)
 
+    def scalable(self, op: str) -> bool:
+        """Whether ``op`` (``"log_partition"`` or ``"slack_max_oracle"``) takes the overflow guard's scaling: its
+        hook has the ``scale`` / ``margin`` argument (a structure written before they existed has not)."""
+        return self.structure._scalable("_" + op)
+
     def guards_own_hinge(self, device, backend: str = "auto") -> bool:
         """Whether ``hinge_forward`` guards its own sums on ``device`` where the values are not read (a `Chain`'s
         fused Triton hinge), so that the loss need not scale the potentials first (`device_scaling`)."""
@@ -431,11 +438,12 @@ class Structure:
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
             return self._guarded(pot, mags, lambda p, c: self._margin_slack_oracle(p, lengths, target, backend, c),
-                                 "slack_max_oracle: the value", slack=True, saturate=True, homogeneous=True)
+                                 "slack_max_oracle: the value", slack=True, saturate=True,
+                                 homogeneous=self._scalable("_slack_max_oracle"))
 
     def _margin_slack_oracle(self, potentials, lengths, target, backend, margin):
-        """``_slack_max_oracle`` with its ``margin``, called without it at the number 1: a structure written before the
-        hook had a ``margin`` still works wherever the guard does not scale."""
+        """``_slack_max_oracle`` with its ``margin``, called without it at the number 1: a structure whose hook has no
+        ``margin`` (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
         if not isinstance(margin, torch.Tensor) and margin == 1:
             return self._slack_max_oracle(potentials, lengths, target, backend)
         return self._slack_max_oracle(potentials, lengths, target, backend, margin)
@@ -470,11 +478,11 @@ class Structure:
             pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
             return self._guarded(pot, mags, lambda p, c: self._scaled_log_partition(p, lengths, 1 / c),
-                                 "log_partition", homogeneous=True)
+                                 "log_partition", homogeneous=self._scalable("_log_partition"))
 
     def _scaled_log_partition(self, potentials, lengths, scale):
-        """``_log_partition`` at ``scale``, called without it at the number 1: a structure written before the hook had
-        a ``scale`` still works wherever the guard does not scale."""
+        """``_log_partition`` at ``scale``, called without it at the number 1: a structure whose hook has no ``scale``
+        (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
         if not isinstance(scale, torch.Tensor) and scale == 1:
             return self._log_partition(potentials, lengths)
         return self._log_partition(potentials, lengths, scale)
@@ -663,6 +671,17 @@ class Structure:
             return torch.ldexp(x, torch.tensor(shift, dtype=x.dtype, device=x.device)).to(dt) if shift else x.to(dt)
 
         return tuple(back(x) for x in out) if isinstance(out, tuple) else back(out)
+
+    _SCALE_ARGUMENTS = {"_log_partition": "scale", "_slack_max_oracle": "margin"}
+
+    def _scalable(self, hook: str) -> bool:
+        """Whether the structure's ``hook`` (``"_log_partition"`` or ``"_slack_max_oracle"``) takes the argument with
+        which the overflow guard makes its result homogeneous (``scale``, ``margin``): a hook written before it had one
+        is never scaled (an OverflowError where float64 cannot hold its sums, no guard on a device)."""
+        key = (type(self), hook)
+        if key not in _SCALABLE:
+            _SCALABLE[key] = self._SCALE_ARGUMENTS[hook] in inspect.signature(getattr(type(self), hook)).parameters
+        return _SCALABLE[key]
 
     def _offsets(self) -> Tuple[bool, ...]:
         """Per potential tensor, whether it is an offset (`offset_names`), which the guard's scaling leaves alone."""

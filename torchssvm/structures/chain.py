@@ -208,7 +208,8 @@ class Chain(Structure):
         return chain_hinge_grad_triton(y_hat, target, lengths, weight, *tensors, needs, compute_dtype(tensors))
 
     def _slack_max_oracle(self, pot: ChainPotentials, lengths, target, backend, margin=1.0):
-        """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))``, exact by the error-count DP
+        """``(y_hat, max(0, max_y Delta(y) (margin + s(y) - s(y*))))`` (``margin`` 1 but for the overflow guard's
+        scaling, `Structure._slack_max_oracle`), exact by the error-count DP
         (`torchssvm.kernels.chain.slack_chain_torch`); needs a uniform Hamming cost (no ``class_weights``)."""
         if self.class_weights is not None:
             raise ValueError("the exact slack-rescaled chain oracle needs the same cost for every wrong "

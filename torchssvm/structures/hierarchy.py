@@ -181,7 +181,8 @@ class Hierarchy(Structure):
         return y.to(device) if device is not None else y
 
     def _slack_max_oracle(self, scores, lengths, target, backend, margin=1.0):
-        """``(y_hat, max(0, max_Y Delta (1 + s(Y) - s(Y*))))`` by enumeration of the leaf sets."""
+        """``(y_hat, max(0, max_Y Delta (margin + s(Y) - s(Y*))))`` by enumeration of the leaf sets (``margin`` 1 but
+        for the overflow guard's scaling, `Structure._slack_max_oracle`)."""
         dt = compute_dtype([scores])
         theta = scores.detach().to(dt)
         configs = self.configurations(theta.device)

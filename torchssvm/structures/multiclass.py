@@ -53,7 +53,8 @@ class Multiclass(Structure):
         return y_hat, value
 
     def _slack_max_oracle(self, scores, lengths, target, backend, margin=1.0):
-        """``(y_hat, max(0, max_k Delta(y, k) (1 + s_k - s_y)))`` by enumeration; ``y`` when nothing violates."""
+        """``(y_hat, max(0, max_k Delta(y, k) (margin + s_k - s_y)))`` by enumeration; ``y`` when nothing violates
+        (``margin`` 1 but for the overflow guard's scaling, `Structure._slack_max_oracle`)."""
         s = scores.detach().to(compute_dtype([scores]))
         gold = s.gather(1, target.unsqueeze(1))
         cost = self._class_weight(target, s.dtype).unsqueeze(1)

@@ -200,8 +200,8 @@ class MultiLabel(Structure):
                                lambda s, loss, rows: s + torch.where(loss > 0, lw[rows].unsqueeze(1) * loss, 0.0))
 
     def _slack_max_oracle(self, pot, lengths, target, backend, margin=1.0):
-        """``(y_hat, max(0, max_y Delta(y) (1 + s(y) - s(y*))))`` by enumeration; the truth when nothing
-        violates."""
+        """``(y_hat, max(0, max_y Delta(y) (margin + s(y) - s(y*))))`` by enumeration; the truth when nothing
+        violates (``margin`` 1 but for the overflow guard's scaling, `Structure._slack_max_oracle`)."""
         dt = compute_dtype(pot)
         gold = self._score(MultiLabelPotentials(*(None if t is None else t.detach().to(dt) for t in pot)),
                            target, None)
