@@ -315,65 +315,6 @@ def test_a_device_chain_outside_debug_mode_reads_nothing_and_debug_mode_guards_i
     print("unguarded device loss:", unguarded)
 
 
-DEVICE_CASES = [(d, f, p) for d in (torch.float32, torch.float64, torch.bfloat16) for f in (0.9, 0.05)
-                for p in PATTERNS if not (d == torch.bfloat16 and p in ("negative", "one_big"))]
-
-
-@pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
-@pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
-                         ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
-def test_a_device_chain_outside_debug_mode_is_guarded_in_its_kernels(dtype, fraction, pattern):
-    """The fused hinge and the loss-augmented oracle on a (simulated) CUDA device, outside debug mode: nothing read
-    on the host, and still never NaN or a wrong finite value at the dtype's limits. The Triton kernels bound the sums
-    from the magnitudes they reduce and run on the potentials times a power of two (`guard_triton`): the exact loss
-    and oracle value (to the compute dtype's rounding of the sums) where they fit, +inf where the loss does not (the
-    CPU's OverflowError, which a device cannot raise without a read), +-inf for an oracle value (as on the CPU), and
-    a maximizing labelling. Against the exact brute force over every labelling."""
-    from torchssvm.testing import simulated_cuda
-
-    g = torch.Generator().manual_seed(zlib.crc32(f"device-{dtype}-{fraction}-{pattern}".encode()))
-    B, T, K = 3, 4, 2
-    chain = ts.Chain(K)
-    pot = ts.ChainPotentials(*(_values(s, pattern, _scale(dtype, fraction), g).to(dtype)
-                               for s in ((B, T, K), (K, K), (K,), (K,))))
-    y = torch.randint(0, K, (B, T), generator=g)
-    lengths = torch.tensor([4, 2, 3])
-    labellings = torch.tensor(list(itertools.product(range(K), repeat=T)))
-    # the brute force over every labelling, each example at its own length (positions past it are free and cost 0)
-    refs, tabs = [], []
-    for b in range(B):
-        L = int(lengths[b])
-        one = ts.ChainPotentials(pot.unary[b:b + 1, :L], *pot[1:])
-        tabs.append(torch.unique(labellings[:, :L], dim=0))
-        refs.append(_reference(chain, one, y[b:b + 1, :L], None, tabs[-1], 1.0))
-    with simulated_cuda() as mode:
-        d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot))
-        d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
-        syncs = mode.syncs
-        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="auto")
-        y_hat, value = chain.max_oracle(d_pot, d_y, d_len)
-        assert mode.syncs == syncs, mode.sync_sites
-        got, y_hat, value = got.cpu(), y_hat.cpu(), value.cpu()
-    out = _out_dtype(dtype)
-    big = torch.finfo(out).max
-    assert got.dtype == out and value.dtype == out
-    assert not bool(got.isnan().any()) and not bool(value.isnan().any()), (got, value)
-    tol = 64 * torch.finfo(out).eps * (_magnitude(pot) + 4) + 1e-6
-    for b, (gv, vv) in enumerate(zip(got.tolist(), value.tolist())):
-        r, v = refs[b]["hinge"][0], refs[b]["value"][0]
-        if abs(r) > big:
-            assert gv == float("inf"), (gv, r)
-        else:
-            assert abs(gv - float(r)) <= tol, f"hinge {gv} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
-        if abs(v) > big:
-            assert vv == (float("inf") if v > 0 else -float("inf")), (vv, v)
-        else:
-            assert abs(vv - float(v)) <= tol, f"value {vv} != {mpmath.nstr(v, 8)} (tolerance {tol:.2e})"
-        L = int(lengths[b])
-        j = next(j for j in range(tabs[b].shape[0]) if torch.equal(tabs[b][j], y_hat[b, :L]))
-        assert abs(refs[b]["augmented"][0][j] - v) <= tol  # the labelling maximizes the exact objective
-
-
 def _device_brute_force(dtype, fraction, pattern, seed):
     """A small chain at ``fraction`` of ``dtype``'s range (B = 3 examples of lengths 4, 2, 3; T = 4, K = 2) and, per
     example at its own length, the exact reference of every result (`_reference`) and its labellings."""
@@ -407,6 +348,52 @@ def _assert_exact_or_inf(what, got, refs, key, dtype, magnitude):
             assert g == (float("inf") if r > 0 else -float("inf")), (what, g, mpmath.nstr(r, 5))
         else:
             assert abs(g - float(r)) <= tol, f"{what}: {g} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+
+
+DEVICE_CASES = [(d, f, p) for d in (torch.float32, torch.float64, torch.bfloat16) for f in (0.9, 0.05)
+                for p in PATTERNS if not (d == torch.bfloat16 and p in ("negative", "one_big"))]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
+                         ids=[f"{str(d)[6:]}-{f}-{p}" for d, f, p in DEVICE_CASES])
+def test_a_device_chain_outside_debug_mode_is_guarded_in_its_kernels(dtype, fraction, pattern):
+    """The fused hinge and the loss-augmented oracle on a (simulated) CUDA device, outside debug mode: nothing read
+    on the host, and still never NaN or a wrong finite value at the dtype's limits. The Triton kernels bound the sums
+    from the magnitudes they reduce and run on the potentials times a power of two (`guard_triton`): the exact loss
+    and oracle value (to the compute dtype's rounding of the sums) where they fit, +inf where the loss does not (the
+    CPU's OverflowError, which a device cannot raise without a read), +-inf for an oracle value (as on the CPU), and
+    a maximizing labelling. Against the exact brute force over every labelling."""
+    from torchssvm.testing import simulated_cuda
+
+    pot, y, lengths, refs, tabs = _device_brute_force(dtype, fraction, pattern, "device")
+    chain = ts.Chain(2)
+    with simulated_cuda() as mode:
+        d_pot = ts.ChainPotentials(*(t.to("cuda", non_blocking=True) for t in pot))
+        d_y, d_len = y.to("cuda", non_blocking=True), lengths.to("cuda", non_blocking=True)
+        syncs = mode.syncs
+        got = ts.structured_hinge_loss(chain, d_pot, d_y, d_len, reduction="none", backend="auto")
+        y_hat, value = chain.max_oracle(d_pot, d_y, d_len)
+        assert mode.syncs == syncs, mode.sync_sites
+        got, y_hat, value = got.cpu(), y_hat.cpu(), value.cpu()
+    out = _out_dtype(dtype)
+    big = torch.finfo(out).max
+    assert got.dtype == out and value.dtype == out
+    assert not bool(got.isnan().any()) and not bool(value.isnan().any()), (got, value)
+    tol = 64 * torch.finfo(out).eps * (_magnitude(pot) + 4) + 1e-6
+    for b, (gv, vv) in enumerate(zip(got.tolist(), value.tolist())):
+        r, v = refs[b]["hinge"][0], refs[b]["value"][0]
+        if abs(r) > big:
+            assert gv == float("inf"), (gv, r)
+        else:
+            assert abs(gv - float(r)) <= tol, f"hinge {gv} != {mpmath.nstr(r, 8)} (tolerance {tol:.2e})"
+        if abs(v) > big:
+            assert vv == (float("inf") if v > 0 else -float("inf")), (vv, v)
+        else:
+            assert abs(vv - float(v)) <= tol, f"value {vv} != {mpmath.nstr(v, 8)} (tolerance {tol:.2e})"
+        L = int(lengths[b])
+        j = next(j for j in range(tabs[b].shape[0]) if torch.equal(tabs[b][j], y_hat[b, :L]))
+        assert abs(refs[b]["augmented"][0][j] - v) <= tol  # the labelling maximizes the exact objective
 
 
 @pytest.mark.parametrize("dtype,fraction,pattern", DEVICE_CASES,
