@@ -115,6 +115,54 @@ def test_hinge_and_oracle_near_float32_max_on_cuda_are_guarded_in_their_kernels(
     assert bool((ref.abs() <= big).any())  # some hinges fit: the comparison is not empty
 
 
+@pytest.mark.skipif(DEVICE.type == "cpu", reason="the CPU reads the values: an OverflowError where one does not fit")
+def test_score_partition_crf_slack_and_torch_hinge_near_float32_max_on_cuda_are_guarded():
+    """A `Chain`'s other calls on CUDA outside debug mode, at potentials in [0.87, 0.9] of float32's max (K = 26,
+    T = 7): `score`, `log_partition`, the CRF loss, the slack-rescaled loss (Triton and torch) and the hinge on the
+    torch backend, each at the power of two `device_scaling` finds on the device. Against the CPU's float64 (the
+    log-partition at its temperature, exact otherwise): the same to float32's rounding of the sums, +-inf where they
+    do not fit, never NaN; the CRF's gradient the CPU's (docs/reliability.md, "Numerics at the dtype's limits")."""
+    g = torch.Generator().manual_seed(7)
+    B, T, K = 6, 7, 26
+    top = 0.9 * torch.finfo(torch.float32).max
+    shapes = ((B, T, K), (K, K), (K,), (K,))
+    tensors = [(top * (1 - torch.rand(*s, generator=g, dtype=torch.float64) / 30)).float().double() for s in shapes]
+    y = torch.randint(0, K, (B, T), generator=g)
+    lengths = torch.tensor([T, 1, 3, T, 5, 2])
+    chain = ts.Chain(K)
+    cpu = ts.ChainPotentials(*tensors)
+    want = {"score": chain.score(cpu, y, lengths), "log_partition": chain.log_partition(cpu, lengths),
+            "slack": ts.slack_rescaled_hinge_loss(chain, cpu, y, lengths, reduction="none", backend="torch"),
+            "hinge": ts.structured_hinge_loss(chain, cpu, y, lengths, reduction="none", backend="torch")}
+    leaves = [t.float().to(DEVICE).requires_grad_() for t in tensors]
+    pot, d_y, d_len = ts.ChainPotentials(*leaves), y.to(DEVICE), lengths.to(DEVICE)
+    crf = ts.crf_negative_log_likelihood(chain, pot, d_y, d_len, reduction="none")
+    got = {"score": chain.score(pot, d_y, d_len), "log_partition": chain.log_partition(pot, d_len),
+           "slack": ts.slack_rescaled_hinge_loss(chain, pot, d_y, d_len, reduction="none", backend="triton"),
+           "slack torch": ts.slack_rescaled_hinge_loss(chain, pot, d_y, d_len, reduction="none", backend="torch"),
+           "hinge": ts.structured_hinge_loss(chain, pot, d_y, d_len, reduction="none", backend="torch"),
+           "crf": crf}
+    want["slack torch"] = want["slack"]
+    want["crf"] = want["log_partition"] - want["score"]
+    big = torch.finfo(torch.float32).max
+    assert bool((want["crf"].abs() <= big).all()) and not bool((want["score"].abs() <= big).all())  # both kinds
+    atol = 64 * torch.finfo(torch.float32).eps * T * 3 * top
+    for name, out in got.items():
+        out, ref = out.detach().cpu().double(), want[name].detach()
+        assert not bool(out.isnan().any()), (name, out)
+        fits = ref.abs() <= big
+        assert torch.equal(out[~fits], ref[~fits].sign() * float("inf")), (name, out, ref)
+        torch.testing.assert_close(out[fits], ref[fits], rtol=0, atol=atol * (T if "slack" in name else 1))
+    grads = torch.autograd.grad(crf[torch.isfinite(crf)].sum(), leaves)
+    assert not any(bool(gr.isnan().any()) for gr in grads)
+    # the unary's gradient: the marginals minus the truth's one-hot, each position's marginals summing to 1
+    marg = grads[0].double().cpu() + torch.nn.functional.one_hot(y, K).double() * (
+        torch.arange(T) < lengths.unsqueeze(1)).unsqueeze(2)
+    rows = torch.isfinite(crf.detach().cpu())
+    inside = (torch.arange(T) < lengths.unsqueeze(1)) & rows.unsqueeze(1)
+    torch.testing.assert_close(marg.sum(2)[inside], torch.ones(int(inside.sum()), dtype=torch.float64))
+
+
 def test_demo_training_on_cuda(tmp_path):
     from torchssvm.cli import main
 
