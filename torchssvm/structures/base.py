@@ -96,9 +96,8 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 #   as a temperature: ``log Z(theta) = c log Z_c(theta / c)``, ``log Z_c(phi) = (1/c) log sum_y exp(c s_phi(y))``
 #   (`logsumexp_scaled`), and the exact slack-rescaled value, once its margin 1 is scaled too: ``Delta (2**-shift +
 #   s'(y) - s'(y*))`` (the searches over lambda-oracles form the products themselves: an OverflowError naming the
-#   potentials). The bound is
-#   conservative: such an error can come where the exact result would have fit. Offsets that enter the score
-#   non-linearly (`Structure.offset_names`: a spatial tree's rest offsets) are never scaled.
+#   potentials). The bound is conservative: such an error can come where the exact result would have fit. Offsets
+#   that enter the score non-linearly (`Structure.offset_names`: a spatial tree's rest offsets) are never scaled.
 #
 # The oracles' values next to their labellings (`max_oracle`, `slack_max_oracle`) become an honest +-inf where they
 # do not fit: the labelling is exact and `decode` needs no value. The losses, `score` and `log_partition` raise.
@@ -109,9 +108,9 @@ def truth_unless_violated(y_hat: torch.Tensor, value: torch.Tensor, target: torc
 # and its `max_oracle` and hinge on the torch backend take the same power of two from a handful of torch reductions
 # (`device_scaling`), with no host wait: a result that does not fit is an honest +-inf (the CPU's OverflowError,
 # which a device cannot raise without a read), never NaN; so do its exact slack-rescaled loss and oracle, with the
-# margin at ``1 / c`` (the torch and Triton twins take it). Debug mode
-# (`torchssvm.set_debug`) reads the magnitudes with the finiteness check (no extra wait) and guards as on the CPU.
-# The other structures read their potentials on every device, so they are guarded everywhere.
+# margin at ``1 / c`` (the torch and Triton twins take it). Debug mode (`torchssvm.set_debug`) reads the magnitudes
+# with the finiteness check (no extra wait) and guards as on the CPU. The other structures read their potentials on
+# every device, so they are guarded everywhere.
 _HEADROOM = 4.0  # an oracle forms differences of two bounded sums (2x); 2x more for its rounding and log-sum-exp
 _SCALABLE: dict = {}  # (structure class, hook): whether the hook takes the guard's scale (`Structure._scalable`)
 
