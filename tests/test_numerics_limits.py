@@ -444,13 +444,15 @@ def test_a_device_chain_outside_debug_mode_guards_its_torch_paths(dtype, fractio
         scores = refs[b]["scores"][0]
         assert abs(scores[k] - max(scores)) <= tol  # decode: a maximizer of the score
     assert not any(bool(g.isnan().any()) for g in grads), grads
+    exact = [t.detach().double().requires_grad_() for t in leaves]  # the same values, in float64
     try:
-        want = torch.autograd.grad(ts.crf_negative_log_likelihood(chain, ts.ChainPotentials(*leaves), y, lengths,
-                                                                  reduction="sum"), leaves)
-    except OverflowError:  # the CPU cannot hold the sum of the losses: no reference for the gradient
+        cpu_crf = ts.crf_negative_log_likelihood(chain, ts.ChainPotentials(*exact), y, lengths, reduction="none")
+    except OverflowError:  # a loss float64 cannot hold: the CPU raises, so no reference for the gradient
+        assert dtype == torch.float64 and not bool(torch.isfinite(crf).all()), crf
         return
+    want = torch.autograd.grad(cpu_crf, exact, grad_outputs=torch.ones_like(cpu_crf))
     for g, w in zip(grads, want):
-        torch.testing.assert_close(g.double(), w.double(), rtol=0, atol=2e-2)
+        torch.testing.assert_close(g.double(), w.double(), rtol=0, atol=1e-5)
 
 
 def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches():
@@ -505,6 +507,16 @@ def test_a_device_chains_torch_paths_bound_large_loss_weights_and_empty_batches(
     assert chain.slack_max_oracle(tied64, y)[1].tolist() == [1.0]
 
 
+class _KeywordChain(ts.Chain):
+    """Hooks whose ``scale`` and ``margin`` are keyword-only, as `Unchecked` spells them."""
+
+    def _slack_max_oracle(self, pot, lengths, target, backend, *, margin=1.0):
+        return super()._slack_max_oracle(pot, lengths, target, backend, margin)
+
+    def _log_partition(self, pot, lengths, *, scale=1.0):
+        return super()._log_partition(pot, lengths, scale)
+
+
 class _LegacyChain(ts.Chain):
     """A structure written before the hooks took the guard's ``scale`` and ``margin``."""
 
@@ -521,13 +533,16 @@ def test_hooks_without_the_guards_scale_still_work_and_are_never_scaled():
     naming the potentials, not a TypeError, where float64 cannot hold their sums."""
     from torchssvm.testing import simulated_cuda
 
-    old, new = _LegacyChain(3), ts.Chain(3)
+    old, new, keyword = _LegacyChain(3), ts.Chain(3), _KeywordChain(3)
     assert not old.unchecked.scalable("slack_max_oracle") and not old.unchecked.scalable("log_partition")
     assert new.unchecked.scalable("slack_max_oracle") and new.unchecked.scalable("log_partition")
+    assert keyword.unchecked.scalable("slack_max_oracle") and keyword.unchecked.scalable("log_partition")
+    with pytest.raises(ValueError, match="max_oracle"):
+        new.unchecked.scalable("max_oracle")
     g = torch.Generator().manual_seed(3)
     pot = ts.ChainPotentials(torch.randn(2, 4, 3, generator=g), torch.randn(3, 3, generator=g))
     y = torch.randint(0, 3, (2, 4), generator=g)
-    for chain in (old, new):
+    for chain in (old, new, keyword):
         cpu = [ts.slack_rescaled_hinge_loss(chain, pot, y, reduction="none"), chain.slack_max_oracle(pot, y)[1],
                ts.crf_negative_log_likelihood(chain, pot, y, reduction="none"), chain.log_partition(pot)]
         with simulated_cuda():
@@ -547,7 +562,7 @@ def test_hooks_without_the_guards_scale_still_work_and_are_never_scaled():
                  lambda c: ts.crf_negative_log_likelihood(c, huge, y1), lambda c: c.log_partition(huge)):
         with pytest.raises(OverflowError, match="potentials"):
             call(old)
-        assert bool(torch.isfinite(call(new)).all())
+        assert bool(torch.isfinite(call(new)).all()) and torch.equal(call(keyword), call(new))
 
 
 def _near_max_case(case, K, per_position, dtype, g):

@@ -150,8 +150,8 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     half) losses in float64, so that losses near 3.4e38 do not sum to inf (their mean is finite, and so is a sum that
     float32 holds), and a float64 mean near 1.8e308 at a power-of-two scale. On the CPU the result is read: a sum
     float32 cannot hold is an OverflowError. On a device nothing is read (docs/gpu.md): such a sum is +inf, a float32
-    mean costs one launch more (the cast back) and a float64 mean two (the exact scalings by ``2**-k``, ``2**k``,
-    ``2**k >= B``)."""
+    mean or sum costs one launch more (the cast back) and a float64 mean two (the exact scalings by ``2**-k``,
+    ``2**k``, ``2**k >= B``). The mean of no losses is NaN, as `torch.mean`'s."""
     if reduction == "none":
         return loss
     if not loss.is_floating_point():
@@ -172,7 +172,7 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
         k = max(1, (loss.numel() - 1).bit_length())  # 2**k >= B: the scaled entries sum below float64's max
         two = torch.tensor(k, dtype=torch.float64, device=loss.device)
         out = torch.ldexp(torch.ldexp(loss.to(torch.float64), -two).mean(), two)
-    if dt != torch.float64:
+    if dt != torch.float64 and loss.numel():
         check_fits(f"the {reduction} of the losses", out.detach(), dt, hint="use reduction='mean' or 'none'")
     return out.to(dt)
 

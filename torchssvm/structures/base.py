@@ -445,7 +445,7 @@ class Structure:
         ``margin`` (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
         if not isinstance(margin, torch.Tensor) and margin == 1:
             return self._slack_max_oracle(potentials, lengths, target, backend)
-        return self._slack_max_oracle(potentials, lengths, target, backend, margin)
+        return self._slack_max_oracle(potentials, lengths, target, backend, margin=margin)
 
     def _slack_max_oracle(self, potentials, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(target, y) (margin + s(y) - s(target))))``: the slack-rescaled oracle, whose
@@ -484,7 +484,7 @@ class Structure:
         (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
         if not isinstance(scale, torch.Tensor) and scale == 1:
             return self._log_partition(potentials, lengths)
-        return self._log_partition(potentials, lengths, scale)
+        return self._log_partition(potentials, lengths, scale=scale)
 
     def _log_partition(self, potentials, lengths, scale=1.0) -> torch.Tensor:
         """``(1 / scale) log sum_y exp(scale s(y))`` (the log-sum-exps by `logsumexp_scaled`)."""
@@ -677,9 +677,12 @@ class Structure:
         """Whether the structure's ``hook`` (``"_log_partition"`` or ``"_slack_max_oracle"``) takes the argument with
         which the overflow guard makes its result homogeneous (``scale``, ``margin``): a hook written before it had one
         is never scaled (an OverflowError where float64 cannot hold its sums, no guard on a device)."""
+        if hook not in self._SCALE_ARGUMENTS:
+            raise ValueError(f"no overflow-guard scaling for {hook!r}; one of {sorted(self._SCALE_ARGUMENTS)}")
         key = (type(self), hook)
-        if key not in _SCALABLE:
-            _SCALABLE[key] = self._SCALE_ARGUMENTS[hook] in inspect.signature(getattr(type(self), hook)).parameters
+        if key not in _SCALABLE:  # passed by keyword: a positional-only parameter of that name does not count
+            p = inspect.signature(getattr(type(self), hook)).parameters.get(self._SCALE_ARGUMENTS[hook])
+            _SCALABLE[key] = p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         return _SCALABLE[key]
 
     def _offsets(self) -> Tuple[bool, ...]:
