@@ -33,8 +33,9 @@ def set_debug(enabled: bool = True) -> bool:
     The same read gives the potentials' largest magnitudes to the overflow guard (`torchssvm.structures.base`,
     "numerics at the dtype's limits"): in debug mode a device `Chain` is guarded as on the CPU (float64 sums where
     float32 ones could overflow, or an OverflowError). Outside it the Triton hinge and `max_oracle` / `decode` guard
-    themselves inside their kernels (`torchssvm.kernels.chain.guard_triton`: +inf where the hinge does not fit,
-    never NaN); a device `Chain`'s other calls are not guarded there."""
+    themselves inside their kernels (`torchssvm.kernels.chain.guard_triton`), and a device `Chain`'s other calls
+    take a power of two found on the device (`torchssvm.structures.base.device_scaling`): +-inf where a result does
+    not fit, never NaN."""
     global _debug
     previous, _debug = _debug, bool(enabled)
     return previous

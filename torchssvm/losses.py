@@ -42,7 +42,7 @@ from ._validation import (
     collect_magnitudes,
 )
 from .kernels import check_backend, resolve
-from .structures.base import Structure, compute_dtype, lw_magnitude, no_autocast
+from .structures.base import Structure, compute_dtype, no_autocast
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -54,7 +54,7 @@ class _StructuredHinge(torch.autograd.Function):
             pot = structure.from_tensors(_widened(structure, tensors, plan))
             if plan[1]:  # potentials scaled by 2**-shift: the loss weight too (the hinge is homogeneous in both)
                 loss_weight = loss_weight * 2.0 ** -plan[1]
-        else:  # `_plan`: the device's power of two (unread values)
+        else:  # `Unchecked.guard_plan`: the device's power of two (unread values)
             low, c = plan
             if not isinstance(loss_weight, torch.Tensor):
                 loss_weight = torch.full((target.shape[0],), float(loss_weight), dtype=torch.float64,
@@ -79,19 +79,6 @@ class _StructuredHinge(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
         return (None, None, None, grad_lw, None, None) + grads
-
-
-def _plan(structure, tensors, mags, *, loss_weight=0.0, slack=False, homogeneous=False, guarded=False):
-    """The overflow guard's plan for a loss: ``(wide, shift)`` (`Unchecked.overflow_plan`) where the values were
-    read; where they were not (a device outside debug mode) and the loss is ``homogeneous`` in the potentials (and
-    does not guard itself: ``guarded``), the pair ``[low, c]`` of `Unchecked.device_scaling`, a list so that the
-    two kinds of plan cannot be mistaken for each other."""
-    if homogeneous and not guarded:
-        scaling = structure.unchecked.device_scaling(tensors, mags, loss_weight=loss_weight, slack=slack)
-        if scaling is not None:
-            return list(scaling)
-    return structure.unchecked.overflow_plan(tensors, mags, loss_weight=lw_magnitude(loss_weight), slack=slack,
-                                             homogeneous=homogeneous)
 
 
 def _widened(structure, tensors, plan):
@@ -224,8 +211,8 @@ def structured_hinge_loss(
     else:  # a number stays one (no tensor filled per call)
         check_loss_weight_value(loss_weight)
         lw = float(loss_weight)
-    plan = _plan(structure, tensors, mags, loss_weight=lw, homogeneous=True,
-                 guarded=structure.unchecked.guards_own_hinge(tensors[0].device, backend))
+    plan = structure.unchecked.guard_plan(tensors, mags, loss_weight=lw, homogeneous=True,
+                                          guarded=structure.unchecked.guards_own_hinge(tensors[0].device, backend))
     loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
@@ -267,7 +254,7 @@ class _SlackRescaledHinge(torch.autograd.Function):
     def forward(ctx, structure, target, lengths, backend, search, plan, *tensors):
         if isinstance(plan, tuple):  # the margin scales with the potentials (a shift only for search="exact")
             pot, margin = structure.from_tensors(_widened(structure, tensors, plan)), 2.0 ** -plan[1]
-        else:  # `_plan`: the device's power of two (unread values)
+        else:  # `Unchecked.guard_plan`: the device's power of two (unread values)
             pot, margin = structure.from_tensors(plan[0]), 1 / plan[1]
         with no_autocast():
             if search == "exact":
@@ -379,8 +366,8 @@ def slack_rescaled_hinge_loss(
     # the searches call the loss-augmented oracle with weights up to a few times the largest slack ratio: bound
     # them as the exact oracle's products. The exact oracle is homogeneous with its margin scaled too; the searches
     # form Delta (1 + s - s*) themselves, so they are not scaled (float64 past the bound: an OverflowError)
-    plan = _plan(structure, tensors, mags, slack=True,
-                 homogeneous=search == "exact" and structure.unchecked.scalable("slack_max_oracle"))
+    plan = structure.unchecked.guard_plan(
+        tensors, mags, slack=True, homogeneous=search == "exact" and structure.unchecked.scalable("slack_max_oracle"))
     loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
@@ -421,12 +408,9 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     tensors = structure.tensors(pot)
     # homogeneous with its log-sum-exps at temperature 1 / c:
     # log Z(theta) - s(y*) = c (log Z_c(theta / c) - s_{theta / c}(y*))
-    plan = _plan(structure, tensors, mags, homogeneous=structure.unchecked.scalable("log_partition"))
+    plan = structure.unchecked.guard_plan(tensors, mags, homogeneous=structure.unchecked.scalable("log_partition"))
     with no_autocast():
-        if isinstance(plan, tuple):
-            low, scale = _widened(structure, tensors, plan), 2.0 ** plan[1]
-        else:
-            (low, scale), plan = plan, [None, plan[1]]
+        low, scale = (_widened(structure, tensors, plan), 2.0 ** plan[1]) if isinstance(plan, tuple) else plan
         log_z = structure.unchecked.log_partition(structure.from_tensors(low), lengths, scale=scale)
         as_log_z = [None if t is None else t.to(log_z.dtype) for t in low]
         nll = log_z - structure.unchecked.score(structure.from_tensors(as_log_z), target, lengths)

@@ -249,7 +249,7 @@ class Unchecked:
     def slack_max_oracle(self, potentials, target, lengths=None, *, backend="auto", margin=1.0):
         """``margin``: the 1 of ``Delta (1 + s(y) - s(y*))``; the overflow guard's ``2**-s`` with the potentials times
         ``2**-s`` gives the value at ``2**-s`` of its size."""
-        return self.structure._margin_slack_oracle(potentials, lengths, target, backend, margin)
+        return self.structure._with_scale("_slack_max_oracle", margin, potentials, lengths, target, backend)
 
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         return self.structure._score(potentials, y, lengths)
@@ -260,7 +260,7 @@ class Unchecked:
     def log_partition(self, potentials, lengths=None, *, scale=1.0) -> torch.Tensor:
         """``(1 / scale) log sum_y exp(scale s(y))`` (`logsumexp_scaled`): ``log Z`` at ``scale`` 1; the overflow
         guard's ``log Z(theta) / c`` from the potentials ``theta / c`` at ``scale`` ``c``."""
-        return self.structure._scaled_log_partition(potentials, lengths, scale)
+        return self.structure._with_scale("_log_partition", scale, potentials, lengths)
 
     def labelling_table(self, potentials, target):
         return self.structure._labelling_table(potentials, target)
@@ -300,13 +300,14 @@ class Unchecked:
         (`scaled`; the structure's offsets only widened)."""
         return scaled(tensors, shift, self.structure._offsets())
 
-    def device_scaling(self, tensors, magnitudes: dict, *, loss_weight=0.0, slack: bool = False):
-        """The overflow guard where the values were not read (``magnitudes`` empty on a device outside debug mode):
-        ``(low, c)`` as `device_scaling` gives them for the structure's bound, with the largest ``loss_weight`` (a
-        number or a device tensor, reduced there); None where the values are read or the structure has no bound.
-        For results homogeneous in the potentials (`logsumexp_scaled` for a log-partition): compute on ``low``,
-        then multiply by ``c``."""
-        return self.structure._device_scaling(tensors, magnitudes, loss_weight, slack)
+    def guard_plan(self, tensors, magnitudes: dict, *, loss_weight=0.0, slack: bool = False,
+                   homogeneous: bool = False, guarded: bool = False):
+        """The overflow guard's plan for a loss: `overflow_plan`'s ``(wide, shift)`` where the values were read
+        (``magnitudes`` from the validation); where they were not (a device outside debug mode) and the result is
+        ``homogeneous`` in the potentials, unless the call guards itself (``guarded``), ``[low, c]``: the tensors
+        times ``1 / c`` and the power of two ``c`` that `device_scaling` finds on the device (the largest
+        ``loss_weight``, a number or a device tensor, reduced there). Compute on ``low``, multiply by ``c``."""
+        return self.structure._guard_plan(tensors, magnitudes, loss_weight, slack, homogeneous, guarded)
 
     def marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         """``sum_b weight_b (marginals(y_hat_b) - marginals(target_b))`` per potential tensor (None where ``needs``
@@ -413,13 +414,12 @@ class Structure:
             lw = check_loss_weight(loss_weight, first.shape[0], first.device, torch.float64)
         else:  # it weighs nothing here, but a bad value is not silently taken (checked without building a tensor)
             check_loss_weight_value(loss_weight)
-        aug = 0.0 if lw is None else lw_magnitude(loss_weight) * self._cost_max()
         with no_autocast():
             return self._guarded(pot, mags, lambda p, c: self._max_oracle(p, lengths, target,
                                                                           None if lw is None else lw * c, backend),
-                                 "max_oracle: the value", aug=aug, homogeneous=True, saturate=True,
-                                 device_lw=None if self._guards_own_oracle(first.device, backend)
-                                 else 0.0 if lw is None else lw)
+                                 "max_oracle: the value", loss_weight=0.0 if lw is None else loss_weight,
+                                 homogeneous=True, saturate=True,
+                                 guarded=self._guards_own_oracle(first.device, backend))
 
     def _max_oracle(self, potentials, lengths, target, loss_weight, backend):
         raise NotImplementedError
@@ -436,16 +436,10 @@ class Structure:
             pot, lengths, target = self.validate(potentials, lengths, target)
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
         with no_autocast():
-            return self._guarded(pot, mags, lambda p, c: self._margin_slack_oracle(p, lengths, target, backend, c),
+            return self._guarded(pot, mags, lambda p, c: self._with_scale("_slack_max_oracle", c, p, lengths, target,
+                                                                          backend),
                                  "slack_max_oracle: the value", slack=True, saturate=True,
                                  homogeneous=self._scalable("_slack_max_oracle"))
-
-    def _margin_slack_oracle(self, potentials, lengths, target, backend, margin):
-        """``_slack_max_oracle`` with its ``margin``, called without it at the number 1: a structure whose hook has no
-        ``margin`` (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
-        if not isinstance(margin, torch.Tensor) and margin == 1:
-            return self._slack_max_oracle(potentials, lengths, target, backend)
-        return self._slack_max_oracle(potentials, lengths, target, backend, margin=margin)
 
     def _slack_max_oracle(self, potentials, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(target, y) (margin + s(y) - s(target))))``: the slack-rescaled oracle, whose
@@ -476,15 +470,8 @@ class Structure:
         with collect_magnitudes() as mags:
             pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
-            return self._guarded(pot, mags, lambda p, c: self._scaled_log_partition(p, lengths, 1 / c),
+            return self._guarded(pot, mags, lambda p, c: self._with_scale("_log_partition", 1 / c, p, lengths),
                                  "log_partition", homogeneous=self._scalable("_log_partition"))
-
-    def _scaled_log_partition(self, potentials, lengths, scale):
-        """``_log_partition`` at ``scale``, called without it at the number 1: a structure whose hook has no ``scale``
-        (written before it had one) still works, and the guard never scales for it (`_scalable`)."""
-        if not isinstance(scale, torch.Tensor) and scale == 1:
-            return self._log_partition(potentials, lengths)
-        return self._log_partition(potentials, lengths, scale=scale)
 
     def _log_partition(self, potentials, lengths, scale=1.0) -> torch.Tensor:
         """``(1 / scale) log sum_y exp(scale s(y))`` (the log-sum-exps by `logsumexp_scaled`)."""
@@ -636,28 +623,36 @@ class Structure:
                             f"({parts}), which overflows float64 (|x| <= {f64:.3e} with a margin of {_HEADROOM:g}); "
                             "rescale the potentials")
 
-    def _guarded(self, pot, mags: dict, fn, what: str, *, aug: float = 0.0, slack: bool = False,
-                 homogeneous: bool = False, saturate: bool = False, device_lw=0.0):
-        """``fn(pot, c)`` (``c`` the factor by which the potentials were scaled, for the loss weight) as `_plan`
-        says, with its floating results back in `compute_dtype`: an OverflowError naming ``what`` where one does
-        not fit, or with ``saturate`` (the oracles' values, next to labellings that are exact) an honest +-inf.
-        Half-precision potentials are cast to float32 first, as the oracles do. Where the values were not read (a
-        device outside debug mode) a ``homogeneous`` result is computed at the power of two `device_scaling` finds
-        there (``device_lw``: the loss weights it bounds too; None: the call guards itself, as a `Chain`'s Triton
-        oracle), and an honest +-inf where it does not fit."""
+    def _guard_plan(self, tensors, mags: dict, loss_weight=0.0, slack: bool = False, homogeneous: bool = False,
+                    guarded: bool = False):
+        """`Unchecked.guard_plan`: ``(wide, shift)`` from `_plan` where the values were read; where they were not (a
+        device outside debug mode) and the result is ``homogeneous`` (and the call does not guard itself:
+        ``guarded``), ``[low, c]`` from `_device_scaling`, a list so that the two kinds cannot be mistaken."""
+        if homogeneous and not guarded:
+            scaling = self._device_scaling(tensors, mags, loss_weight, slack)
+            if scaling is not None:
+                return list(scaling)
+        return self._plan(tensors, mags, lw_magnitude(loss_weight) * self._cost_max(), slack, homogeneous)
+
+    def _guarded(self, pot, mags: dict, fn, what: str, *, loss_weight=0.0, slack: bool = False,
+                 homogeneous: bool = False, saturate: bool = False, guarded: bool = False):
+        """``fn(pot, c)`` (``c`` the factor by which the potentials were scaled, for the loss weight) as
+        `_guard_plan` says, with its floating results back in `compute_dtype`: an OverflowError naming ``what`` where
+        one does not fit, or with ``saturate`` (the oracles' values, next to labellings that are exact) an honest
+        +-inf; on a device's plan an honest +-inf. Half-precision potentials are cast to float32 first, as the
+        oracles do."""
         tensors = self.tensors(pot)
         dt = compute_dtype(tensors)
-        if homogeneous and device_lw is not None:
-            scaling = self._device_scaling(tensors, mags, device_lw, slack)
-            if scaling is not None:
-                low, c = scaling
-                out = fn(self.from_tensors(low), 1 / c)
+        plan = self._guard_plan(tensors, mags, loss_weight, slack, homogeneous, guarded)
+        if isinstance(plan, list):  # the device's power of two c
+            low, c = plan
+            out = fn(self.from_tensors(low), 1 / c)
 
-                def up(x):
-                    return x * c.to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            def up(x):
+                return x * c.to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
-                return tuple(up(x) for x in out) if isinstance(out, tuple) else up(out)
-        wide, shift = self._plan(tensors, mags, aug, slack, homogeneous)
+            return tuple(up(x) for x in out) if isinstance(out, tuple) else up(out)
+        wide, shift = plan
         if not wide:
             return fn(self.from_tensors([None if t is None else t.to(dt) for t in tensors]), 1.0)
         out = fn(self.from_tensors(scaled(tensors, shift, self._offsets())), 2.0 ** -shift)
@@ -684,6 +679,14 @@ class Structure:
             p = inspect.signature(getattr(type(self), hook)).parameters.get(self._SCALE_ARGUMENTS[hook])
             _SCALABLE[key] = p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         return _SCALABLE[key]
+
+    def _with_scale(self, hook: str, value, *args):
+        """``hook(*args)`` with its guard argument (`_SCALE_ARGUMENTS`: ``scale``, ``margin``) set to ``value``, by
+        keyword, and without it at the number 1: a structure whose hook has none (written before it had one) still
+        works, and the guard never scales for it (`_scalable`)."""
+        if not isinstance(value, torch.Tensor) and value == 1:
+            return getattr(self, hook)(*args)
+        return getattr(self, hook)(*args, **{self._SCALE_ARGUMENTS[hook]: value})
 
     def _offsets(self) -> Tuple[bool, ...]:
         """Per potential tensor, whether it is an offset (`offset_names`), which the guard's scaling leaves alone."""
