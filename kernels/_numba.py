@@ -60,7 +60,14 @@ def _launch() -> None:
         threads, levels = torch.get_num_threads(), _omp_max_active_levels()
         numba.get_num_threads()  # starts the layer
         if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+            # back on the calling thread's OpenMP count, which is what numba changed and torch reads;
+            # torch.set_num_threads would also set MKL's process-wide count, so that `torchssvm._threads.one_thread`
+            # (a count of 1 for one step) could not put everything back if the start happens inside it
+            omp_set = _omp("omp_set_num_threads")
+            if omp_set is not None:
+                omp_set(threads)
+            else:
+                torch.set_num_threads(threads)
         if levels is not None and _omp_max_active_levels() != levels:
             _omp("omp_set_max_active_levels")(levels)
         _launched = True

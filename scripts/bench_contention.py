@@ -9,7 +9,7 @@ own load (other users) is recorded as ``os.getloadavg()`` per level. See docs/be
 
     python scripts/bench_contention.py                    # about 1-3 minutes on 2 cores
     OMP_WAIT_POLICY=passive python scripts/bench_contention.py --busy 0,4
-    python scripts/bench_contention.py --batch-size 1 --compare-blas-scope   # tiny steps, with and without
+    python scripts/bench_contention.py --batch-size 8 --compare-scope   # small steps, with and without
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def stop_busy(procs) -> None:
 atexit.register(lambda: stop_busy(list(_children)))
 
 
-def workloads(batch_size: int, loss_calls: int):
-    """``{name: (setup, run)}``: ``setup()`` builds the state once per setting, ``run(state)`` is the timed call."""
+def workloads(batch_size: int, loss_calls: int, names=("bcfw", "loss")):
+    """``{name: (setup, run)}`` of the workloads ``names`` (``bcfw``, ``loss``, ``nslack``): ``setup()`` builds the
+    state once per setting, ``run(state)`` is the timed call."""
     import torchssvm as ts
     from torchssvm.structures.chain import ChainPotentials
 
@@ -91,8 +92,19 @@ def workloads(batch_size: int, loss_calls: int):
         for _ in range(loss_calls):
             criterion(pot, target, lengths).backward()
 
-    return {f"BCFW pass (OCR-small, batch {batch_size})": (bcfw_setup, lambda s: s.step()),
-            f"loss fwd+bwd x{loss_calls} (B={B}, T={T}, K={K})": (loss_setup, loss_run)}
+    def nslack_setup():
+        model = ts.LinearChainModel(train.num_features, train.num_labels, sparse=train.sparse)
+        solver = ts.optim.NSlackCuttingPlane(model, train, lam=1e-2, seed=0)
+        solver.step()
+        return solver
+
+    every = {"bcfw": (f"BCFW pass (OCR-small, batch {batch_size})", bcfw_setup, lambda s: s.step()),
+             "loss": (f"loss fwd+bwd x{loss_calls} (B={B}, T={T}, K={K})", loss_setup, loss_run),
+             "nslack": ("n-slack pass (OCR-small)", nslack_setup, lambda s: s.step())}
+    unknown = sorted(set(names) - set(every))
+    if unknown:
+        raise SystemExit(f"--workloads: unknown {unknown}; choose from {sorted(every)}")
+    return {every[n][0]: every[n][1:] for n in names}
 
 
 def main() -> None:
@@ -101,28 +113,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--loss-calls", type=int, default=20)
+    ap.add_argument("--workloads", default="bcfw,loss", help="comma-separated: bcfw, loss, nslack")
     ap.add_argument("--json", help="also write the measurements here")
-    ap.add_argument("--compare-blas-scope", action="store_true",
-                    help="also the default threads with tiny steps' products on MKL's team (torchssvm._blas off)")
+    ap.add_argument("--compare-scope", "--compare-blas-scope", dest="compare_scope", action="store_true",
+                    help="also the default threads with small steps on the thread teams (torchssvm._threads off)")
     args = ap.parse_args()
     levels = [int(x) for x in args.busy.split(",")]
     if levels[0] != 0:
         levels = [0] + levels
     cores = os.cpu_count() or 1
     default_threads = torch.get_num_threads()
-    from torchssvm import _blas
+    from torchssvm import _threads
 
-    scope = _blas.SMALL_STEP_BLOCKS
+    scope = _threads.SMALL_STEP_BLOCKS
     # name: (torch threads, the blocks up to which a step's products run on one MKL thread)
     settings = {f"default ({default_threads} threads)": (default_threads, scope), "set_num_threads(1)": (1, scope)}
-    if args.compare_blas_scope:
-        settings[f"default, tiny products on MKL's team ({default_threads} threads)"] = (default_threads, 0)
+    if args.compare_scope:
+        settings[f"default, small steps on the teams ({default_threads} threads)"] = (default_threads, 0)
 
-    work = workloads(args.batch_size, args.loss_calls)
+    work = workloads(args.batch_size, args.loss_calls, args.workloads.split(","))
     states = {}
     for s, (n, blocks) in settings.items():
         torch.set_num_threads(n)
-        _blas.SMALL_STEP_BLOCKS = blocks
+        _threads.SMALL_STEP_BLOCKS = blocks
         for w, (setup, _) in work.items():
             states[s, w] = setup()
     times = {(s, w, k): [] for s in settings for w in work for k in levels}
@@ -138,7 +151,7 @@ def main() -> None:
                 for s, (n, blocks) in settings.items():
                     for w, (_, run) in work.items():
                         torch.set_num_threads(n)
-                        _blas.SMALL_STEP_BLOCKS = blocks
+                        _threads.SMALL_STEP_BLOCKS = blocks
                         t = time.perf_counter()
                         run(states[s, w])
                         times[s, w, k].append(time.perf_counter() - t)

@@ -18,9 +18,9 @@ ROOT = "torchssvm"
 # Lowest first. A module belongs to the layer of the longest name below that is itself or one of its packages
 # (the root package only by its own name); it may import its own layer and the layers below.
 LAYERS = (
-    # argument checks, host-to-device copies, atomic file writes, the one-thread BLAS scope of tiny steps,
+    # argument checks, host-to-device copies, atomic file writes, the one-thread scope of small steps,
     # TensorBoard writers and progress bars: they import no library module
-    ("foundation", ("torchssvm._validation", "torchssvm._device", "torchssvm._atomic", "torchssvm._blas",
+    ("foundation", ("torchssvm._validation", "torchssvm._device", "torchssvm._atomic", "torchssvm._threads",
                     "torchssvm.logging")),
     # the oracles' torch / Triton / numba kernels
     ("kernels", ("torchssvm.kernels",)),

@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from ..._blas import sequential_blas, small_step
 from ..._device import host_to_device
+from ..._threads import one_thread, small_step
 from ...kernels import apply_block_step, select_atoms
 from ...kernels.step.atoms_select_torch import away_atoms_torch, cache_test_torch, used_slots
 from .._state import checked_generator_state, checked_scalars, checked_tensor, require_keys
@@ -539,9 +539,9 @@ class BCFW(DualSolver):
         small = small_step(self.batch_size, self.problem.d, self.problem.device)
         while done < self.n:
             B = min(self.batch_size, self.n - done)
-            # a tiny step's products on one BLAS thread, without a fork-join each (`torchssvm._blas`); the progress
+            # a small step on one thread, without a fork-join per operation (`torchssvm._threads`); the progress
             # hook, the user's code, outside
-            with sequential_blas(small):
+            with one_thread(small):
                 if self.host_free:
                     self._host_free_step(B)
                 else:

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..._blas import sequential_blas, small_step
+from ..._threads import one_thread, small_step
 from .._state import box_state, check_close, check_range, checked_generator_state, require_keys
 from ..dual_solver import _check_lam, parse_box
 from ..problems import make_problem, rescaling_of
@@ -63,8 +63,8 @@ class SSG(Solver):
         order = torch.randint(self.n, (self.n,), generator=self.generator)
         small = small_step(1, p.d, p.device)
         for done, i in enumerate(order.tolist(), 1):
-            # one example a step: its tiny products on one BLAS thread (`torchssvm._blas`); the progress hook outside
-            with sequential_blas(small):
+            # one example a step, on one thread (`torchssvm._threads`); the progress hook outside
+            with one_thread(small):
                 idx = torch.tensor([i], device=p.device)
                 labels, _, _ = p.oracle(p.potentials(self.w, idx), idx)
                 gamma = 1.0 / (self.k + 1)
