@@ -61,8 +61,9 @@ def _launch() -> None:
         numba.get_num_threads()  # starts the layer
         if torch.get_num_threads() != threads:
             # back on the calling thread's OpenMP count, which is what numba changed and torch reads;
-            # torch.set_num_threads would also set MKL's process-wide count, so that `torchssvm._threads.one_thread`
-            # (a count of 1 for one step) could not put everything back if the start happens inside it
+            # torch.set_num_threads would also record the count for every thread that starts torch's pool later,
+            # which `torchssvm._threads.one_thread` (a count of 1 for one step) could not put back if the start
+            # happens inside it
             omp_set = _omp("omp_set_num_threads")
             if omp_set is not None:
                 omp_set(threads)

@@ -219,6 +219,7 @@ def test_small_steps_fork_no_openmp_team(tmp_path):
 
 
 _START_INSIDE = textwrap.dedent("""
+    import threading
     import torch
     from torchssvm import _threads
     torch.set_num_threads(2)
@@ -231,18 +232,23 @@ _START_INSIDE = textwrap.dedent("""
         apply_block_step_numba(z, ell, idx, z[idx].clone(), ell[idx].clone(),
                                torch.full((B,), 0.5, dtype=torch.float64), torch.randn(B, M, dtype=torch.float64),
                                torch.zeros(B, dtype=torch.float64))
-    print(before, (torch.get_num_threads(), _threads.blas_threads()))
+    later = []
+    thread = threading.Thread(target=lambda: later.append((torch.get_num_threads(), _threads.blas_threads())))
+    thread.start()
+    thread.join()
+    print(before, (torch.get_num_threads(), _threads.blas_threads()), later[0])
 """)
 
 
 @needs_openmp
 def test_numba_start_inside_the_scope_changes_nothing_after_it():
     """numba's threading layer starting inside `one_thread` (a fresh process's first parallel kernel in a small
-    step) sets OpenMP's count on its start; the library puts it back without touching MKL's process-wide count, so
-    after the scope torch's and MKL's counts are the caller's."""
+    step) sets OpenMP's count on its start; the library puts it back on the calling thread only (with
+    `torch.set_num_threads` it recorded the scope's 1 for every thread started later), so after the scope torch's
+    and MKL's counts are the caller's, in this thread and in a thread started after."""
     pytest.importorskip("numba")
     env = dict(os.environ, NUMBA_NUM_THREADS="2")
     run = subprocess.run([sys.executable, "-c", _START_INSIDE], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True)
-    before, after = run.stdout.strip().splitlines()[-1].split(") (")
-    assert before + ")" == "(" + after
+    before, after, later = run.stdout.strip().splitlines()[-1].split(") (")
+    assert before + ")" == "(" + after + ")" == "(" + later

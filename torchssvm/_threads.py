@@ -16,11 +16,11 @@ waits to be scheduled, and the pass took 3.6-66x longer than without busy proces
 - MKL's (``MKL_Set_Num_Threads_Local(int)``, MKL's C function; the lower-case ``mkl_set_num_threads_local``
   exported beside it is the Fortran interface, which takes a pointer).
 
-Both previous values are put back after, also on an exception. ``torch.set_num_threads`` is not used: it also sets
-MKL's process-wide count and resizes torch's other pools, and a scope around every step would be a change of the
-user's settings that other threads could see. The user's settings (torch's count as read after the step, MKL's
-global count, another thread's counts, numba's) are untouched. Without MKL, or with a parallel backend of torch's
-other than OpenMP, the part that does not apply does nothing.
+Both previous values are put back after, also on an exception. ``torch.set_num_threads`` is not used: it also
+records the count process-wide, for every thread that starts torch's pool later, so a scope around a step would be
+a change of the user's settings that other threads could see. The user's settings (torch's count as read after the
+step, MKL's global count, another thread's counts, numba's) are untouched. Without MKL, or with a parallel backend
+of torch's other than OpenMP, the part that does not apply does nothing.
 """
 
 from __future__ import annotations
