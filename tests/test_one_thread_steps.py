@@ -1,6 +1,6 @@
 """Small steps run on one thread, for the calling thread only, and put the settings back (`torchssvm._threads`):
-no OpenMP team in a BCFW pass at ``batch_size`` 1 to 8 or an SSG pass, the same iterates as on the threads' teams,
-and the user's settings untouched (docs/benchmarks/contention.md)."""
+no OpenMP team in a BCFW pass at ``batch_size`` 1 to 8 or an SSG pass, reproducible iterates equal to the teams'
+to rounding, and the user's settings untouched (docs/benchmarks/contention.md)."""
 
 from __future__ import annotations
 
@@ -108,32 +108,60 @@ def test_one_thread_runs_torch_loops_and_numba_kernels_on_one_thread(two_threads
 
 
 def test_small_step_is_by_blocks_work_and_device():
-    d = 4082  # OCR's weights
-    assert _threads.small_step(1, d, "cpu") and _threads.small_step(_threads.SMALL_STEP_BLOCKS, d, torch.device("cpu"))
+    d, m = 4082, 14 * 26 + 26 * 26 + 2 * 26  # OCR's weights and block coordinates
+    assert _threads.small_step(1, d, m, "cpu") and _threads.small_step(8, d, m, torch.device("cpu"))
     assert _threads.SMALL_STEP_BLOCKS == 8  # a mini-batch of 8 OCR words is a small step
-    assert not _threads.small_step(_threads.SMALL_STEP_BLOCKS + 1, d, "cpu")
-    assert not _threads.small_step(1, _threads.SMALL_STEP_WORK + 1, "cpu")  # a large model keeps its threads
-    assert not _threads.small_step(1, d, "meta")  # a device: its own kernels
+    assert not _threads.small_step(_threads.SMALL_STEP_BLOCKS + 1, d, m, "cpu")
+    assert not _threads.small_step(1, _threads.SMALL_STEP_WORK, 1, "cpu")  # a large model keeps its threads
+    assert not _threads.small_step(1, 2000, 3000 * 26 + 26 * 26 + 52, "cpu")  # so does a sequence of 3,000 tokens
+    assert not _threads.small_step(1, d, m, "meta")  # a device: its own kernels
+
+
+def test_one_thread_puts_openmp_back_when_setting_mkl_fails(monkeypatch, two_threads):
+    """An exception (an interrupt) between the two settings still puts the first back."""
+    if _threads._openmp() is None:
+        pytest.skip("torch's parallel backend is not OpenMP")
+
+    def failing_set(n):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_threads, "_mkl", lambda: (failing_set, lambda: 2))
+    with pytest.raises(KeyboardInterrupt), _threads.one_thread():
+        pass
+    assert torch.get_num_threads() == 2
+
+
+def test_openmp_runtime_is_the_one_torch_reads(two_threads):
+    """A runtime whose count does not move ``torch.get_num_threads()`` (one loaded beside torch's, unused) is not
+    taken; the one found moves it."""
+    own = [5]
+    unused = (lambda n: own.__setitem__(0, n), lambda: own[0])
+    assert not _threads._moves_torch(unused) and own == [5]
+    found = _threads._openmp()
+    if found is None:
+        pytest.skip("torch's parallel backend is not OpenMP")
+    assert _threads._moves_torch(found) and torch.get_num_threads() == 2
 
 
 @pytest.mark.parametrize("solver, batch_size", [("bcfw", 1), ("bcfw", 8), ("ssg", 1)])
-def test_small_steps_give_the_iterates_of_the_thread_teams(monkeypatch, two_threads, solver, batch_size):
-    """A pass on one thread and one on the teams of two: the same weights, bitwise (MKL splits a small product's
-    outputs between threads, not its sums; the steps' torch loops are copies and per-row work), and the counts as
-    before after each."""
+def test_small_steps_are_reproducible_and_close_to_the_teams(monkeypatch, two_threads, solver, batch_size):
+    """Passes on one thread: the same weights in two runs, bitwise, and those of the teams of two to rounding (a team
+    can split a sum, so not bitwise in general); the counts as before after each."""
     ds = _chain()
     out = {}
     before = _counts()
-    for blocks in (_threads.SMALL_STEP_BLOCKS, 0):  # 0: the scope off
-        monkeypatch.setattr(_threads, "SMALL_STEP_BLOCKS", blocks)
+    for key, blocks in (("one", _threads.SMALL_STEP_BLOCKS), ("again", _threads.SMALL_STEP_BLOCKS), ("teams", 0)):
+        monkeypatch.setattr(_threads, "SMALL_STEP_BLOCKS", blocks)  # 0: the scope off
         model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
         s = (ts.optim.BCFW(model, ds, lam=0.01, seed=0, batch_size=batch_size) if solver == "bcfw" else
              ts.optim.SSG(model, ds, lam=0.01, seed=0, eval_every=0))
+        assert _threads.small_step(batch_size, s.problem.d, s.problem.m, "cpu") == (blocks > 0)
         s.step()
         s.step()
-        out[blocks] = s.w.clone()
+        out[key] = s.w.clone()
         assert _counts() == before
-    assert torch.equal(out[_threads.SMALL_STEP_BLOCKS], out[0])
+    assert torch.equal(out["one"], out["again"])
+    torch.testing.assert_close(out["one"], out["teams"], rtol=1e-12, atol=1e-12 * float(out["teams"].abs().max()))
 
 
 _COUNT_TEAMS = textwrap.dedent("""

@@ -19,8 +19,16 @@ waits to be scheduled, and the pass took 3.6-66x longer than without busy proces
 Both previous values are put back after, also on an exception. ``torch.set_num_threads`` is not used: it also
 records the count process-wide, for every thread that starts torch's pool later, so a scope around a step would be
 a change of the user's settings that other threads could see. The user's settings (torch's count as read after the
-step, MKL's global count, another thread's counts, numba's) are untouched. Without MKL, or with a parallel backend
-of torch's other than OpenMP, the part that does not apply does nothing.
+step, MKL's global count, another thread's counts, numba's) are untouched. The OpenMP runtime is the one torch's
+loops read (checked once: setting its count must move ``torch.get_num_threads()``; a runtime preloaded in front of
+torch's libgomp is found first). Without MKL, or with no OpenMP runtime torch reads, the part that does not apply
+does nothing.
+
+What runs inside: the solver's step, and with it the methods of a user's own `DualProblem` subclass (its oracle
+sees ``torch.get_num_threads() == 1``); the progress hook and the TensorBoard writer run outside. One thread instead
+of a team can change the rounding of a product or a sum (a team splits some sums), so the iterates are those of one
+thread; whether a step is small depends only on the batch size, the problem's sizes and the device, so runs stay
+reproducible and a resumed run continues bitwise.
 """
 
 from __future__ import annotations
@@ -31,27 +39,34 @@ from typing import Iterator, Optional
 
 import torch
 
-# Steps of at most this many blocks, whose blocks times weights are at most SMALL_STEP_WORK, run on one thread. On
-# OCR-small (d = 4,082 weights), two cores, two torch threads, an idle machine: passes at 1-8 blocks a step were as
-# fast on one thread within the noise (8 blocks: 1.01x the time on two), at 16 blocks 1.09x slower, at 32 1.22x,
-# at 64 1.37x; beside busy processes one thread was 1.9-50x faster (docs/benchmarks/contention.md). The work bound
-# keeps large models (d in the tens of thousands and more) on their threads.
+# Steps of at most this many blocks, whose blocks times (weights + block coordinates) are at most SMALL_STEP_WORK,
+# run on one thread. On OCR-small (d = 4,082 weights, m = 1,092 block coordinates), two cores, two torch threads, an
+# idle machine: passes at 1-8 blocks a step were as fast on one thread within the noise (8 blocks: 1.01x the time on
+# two), at 16 blocks 1.09x slower, at 32 1.22x, at 64 1.37x; beside busy processes one thread was 1.9-50x faster
+# (docs/benchmarks/contention.md). The work bound keeps large models (d in the tens of thousands and more) and long
+# sequences (m grows with T) on their threads: 8 OCR words are 41,392.
 SMALL_STEP_BLOCKS = 8
-SMALL_STEP_WORK = 2**15
+SMALL_STEP_WORK = 2**16
 
 _UNSET = object()
 _mkl_functions = _UNSET
 _omp_functions = _UNSET
 
 
-def _torch_symbols(*names):
-    """The functions ``names`` as torch's own extension resolves them (its MKL, its libgomp), or None. Its symbol
-    lookup goes through the libraries it was loaded with, so these are the copies torch calls (opening a library
-    by a path could load a second copy with its own state)."""
+def _symbols(lib, *names):
+    """The functions ``names`` of the ctypes library ``lib``, or None where one is missing."""
     try:
-        lib = ctypes.CDLL(torch._C.__file__)
         return tuple(getattr(lib, name) for name in names)
-    except (OSError, AttributeError):
+    except AttributeError:
+        return None
+
+
+def _torch_extension():
+    """torch's own extension as a ctypes library: its symbol lookup goes through the libraries it was loaded with
+    (its MKL, its libgomp), or None."""
+    try:
+        return ctypes.CDLL(torch._C.__file__)
+    except OSError:
         return None
 
 
@@ -59,8 +74,8 @@ def _mkl():
     """``(set_local, get_max)``: MKL's ``MKL_Set_Num_Threads_Local`` and ``MKL_Get_Max_Threads``, or None."""
     global _mkl_functions
     if _mkl_functions is _UNSET:
-        found = _torch_symbols("MKL_Set_Num_Threads_Local", "MKL_Get_Max_Threads") \
-            if torch.backends.mkl.is_available() else None
+        lib = _torch_extension() if torch.backends.mkl.is_available() else None
+        found = None if lib is None else _symbols(lib, "MKL_Set_Num_Threads_Local", "MKL_Get_Max_Threads")
         if found is not None:
             found[0].argtypes, found[0].restype = [ctypes.c_int], ctypes.c_int
             found[1].argtypes, found[1].restype = [], ctypes.c_int
@@ -68,17 +83,41 @@ def _mkl():
     return _mkl_functions
 
 
+def _moves_torch(found) -> bool:
+    """Whether ``found = (omp_set_num_threads, omp_get_max_threads)`` is the runtime torch's loops read: setting its
+    count moves ``torch.get_num_threads()``. Its own count is put back after."""
+    torch.get_num_threads()  # torch's lazy start on this thread first
+    before, own = torch.get_num_threads(), int(found[1]())
+    found[0](before + 1)
+    try:
+        return torch.get_num_threads() == before + 1
+    finally:
+        found[0](own)
+
+
 def _openmp():
     """``(set, get)``: ``omp_set_num_threads`` and ``omp_get_max_threads`` of the OpenMP runtime torch's parallel
-    loops use, or None where torch's parallel backend is not OpenMP."""
+    loops read, or None where torch's parallel backend is not OpenMP or no runtime found moves torch's count. The
+    process's global symbols come first (an OpenMP runtime preloaded in front of torch's libgomp, such as the
+    ``libiomp5`` of ``torch.backends.xeon.run_cpu``, is the one torch calls), then torch's extension's own."""
     global _omp_functions
     if _omp_functions is _UNSET:
-        found = _torch_symbols("omp_set_num_threads", "omp_get_max_threads") \
-            if "parallel backend: OpenMP" in torch.__config__.parallel_info() else None
-        if found is not None:
-            found[0].argtypes, found[0].restype = [ctypes.c_int], None
-            found[1].argtypes, found[1].restype = [], ctypes.c_int
-        _omp_functions = found
+        _omp_functions = None
+        if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            try:
+                candidates = [ctypes.CDLL(None)]
+            except (OSError, TypeError):  # no process-wide handle (Windows)
+                candidates = []
+            candidates.append(_torch_extension())
+            for lib in candidates:
+                found = None if lib is None else _symbols(lib, "omp_set_num_threads", "omp_get_max_threads")
+                if found is None:
+                    continue
+                found[0].argtypes, found[0].restype = [ctypes.c_int], None
+                found[1].argtypes, found[1].restype = [], ctypes.c_int
+                if _moves_torch(found):
+                    _omp_functions = found
+                    break
     return _omp_functions
 
 
@@ -92,30 +131,36 @@ def blas_threads() -> Optional[int]:
 @contextlib.contextmanager
 def one_thread(enabled: bool = True) -> Iterator[None]:
     """Torch's parallel loops, numba's kernels and MKL's products on one thread inside, for the calling thread;
-    the previous counts back after, also on an exception. ``enabled=False``: nothing changes."""
+    the previous counts back after, also on an exception (an interrupt included: both are set inside the ``try``).
+    ``enabled=False``: nothing changes."""
     if not enabled:
         yield
         return
     omp, mkl = _openmp(), _mkl()
-    omp_before = None
-    if omp is not None:
-        # torch initialises each thread's count lazily, on its first parallel call; done here first, that cannot
-        # overwrite the 1 inside the scope
-        torch.get_num_threads()
-        omp_before = int(omp[1]())
-        omp[0](1)
-    mkl_before = mkl[0](1) if mkl is not None else None  # the previous thread-local count, 0 where none was set
+    omp_before = mkl_before = None
     try:
+        if omp is not None:
+            # torch initialises each thread's count lazily, on its first parallel call; done here first, that
+            # cannot overwrite the 1 inside the scope
+            torch.get_num_threads()
+            omp_before = int(omp[1]())
+            omp[0](1)
+        if mkl is not None:
+            mkl_before = mkl[0](1)  # the previous thread-local count, 0 where none was set (0 unsets it again)
         yield
     finally:
-        if mkl_before is not None:
-            mkl[0](mkl_before)  # 0 unsets the thread-local count again
-        if omp_before is not None:
-            omp[0](omp_before)
+        try:
+            if mkl_before is not None:
+                mkl[0](mkl_before)
+        finally:
+            if omp_before is not None:
+                omp[0](omp_before)
 
 
-def small_step(batch_size: int, d: int, device) -> bool:
-    """Whether a step of ``batch_size`` blocks of a problem with ``d`` weights on ``device`` runs on one thread
-    (`one_thread`): at most `SMALL_STEP_BLOCKS` blocks, ``batch_size * d`` at most `SMALL_STEP_WORK`, on the CPU."""
-    return (batch_size <= SMALL_STEP_BLOCKS and batch_size * d <= SMALL_STEP_WORK
+def small_step(batch_size: int, d: int, m: int, device) -> bool:
+    """Whether a step of ``batch_size`` blocks of a problem with ``d`` weights and blocks of ``m`` coordinates on
+    ``device`` runs on one thread (`one_thread`): at most `SMALL_STEP_BLOCKS` blocks, ``batch_size * (d + m)`` at most
+    `SMALL_STEP_WORK`, on the CPU. ``m`` grows with a block's size (a chain's ``T K + K^2 + 2K``), so long sequences
+    keep their threads."""
+    return (batch_size <= SMALL_STEP_BLOCKS and batch_size * (d + m) <= SMALL_STEP_WORK
             and torch.device(device).type == "cpu")

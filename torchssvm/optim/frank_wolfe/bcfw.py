@@ -536,11 +536,11 @@ class BCFW(DualSolver):
         ``gap_check_every`` divides the number of passes done."""
         t0 = time.perf_counter()
         done = 0
-        small = small_step(self.batch_size, self.problem.d, self.problem.device)
+        small = small_step(self.batch_size, self.problem.d, self.problem.m, self.problem.device)
         while done < self.n:
             B = min(self.batch_size, self.n - done)
             # a small step on one thread, without a fork-join per operation (`torchssvm._threads`); the progress
-            # hook, the user's code, outside
+            # hook and the writer outside
             with one_thread(small):
                 if self.host_free:
                     self._host_free_step(B)

@@ -61,7 +61,7 @@ class SSG(Solver):
         t0 = time.perf_counter()
         p, lam = self.problem, self.lam
         order = torch.randint(self.n, (self.n,), generator=self.generator)
-        small = small_step(1, p.d, p.device)
+        small = small_step(1, p.d, p.m, p.device)
         for done, i in enumerate(order.tolist(), 1):
             # one example a step, on one thread (`torchssvm._threads`); the progress hook outside
             with one_thread(small):
