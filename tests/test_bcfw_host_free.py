@@ -304,26 +304,28 @@ def test_a_device_problem_takes_the_host_free_step_from_the_measured_batch_size(
 @needs_triton()
 def test_host_free_step_with_the_triton_kernels_is_the_torch_step(monkeypatch):
     """On the (simulated) device the host-free step's bookkeeping runs as Triton kernels (the cache test taking
-    its constants from a device tensor, the insertion without reading the counts): the torch twins' run,
-    counters and iterates. The box QP keeps its torch form here: its Triton form agrees to rounding only
-    (`test_box_qp_triton.py`), which can tip a later cache decision."""
+    its constants from a device tensor, the insertion without reading the counts): the torch twins' pass, counters
+    and iterates. Each pass starts from the torch run's state: the block step's Triton form agrees with its twin to
+    rounding only, and an exact pairwise line search leaves a block's two active atoms with equal H, a tie that a
+    last-bit difference carried over passes decides either way (on an Intel Xeon it did in the second pass). The
+    box QP keeps its torch form here for the same reason (`test_box_qp_triton.py`)."""
     from torchssvm.optim.frank_wolfe import bcfw
 
     monkeypatch.setattr(bcfw, "box_qp", lambda *a, **kw: box_qp(*a, **{**kw, "backend": "torch"}))
     ds = _data(48)
-    runs = []
-    for backend in ("torch", "triton"):
-        with simulated_cuda():
-            s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"),
-                              lam=0.01, batch_size=8, seed=0, backend=backend, host_free=True,
-                              **CONFIGS["pairwise-gap-cache"])
-            reports = [s.step() for _ in range(2)]
-            runs.append((s.w.cpu(), s.atoms.count.cpu(), reports))
-    (w0, c0, r0), (w1, c1, r1) = runs
-    assert torch.equal(c0, c1)
-    torch.testing.assert_close(w0, w1, rtol=1e-10, atol=1e-12)
-    for a, b in zip(r0, r1):
-        assert (a["oracle_calls"], a["cache_hits"]) == (b["oracle_calls"], b["cache_hits"])
+    with simulated_cuda():
+        s = {backend: ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"),
+                                    lam=0.01, batch_size=8, seed=0, backend=backend, host_free=True,
+                                    **CONFIGS["pairwise-gap-cache"]) for backend in ("torch", "triton")}
+        hits = 0
+        for _ in range(3):
+            s["triton"].load_state_dict(s["torch"].state_dict())
+            r0, r1 = s["torch"].step(), s["triton"].step()
+            assert torch.equal(s["torch"].atoms.count.cpu(), s["triton"].atoms.count.cpu())
+            torch.testing.assert_close(s["torch"].w.cpu(), s["triton"].w.cpu(), rtol=1e-10, atol=1e-12)
+            assert (r0["oracle_calls"], r0["cache_hits"]) == (r1["oracle_calls"], r1["cache_hits"])
+            hits = r0["cache_hits"]
+    assert hits > 0  # the cache test took the cached atoms
 
 
 @needs_triton()
