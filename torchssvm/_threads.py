@@ -10,9 +10,10 @@ waits to be scheduled, and the pass took 3.6-66x longer than without busy proces
 
 `one_thread` runs such a step with one thread *for the calling thread only*:
 
-- OpenMP's thread count (``omp_set_num_threads``, which sets the calling thread's ``nthreads-var`` ICV, OpenMP 5.2
-  section 2.4), the count torch's parallel loops read (``at::get_num_threads()`` is ``omp_get_max_threads()`` with
-  torch's OpenMP backend), and with them the numba kernels' (`torchssvm.kernels._numba.threads` takes torch's);
+- OpenMP's thread count (``omp_set_num_threads``, which sets the ``nthreads-var`` internal control variable of the
+  calling thread's data environment, OpenMP 5.2, chapter 2), the count torch's parallel loops read
+  (``at::get_num_threads()`` is ``omp_get_max_threads()`` with torch's OpenMP backend), and with them the numba
+  kernels' (`torchssvm.kernels._numba.threads` takes torch's);
 - MKL's (``MKL_Set_Num_Threads_Local(int)``, MKL's C function; the lower-case ``mkl_set_num_threads_local``
   exported beside it is the Fortran interface, which takes a pointer).
 
