@@ -432,13 +432,14 @@ class Pragam(Solver):
         if b != c["b"] and not math.isclose(b, c["b"], rel_tol=rtol, abs_tol=rtol):
             raise ValueError(f"state_dict['b'] = {c['b']!r} is not the minimizing bias at w ({b!r})")
         saved = c["last_report"]
-        held = (self.iteration, self.passes, self.seconds, self.w, self.alpha, self.w_hat, self.Xw, self.b)
-        try:  # the report of the loaded iterates, as `_report` makes it (it reads the attributes)
-            self.iteration, self.passes, self.seconds = c["iteration"], c["passes"], c["seconds"]
+        held = (self.iteration, self.passes, self.seconds, self.L, self.w, self.alpha, self.w_hat, self.Xw, self.b)
+        try:  # the report of the loaded iterates, as `_report` makes it (it reads the attributes, L included)
+            self.iteration, self.passes, self.seconds, self.L = c["iteration"], c["passes"], c["seconds"], c["L"]
             self.w, self.alpha, self.w_hat, self.Xw = w, alpha, w_hat, Xw
             report = {**self._report(), "time": c["seconds"]}
         finally:
-            (self.iteration, self.passes, self.seconds, self.w, self.alpha, self.w_hat, self.Xw, self.b) = held
+            (self.iteration, self.passes, self.seconds, self.L, self.w, self.alpha, self.w_hat, self.Xw,
+             self.b) = held
         if saved:
             for key in ("primal", "dual", "gap", "iteration", "b"):
                 if key in saved and not (saved[key] == report[key] or math.isclose(
