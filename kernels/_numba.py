@@ -57,6 +57,9 @@ def _launch() -> None:
     with _launch_lock:
         if _launched:
             return
+        from torchssvm._threads import _openmp
+
+        omp = _openmp()  # the OpenMP runtime torch reads, found before numba changes anything
         threads, levels = torch.get_num_threads(), _omp_max_active_levels()
         numba.get_num_threads()  # starts the layer
         if torch.get_num_threads() != threads:
@@ -64,9 +67,8 @@ def _launch() -> None:
             # torch.set_num_threads would also record the count for every thread that starts torch's pool later,
             # which `torchssvm._threads.one_thread` (a count of 1 for one step) could not put back if the start
             # happens inside it
-            omp_set = _omp("omp_set_num_threads")
-            if omp_set is not None:
-                omp_set(threads)
+            if omp is not None:
+                omp[0](threads)
             else:
                 torch.set_num_threads(threads)
         if levels is not None and _omp_max_active_levels() != levels:

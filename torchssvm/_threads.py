@@ -87,8 +87,7 @@ def _mkl():
 def _moves_torch(found) -> bool:
     """Whether ``found = (omp_set_num_threads, omp_get_max_threads)`` is the runtime torch's loops read: setting its
     count moves ``torch.get_num_threads()``. Its own count is put back after."""
-    torch.get_num_threads()  # torch's lazy start on this thread first
-    before, own = torch.get_num_threads(), int(found[1]())
+    before, own = torch.get_num_threads(), int(found[1]())  # torch's lazy start on this thread comes first
     found[0](before + 1)
     try:
         return torch.get_num_threads() == before + 1
