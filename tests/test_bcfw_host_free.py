@@ -193,18 +193,20 @@ def test_pairwise_store_grows_before_it_runs_out_of_room():
 def test_host_free_sampling_converges_like_the_host_sampler():
     """Gap per pass of the device sampler against the host's on the same problem (gap sampling, pairwise steps,
     cache): within 1.1x of each other after 10 passes, averaged over seeds (the issue's bar; both draw from the
-    same law)."""
-    ds = ts.data.synthetic_chain("train", 96, num_labels=5, num_features=8, seed=2)
+    same law). Sixteen seeds: a seed's gap varies by about 17% around the mean, so a mean over eight moved by up
+    to 10% with a rounding-level change of the QP (LU to Cholesky); over 32 seeds the two means were 1.137 and
+    1.129."""
+    ds = ts.data.synthetic_chain("train", 48, num_labels=5, num_features=8, seed=2)
     gaps = {}
     for host_free in (False, True):
         total = 0.0
-        for seed in range(8):
+        for seed in range(16):
             s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64), ds, lam=0.01, batch_size=8, seed=seed,
                               host_free=host_free, sampling="gap", step="pairwise", cache_size=5, gap_check_every=5)
             r = s.fit(max_passes=10)[-1]
             total += s.duality_gap()["gap"]
             assert r["passes"] >= 10
-        gaps[host_free] = total / 8
+        gaps[host_free] = total / 16
     assert 1 / 1.1 <= gaps[True] / gaps[False] <= 1.1, gaps
 
 

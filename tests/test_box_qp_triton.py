@@ -92,9 +92,10 @@ def test_triton_box_qp_reaches_the_host_newtons_optimum():
         assert not bool(running)
 
 
-def test_triton_box_qp_launches_six_kernels_per_iteration_and_never_waits():
-    """On the simulated device: no host read, and per iteration five kernels and the solve, where the torch
-    iteration launches about sixty (`test_bcfw_host_free.test_host_free_step_launches_are_counted`)."""
+def test_triton_box_qp_launches_seven_per_iteration_and_never_waits():
+    """On the simulated device: no host read, and per iteration five kernels and the Cholesky's two calls (the
+    factorization, the triangular solves), where the torch iteration launches about sixty
+    (`test_bcfw_host_free.test_host_free_step_launches_are_counted`)."""
     c, H, u = _qp(40, 20, 0)
     counts = {}
     for be in ("triton", "torch"):
@@ -110,8 +111,65 @@ def test_triton_box_qp_launches_six_kernels_per_iteration_and_never_waits():
             ref, running = _projected_newton(c, H, u, it, 1e-12, check_every=0, with_flag=True)
             torch.testing.assert_close(gamma, ref, rtol=0, atol=1e-12)
             assert int(flag) == int(running)
-    assert (counts["triton", 4] - counts["triton", 2]) / 2 == 6
+    assert (counts["triton", 4] - counts["triton", 2]) / 2 == 7
     assert (counts["torch", 4] - counts["torch", 2]) / 2 >= 40
+
+
+def _gradient_arc_step(c, H, u):
+    """The best trial of the projected-gradient arc from ``gamma = 0`` (the first iteration without a Newton move)."""
+    from torchssvm.kernels.step.box_qp_torch import _ARC, _first_breakpoints, _rooms, _trial_points
+
+    zero = torch.zeros_like(c)
+    descent = torch.where(c > 0, c, 0.0).unsqueeze(0)  # -P grad at gamma = 0: grad = -c, bound where c <= 0
+    targets, rooms = _rooms(zero, descent, u)
+    trials = _trial_points(zero, _first_breakpoints(rooms).unsqueeze(1) * _ARC, descent, targets, rooms, zero, u)
+    return trials[torch.argmin(((0.5 * trials @ H - c) * trials).sum(1))]
+
+
+@pytest.mark.parametrize("form", ["torch", "triton"])
+def test_a_newton_move_whose_cholesky_failed_is_not_taken(form, monkeypatch):
+    """The Newton direction comes with the Cholesky's flag (`box_qp_torch.cholesky_solve_ex`); where it is set, the
+    iteration takes no Newton move, even a good one, and the projected-gradient arc takes the step (the host loop's
+    rule). A full-rank QP whose first Newton step beats the gradient arc, with the flag forced either way."""
+    from torchssvm.kernels.step import box_qp_torch, box_qp_triton
+
+    c, H, u = _qp(30, 40, 0)
+    gradient_step = _gradient_arc_step(c, H, u)
+    real = box_qp_torch.cholesky_solve_ex
+    results = {}
+    for info in (0, 1):
+        def flagged(M, b, info=info):
+            return real(M, b)[0], torch.tensor(info, dtype=torch.int32)
+
+        monkeypatch.setattr(box_qp_torch if form == "torch" else box_qp_triton, "cholesky_solve_ex", flagged)
+        if form == "torch":
+            results[info] = box_qp_torch.projected_newton_torch(c, H, u, 1, 1e-12, check_every=0)
+        else:
+            results[info] = _triton(c, H, u, 1)[0]
+    objective = lambda x: float((0.5 * x @ H - c) @ x)  # noqa: E731
+    assert objective(results[0]) < objective(gradient_step) - 1e-6  # the Newton move wins when it may
+    torch.testing.assert_close(results[1], gradient_step, rtol=0, atol=1e-12)
+
+
+def test_the_cholesky_flags_a_matrix_below_positive_definite_and_both_forms_agree():
+    """An H below PSD by more than the ridge (rounding in a Gram matrix, larger): the factorization's flag is set
+    on the first free-free matrix, and the torch iteration and the Triton kernels still give the same descent."""
+    from torchssvm.kernels.step.box_qp_torch import cholesky_solve_ex, projected_newton_torch
+
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(30, generator=g, dtype=torch.float64)
+    H = torch.outer(a, a) - 1e-9 * torch.eye(30, dtype=torch.float64)
+    c, u = torch.randn(30, generator=g, dtype=torch.float64), torch.rand(30, generator=g, dtype=torch.float64)
+    free = (c > 0).double()
+    ridge = 1e-13 * H.diagonal().abs().max()
+    M = H * free[:, None] * free[None, :] + torch.diag(torch.where(free > 0, 0.0, 1.0) + ridge)
+    assert free.sum() >= 2 and int(cholesky_solve_ex(M, c)[1]) != 0
+    for it in (1, 5):
+        gamma = projected_newton_torch(c, H, u, it, 1e-12, check_every=0)
+        torch.testing.assert_close(_triton(c, H, u, it)[0], gamma, rtol=0, atol=1e-12)
+        assert ((0.5 * gamma @ H - c) @ gamma) < 0 and (gamma >= 0).all() and (gamma <= u).all()
+    torch.testing.assert_close(projected_newton_torch(c, H, u, 1, 1e-12, check_every=0), _gradient_arc_step(c, H, u),
+                               rtol=0, atol=1e-15)
 
 
 def test_bcfw_host_free_step_with_the_triton_qp():
@@ -184,7 +242,8 @@ def test_trial_points_put_every_coordinate_the_step_reaches_on_its_bound(seed):
     forms["numpy"] = torch.from_numpy(_trial_points_numpy(gamma.numpy(), steps.numpy(), moves.numpy(), nt, nr,
                                                           u.numpy()))
     trials = torch.empty(2 * ARC, B, dtype=torch.float64)
-    _qp_trials_kernel[(triton.cdiv(B, _TILE),)](gamma, moves[0].contiguous(), moves[1].contiguous(), u, trials, B,
+    _qp_trials_kernel[(triton.cdiv(B, _TILE),)](gamma, moves[0].contiguous(), torch.zeros((), dtype=torch.int32),
+                                                moves[1].contiguous(), u, trials, B,
                                                 ARC=ARC, ROWS=_ROWS, TILE=_TILE, CHUNK=8)
     forms["triton"] = trials
     reached = ((steps.unsqueeze(2) >= rooms.unsqueeze(1)) & (rooms < torch.inf).unsqueeze(1)).reshape(-1, B)

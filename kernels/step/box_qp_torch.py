@@ -66,14 +66,35 @@ def _stop_test(gamma, grad, upper, scale, floor):
     return bind, projected, projected.abs().amax() > scale + floor * gamma.amax()
 
 
+def cholesky_solve_ex(M, b):
+    """``(x, info)``: ``x (B,) = M^{-1} b`` for the ridged free-free matrix ``M (B, B)`` by Cholesky, and the
+    factorization's 0-dim int32 ``info``, nonzero when a pivot was not positive (``M`` singular to rounding: a
+    semi-definite ``H_FF`` whose ridge is below the factorization's rounding; ``x`` is then meaningless), without a
+    host read (``cholesky_ex``; ``cholesky`` reads its error flag).
+
+    Cholesky rather than LU: ``M`` is symmetric positive definite but for rounding, and on a GPU the vendor's
+    Cholesky and its two triangular solves take a third to a fifth of the LU solve's time from B = 256 to 4,096
+    (cuSOLVER on an H200, docs/benchmarks/host_free_step.md); the LU was most of the device QP's time."""
+    L, info = torch.linalg.cholesky_ex(M)
+    return torch.cholesky_solve(b.unsqueeze(1), L).squeeze(1), info
+
+
+def newton_direction(M, descent):
+    """``(B,)``: ``M^{-1} descent`` (`cholesky_solve_ex`), or 0 where the factorization failed: the Newton arc then
+    stays at the iterate and the projected-gradient arc takes the step, the host loop's rule
+    (``optim.frank_wolfe.box_qp_numba.projected_newton`` skips its Newton arc when ``_cholesky_free`` fails)."""
+    x, info = cholesky_solve_ex(M, descent)
+    return torch.where(info == 0, x, 0.0)
+
+
 def projected_newton_torch(c, H, upper, max_iter, tol, check_every=None, with_flag=False,
                            ridge_floor=RIDGE_FLOOR):
     """Projected Newton (Bertsekas 1982) with two arcs per iteration.
 
     The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
     direction solves the free-free system (``H_FF + r I``, a tiny ridge ``r`` for the semi-definite
-    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` solve so nothing
-    depends on the set's size. Along the Newton arc and along the projected-gradient arc
+    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` Cholesky solve so nothing
+    depends on the set's size (`newton_direction`: no Newton move where the factorization fails). Along the Newton arc and along the projected-gradient arc
     ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
     once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
     gradient arc makes every iteration at least a projected-gradient step with a line search.
@@ -110,9 +131,7 @@ def projected_newton_torch(c, H, upper, max_iter, tol, check_every=None, with_fl
         M = H * (free.unsqueeze(1) * free.unsqueeze(0))
         M.diagonal().add_(torch.where(bind, bound_diag, ridge))
         descent = -projected
-        # solve_ex: `solve` reads its error flag on the host. M is nonsingular (the ridge); were it not, the
-        # non-finite trials would fail the descent test and freeze the iterate.
-        newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
+        newton = newton_direction(M, descent)
         moves = torch.stack([newton, descent])  # (2, B): Newton, gradient
         targets, rooms = _rooms(gamma, moves, upper)
         steps[:, :-1] = _first_breakpoints(rooms).unsqueeze(1) * arc

@@ -12,9 +12,11 @@ Per iteration, where the torch twin launches about 45 small kernels plus the sol
 
 1. ``_qp_prepare_kernel`` (tiles of ``H``): the binding set, ``M = H_FF + r I`` with the bound coordinates' rows
    and columns replaced by the identity (plus the ridge), and the projected descent ``-P grad``;
-2. ``torch.linalg.solve_ex(M, descent)``: the Newton direction (the vendor's LU; no error read on the host);
+2. ``box_qp_torch.cholesky_solve_ex(M, descent)``: the Newton direction (the vendor's Cholesky and two triangular
+   solves; its error flag is read by the next kernel, not by the host);
 3. ``_qp_trials_kernel`` (column tiles): both arcs' first breakpoints (a reduction over all ``B``, repeated by
-   each program: cheaper than a launch) and the ``2 x 63`` projected trial points;
+   each program: cheaper than a launch) and the ``2 x 63`` projected trial points, the Newton move 0 where the
+   factorization failed;
 4. ``trials @ H``: one matrix product;
 5. ``_qp_values_kernel`` (one program per trial): ``f`` at each trial;
 6. ``_qp_select_kernel`` (one program): the best trial, the update of ``gamma``, ``grad = H gamma - c`` (the
@@ -31,6 +33,8 @@ import struct
 import torch
 import triton
 import triton.language as tl
+
+from .box_qp_torch import cholesky_solve_ex
 
 ARC = 63  # trial step lengths per arc: t_b 2^j for j = -30..30, then 0, then 1 (Newton) or 0 (gradient)
 _ROWS = 64  # ARC rounded up to a power of two
@@ -133,9 +137,11 @@ def _project(x, s, g, u, move, cm):
 
 
 @triton.jit
-def _qp_trials_kernel(gamma_ptr, newton_ptr, descent_ptr, upper_ptr, trials_ptr, B,
+def _qp_trials_kernel(gamma_ptr, newton_ptr, info_ptr, descent_ptr, upper_ptr, trials_ptr, B,
                       ARC: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr):
-    """The trial points of both arcs for one tile of columns: ``trials[m ARC + a] = clip(gamma + t_{m,a} move_m)``."""
+    """The trial points of both arcs for one tile of columns: ``trials[m ARC + a] = clip(gamma + t_{m,a} move_m)``;
+    the Newton move is 0 where its Cholesky factorization failed (``info != 0``, `box_qp_torch.newton_direction`)."""
+    newton_ok = tl.load(info_ptr) == 0
     offs = tl.arange(0, CHUNK)
     t0 = tl.full([CHUNK], float("inf"), tl.float64)
     t1 = tl.full([CHUNK], float("inf"), tl.float64)
@@ -144,7 +150,8 @@ def _qp_trials_kernel(gamma_ptr, newton_ptr, descent_ptr, upper_ptr, trials_ptr,
         jm = j < B
         g = tl.load(gamma_ptr + j, mask=jm, other=0.0)
         u = tl.load(upper_ptr + j, mask=jm, other=0.0)
-        t0 = tl.minimum(t0, _breakpoint(g, u, tl.load(newton_ptr + j, mask=jm, other=0.0), jm))
+        n = tl.where(newton_ok, tl.load(newton_ptr + j, mask=jm, other=0.0), 0.0)
+        t0 = tl.minimum(t0, _breakpoint(g, u, n, jm))
         t1 = tl.minimum(t1, _breakpoint(g, u, tl.load(descent_ptr + j, mask=jm, other=0.0), jm))
     tb0 = tl.min(t0, 0)
     tb1 = tl.min(t1, 0)
@@ -159,7 +166,7 @@ def _qp_trials_kernel(gamma_ptr, newton_ptr, descent_ptr, upper_ptr, trials_ptr,
     cm = col < B
     g = tl.load(gamma_ptr + col, mask=cm, other=0.0)
     u = tl.load(upper_ptr + col, mask=cm, other=0.0)
-    n = tl.load(newton_ptr + col, mask=cm, other=0.0)
+    n = tl.where(newton_ok, tl.load(newton_ptr + col, mask=cm, other=0.0), 0.0)
     d = tl.load(descent_ptr + col, mask=cm, other=0.0)
     mask = (a < ARC)[:, None] & cm[None, :]
     at = a.to(tl.int64)[:, None] * B + col[None, :]
@@ -236,7 +243,7 @@ def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tenso
     """``(gamma (B,), running ())``: ``max_iter`` projected Newton iterations of the box QP from ``gamma = 0``
     (float64 ``c (B,)``, ``H (B, B)`` PSD, ``upper (B,)``), and whether the last iterate is still short of the
     tolerance ``tol max|c| + ridge_floor r max(gamma)`` (a 0-dim bool tensor), without a host read.
-    ``2 + 6 max_iter`` launches (the solve counted as one). ``chunk``: the entries a single program reads per
+    ``2 + 7 max_iter`` launches (the factorization and the triangular solves counted as one each). ``chunk``: the entries a single program reads per
     round of its loops over ``B`` (a power of two; small ones let the tests run those loops on small problems)."""
     B = c.shape[0]
     dev = c.device
@@ -258,8 +265,8 @@ def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tenso
                           CHUNK=small)
     for _ in range(max_iter):
         _qp_prepare_kernel[(tiles, tiles)](H, gamma, grad, upper, state, M, descent, B, TILE=_TILE)
-        newton = torch.linalg.solve_ex(M, descent, check_errors=False)[0]
-        _qp_trials_kernel[(tiles,)](gamma, newton, descent, upper, trials, B, ARC=ARC, ROWS=_ROWS, TILE=_TILE,
+        newton, info = cholesky_solve_ex(M, descent)
+        _qp_trials_kernel[(tiles,)](gamma, newton, info, descent, upper, trials, B, ARC=ARC, ROWS=_ROWS, TILE=_TILE,
                                     CHUNK=small)
         torch.mm(trials, H, out=TH)
         _qp_values_kernel[(2 * ARC,)](trials, TH, c, values, B, CHUNK=chunk)

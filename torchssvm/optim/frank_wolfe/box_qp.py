@@ -16,7 +16,7 @@ Two solvers, both monotone from ``gamma = 0`` (so ``f <= 0`` and the dual never 
   Each returns the QP's optimum to ``tol`` (in 3.5 steps on average on the OCR mini-batch QPs we measured),
   at least as good as any number of coordinate sweeps. The host-free step (``sync_free=True``) runs the device
   iteration a fixed number of times, on CUDA as Triton kernels (`kernels.step.box_qp_triton`: five launches and the
-  solve per iteration, the same iteration to rounding).
+  Cholesky solve per iteration, the same iteration to rounding).
 - ``"sweeps"``: exact coordinate minimization (Gauss-Seidel sweeps in index order) on the host, the
   reference of docs/design.md.
 """
@@ -79,8 +79,8 @@ def box_qp(c: torch.Tensor, H: torch.Tensor, upper: torch.Tensor, *, method: str
             caller reads when it reads anyway.
         backend: the form of the ``sync_free`` iteration (the backend table's ``"box_qp_newton"``): ``"torch"``
             (`kernels.projected_newton_torch`, about 45 launches per iteration plus the solve's) or ``"triton"``
-            (`kernels.step.box_qp_triton`: five launches per iteration plus the solve's, the same iteration to
-            rounding); ``"auto"``: Triton on CUDA (`kernels.box_qp_newton`).
+            (`kernels.step.box_qp_triton`: five launches per iteration plus the Cholesky solve's, the same
+            iteration to rounding); ``"auto"``: Triton on CUDA (`kernels.box_qp_newton`).
 
     Returns ``gamma (B,)`` on the device of ``c``. A zero-curvature coordinate with a positive gain
     goes to its upper bound."""
