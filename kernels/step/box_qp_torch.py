@@ -93,11 +93,12 @@ def projected_newton_torch(c, H, upper, max_iter, tol, check_every=None, with_fl
 
     The binding set holds the coordinates at a bound whose gradient pushes outward; the Newton
     direction solves the free-free system (``H_FF + r I``, a tiny ridge ``r`` for the semi-definite
-    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` Cholesky solve so nothing
-    depends on the set's size (`newton_direction`: no Newton move where the factorization fails). Along the Newton arc and along the projected-gradient arc
-    ``P(gamma + t p)`` all trial step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at
-    once and the best trial value is taken: ``t = 0`` is a trial, so ``f`` never increases, and the
-    gradient arc makes every iteration at least a projected-gradient step with a line search.
+    case) with the bound coordinates fixed, written as one fixed-size ``B x B`` Cholesky solve so
+    nothing depends on the set's size (`newton_direction`: no Newton move where the factorization
+    fails). Along the Newton arc and along the projected-gradient arc ``P(gamma + t p)`` all trial
+    step lengths (``_ARC``, plus ``t = 1`` for Newton) are evaluated at once and the best trial value
+    is taken: ``t = 0`` is a trial, so ``f`` never increases, and the gradient arc makes every
+    iteration at least a projected-gradient step with a line search.
 
     ``check_every``: iterations between reads of the stop flag (default: 1 on the CPU, `_DEVICE_CHECK_EVERY` on a
     device; 0: never, all ``max_iter`` iterations run). ``with_flag``: return ``(gamma, running)``, ``running`` a

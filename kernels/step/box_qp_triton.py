@@ -243,8 +243,9 @@ def projected_newton_triton(c: torch.Tensor, H: torch.Tensor, upper: torch.Tenso
     """``(gamma (B,), running ())``: ``max_iter`` projected Newton iterations of the box QP from ``gamma = 0``
     (float64 ``c (B,)``, ``H (B, B)`` PSD, ``upper (B,)``), and whether the last iterate is still short of the
     tolerance ``tol max|c| + ridge_floor r max(gamma)`` (a 0-dim bool tensor), without a host read.
-    ``2 + 7 max_iter`` launches (the factorization and the triangular solves counted as one each). ``chunk``: the entries a single program reads per
-    round of its loops over ``B`` (a power of two; small ones let the tests run those loops on small problems)."""
+    ``2 + 7 max_iter`` launches (the factorization and the triangular solves counted as one each). ``chunk``: the
+    entries a single program reads per round of its loops over ``B`` (a power of two; small ones let the tests run
+    those loops on small problems)."""
     B = c.shape[0]
     dev = c.device
     c, upper = c.contiguous(), upper.contiguous()
