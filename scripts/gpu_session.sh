@@ -26,12 +26,15 @@
 #          tests/test_gpu.py (the CUDA-graph step against the eager one, the host-free step's waits), time to 1e-3
 #          with the CUDA-graph step, cold and warm start-up (bench_startup.py), the hinge loss's cost per call
 #          (bench_loss_cost.py) and the Viterbi roofline (bench_oracles.py --roofline)
+#   qp     the host-free step's box QP in about 5 min: its device time by kernel and the Newton solve, LU against
+#          Cholesky (profile_box_qp.py), ms per QP (bench_box_qp.py --skip-host), the step at B = 256 and 1024
+#          (bench_bcfw_gpu_step.py) and the GPU tests of the QP, the host-free step and its CUDA graph
 # Copy what comes back into docs/benchmarks/ (the *_cuda.* files) and regenerate the reports with --report-only.
 set -uo pipefail
-stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends|step|distributed}"
+stage="${1:?usage: gpu_session.sh tests|tree|tree-mixture|bcfw|speed|backends|step|qp|distributed}"
 case "$stage" in  # before anything is installed
-    tests|tree|tree-mixture|bcfw|speed|backends|step|distributed) ;;
-    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends|step|distributed)" >&2; exit 2 ;;
+    tests|tree|tree-mixture|bcfw|speed|backends|step|qp|distributed) ;;
+    *) echo "unknown stage $stage (tests|tree|tree-mixture|bcfw|speed|backends|step|qp|distributed)" >&2; exit 2 ;;
 esac
 OUT="${OUT:-/tmp/gpu_out}"
 mkdir -p "$OUT"
@@ -82,14 +85,26 @@ case "$stage" in
         export STEP_END=$(( $(date +%s) + ${STEP_SECONDS:-540} ))
         LIMIT=200 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
             --passes 3 --out "$OUT"
-        LIMIT=60 run python3 scripts/bench_box_qp.py --device cuda --batch-sizes 256 1024 4096 --count 8 \
+        # B = 4096: capturing its QPs alone took over a minute on an H200 (2026-11-27)
+        LIMIT=60 run python3 scripts/bench_box_qp.py --device cuda --batch-sizes 256 1024 --count 8 \
             --skip-host --out "$OUT"
-        LIMIT=120 run python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+        # 46 of its 50 tests passed in the first 120 s on an H200 (2026-11-27)
+        LIMIT=180 run python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
         LIMIT=110 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 4096 \
             --modes graph --passes 1 --time-to-gap --budget 25 --out "$OUT/time_to_gap"
         LIMIT=60 run python3 scripts/bench_startup.py --device cuda --out "$OUT"
         LIMIT=45 run python3 scripts/bench_loss_cost.py --device cuda --out "$OUT"
         LIMIT=60 run python3 scripts/bench_oracles.py --device cuda --roofline --out "$OUT"
+        ;;
+    qp)
+        # the host-free step's box QP: where its device time goes (profile_box_qp.py: per kernel, and the Newton
+        # solve by LU against Cholesky), ms per QP on BCFW's QPs, the step at B = 256 and 1024, and its GPU tests
+        LIMIT=60 run python3 scripts/profile_box_qp.py --device cuda --out "$OUT"
+        LIMIT=45 run python3 scripts/bench_box_qp.py --device cuda --batch-sizes 256 1024 --count 4 --skip-host \
+            --out "$OUT"
+        LIMIT=100 run python3 scripts/bench_bcfw_gpu_step.py --device cuda --batch-sizes 256 1024 --passes 3 \
+            --out "$OUT"
+        LIMIT=90 run python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "box_qp or cuda_graph or minibatch"
         ;;
     distributed)
         # the sharded solvers with NCCL: 1 GPU (a group of one), 2 GPUs where the machine has them
