@@ -35,7 +35,7 @@ def test_host_free_step_never_waits_for_the_device(name, B):
     with simulated_cuda() as mode:
         model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
         s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=B, seed=0, backend="torch", host_free=True,
-                          **CONFIGS[name])
+                          cuda_graph=False, **CONFIGS[name])
         assert s.host_free and not s.cuda_graph
         s.step()  # the first pass visits every block once
         before, mode.sync_sites = mode.syncs, type(mode.sync_sites)()
@@ -50,6 +50,62 @@ def test_host_free_step_never_waits_for_the_device(name, B):
     assert syncs == 2 * (1 + room_reads) + exact_passes, sites  # the report read, the exact passes
     assert all(site.startswith("optim/frank_wolfe/bcfw.py") for site in sites), sites
     assert math.isfinite(r["dual"]) and r["passes"] > 0
+
+
+def _graph_and_eager_runs(config, steps, patch=None):
+    """``{cuda_graph: (w, reports, syncs, launches, solver)}`` of ``steps`` host-free steps on the simulated device,
+    40 blocks in batches of 8 (five steps a pass): the default (replayed graphs) and the eager step."""
+    ds = _data(40)
+    runs = {}
+    for graph in (True, False):
+        with simulated_cuda() as mode:
+            model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
+            s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=8, seed=0, backend="torch", host_free=True,
+                              qp_max_iter=4, **({} if graph else {"cuda_graph": False}), **config)
+            assert s.cuda_graph == graph
+            if patch is not None:
+                patch(s)
+            syncs, launches = mode.syncs, mode.launches
+            reports = [s.step() for _ in range(steps)]
+            runs[graph] = (s.w.cpu(), reports, mode.syncs - syncs, mode.launches - launches, s)
+    return runs
+
+
+@pytest.mark.parametrize("name", ["fw-uniform", "pairwise-gap-cache", "away-gap-cache"])
+def test_host_free_step_replayed_as_a_cuda_graph_is_the_eager_step(name):
+    """The default on CUDA: each host-free step of a chain replayed from a CUDA graph, captured after an eager step
+    of its size and again when what it bakes in changes (the store grows, an exact pass moves the cache's floor).
+    On the simulated device (a capture records the step's device work and leaves memory as it was, a replay runs
+    it again, a host wait or copy inside a capture raises): the eager step's iterates bitwise, its host waits (the
+    pass's report), captures that succeed (no fallback warning), and one launch per replayed step."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a failed capture warns and falls back
+        runs = _graph_and_eager_runs(CONFIGS[name], steps=4)
+    (w1, r1, syncs1, launches1, s1), (w0, r0, syncs0, launches0, _) = runs[True], runs[False]
+    assert s1.cuda_graph and s1.graph_captures >= 1
+    assert torch.equal(w0, w1) and syncs0 == syncs1
+    for a, b in zip(r0, r1):
+        assert (a["dual"], a["gap"], a["oracle_calls"]) == (b["dual"], b["gap"], b["oracle_calls"])
+    assert launches1 < launches0 / 2
+
+
+def test_a_host_wait_inside_the_step_leaves_the_eager_step_with_a_warning():
+    """A step that reads from the device (here a value read patched into it) cannot be captured: the solver warns
+    once, stays eager, and its iterates are the eager run's."""
+    def read_in_step(s):
+        step = s._device_step
+
+        def reading(B, draw):
+            float(s.z.sum())  # a host wait
+            return step(B, draw)
+        s._device_step = reading
+
+    with pytest.warns(RuntimeWarning, match="capturing the step as a CUDA graph failed"):
+        runs = _graph_and_eager_runs({}, steps=3, patch=read_in_step)
+    assert not runs[True][4].cuda_graph and runs[True][4].graph_captures == 0
+    assert torch.equal(runs[True][0], runs[False][0])
 
 
 def test_host_free_step_launches_are_counted():

@@ -343,3 +343,33 @@ def test_tree_max_sum_on_a_device_reads_from_it_only_to_validate():
         out = labels.cpu(), value.cpu()
     assert torch.equal(out[0], ref[0])
     torch.testing.assert_close(out[1], ref[1])
+
+
+def test_a_cuda_graph_replays_the_captured_device_work_and_its_capture_changes_nothing():
+    """``torch.cuda.CUDAGraph`` on the simulated device: the capture runs the code once but leaves memory made
+    before it as it was (a GPU runs nothing while capturing); each replay runs the recorded ops again on the
+    tensors' current data, one launch; a value read or a copy from the host inside a capture raises, as CUDA does,
+    and leaves memory as it was too."""
+    with simulated_cuda() as mode:
+        x, y = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="not captured"):
+            graph.replay()
+        with torch.cuda.graph(graph):
+            assert torch.cuda.is_current_stream_capturing()
+            z = x * 2 + y  # memory of the graph's own
+            x.add_(z)
+        assert not torch.cuda.is_current_stream_capturing()
+        assert x.cpu().tolist() == [0.0] * 4
+        launches = mode.launches
+        graph.replay()
+        assert mode.launches == launches + 1 and x.cpu().tolist() == [1.0] * 4
+        y.fill_(10.0)
+        graph.replay()
+        assert x.cpu().tolist() == [13.0] * 4 and z.cpu().tolist() == [12.0] * 4
+        for body, match in ((lambda: float(x.sum()), "capturing"),
+                            (lambda: x.copy_(torch.ones(4).to("cuda", non_blocking=True)), "copy from the host")):
+            with pytest.raises(RuntimeError, match=match), torch.cuda.graph(torch.cuda.CUDAGraph()):
+                x.mul_(0.0)
+                body()
+            assert x.cpu().tolist() == [13.0] * 4

@@ -28,6 +28,12 @@ else. Under `simulated_cuda()`:
 - Triton kernels run in the interpreter (``TRITON_INTERPRET=1``) on the wrapped CPU storage; each launch on
   device tensors counts as one kernel launch.
 
+- CUDA graphs: ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph`` record the device work of the captured code
+  (its aten ops and Triton launches on device tensors) and ``replay()`` runs it again on the same tensors, one
+  counted launch. As on a GPU the capture itself leaves memory that existed before it unchanged (its writes
+  there are undone when it ends), host code runs only at capture, and a host wait or a copy from the host inside
+  it raises (`SimulatedGraph`).
+
 It simulates placement, not numerics or speed: results are those of the CPU kernels. A non-blocking copy from
 the host is not counted; on CUDA it is queued only from pinned memory (`torchssvm._device.host_to_device`).
 """
@@ -196,8 +202,12 @@ class SimulatedCuda(TorchDispatchMode):
         self.sync_sites: collections.Counter = collections.Counter()  # "file:line" of the library code
         self.launches = 0
         self.launch_sites: collections.Counter = collections.Counter()  # "file:function" of the library code
+        self.capture: Optional[_Capture] = None  # the CUDA graph being captured
 
     def count_sync(self) -> None:
+        if self.capture is not None:
+            raise RuntimeError("simulated CUDA: operation not permitted when stream is capturing (the host waits "
+                               "for the device inside a CUDA graph capture)")
         self.syncs += 1
         self.sync_sites[_library_site(sys._getframe(1), lambda f: f.f_lineno)] += 1
 
@@ -226,6 +236,12 @@ class SimulatedCuda(TorchDispatchMode):
             self.count_sync()
         if (on_device or to_device) and _launches(func):
             self.count_launch()
+        capture = self.capture if on_device or to_device else None
+        if capture is not None:
+            if func in (aten._to_copy.default, aten.copy_.default) and plain:
+                raise RuntimeError("simulated CUDA: a copy from the host inside a CUDA graph capture (the graph would "
+                                   "replay it from host memory that may have changed since)")
+            capture.before_write(_written_args(func, args, kwargs) or ())
         out = func(*_unwrap(args), **_unwrap(kwargs))
         if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
             if on_device and func is aten._to_copy.default:
@@ -233,6 +249,14 @@ class SimulatedCuda(TorchDispatchMode):
             return out
         if not (on_device or to_device):
             return out
+        if capture is not None:
+            result = self._device_result(func, args, kwargs, out)
+            capture.record_op(func, args, kwargs, result)
+            return result
+        return self._device_result(func, args, kwargs, out)
+
+    def _device_result(self, func, args, kwargs, out):
+        """The op's result as the device gives it: its written argument, or its CPU outputs wrapped."""
         written = _written_args(func, args, kwargs)
         if written is not None:  # in-place and out= ops return their (mutated) argument itself
             for t in written:
@@ -403,8 +427,13 @@ def _counted_triton_run(run):
     """The Triton interpreter's launch, counted when it is given device tensors."""
     @functools.wraps(run)
     def counted(self, *args, **kwargs):
-        if any(isinstance(a, SimulatedCudaTensor) for a in (*args, *kwargs.values())):
-            SimulatedCuda.active.count_launch()
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SimulatedCudaTensor)]
+        if tensors:
+            mode = SimulatedCuda.active
+            mode.count_launch()
+            if mode.capture is not None:  # a kernel may write any of its tensors
+                mode.capture.before_write(tensors)
+                mode.capture.ops.append(functools.partial(run, self, *args, **kwargs))
         return run(self, *args, **kwargs)
     return counted
 
@@ -421,6 +450,79 @@ def _triton_patches() -> list:
     return [mock.patch.object(InterpretedFunction, "run", _counted_triton_run(InterpretedFunction.run))]
 
 
+class _Capture:
+    """The device work recorded while a `SimulatedGraph` is captured, and the memory it must leave as it was."""
+
+    def __init__(self):
+        self.ops: list = []  # callables that run one recorded op or kernel again
+        self.owned: set = set()  # storages made inside the capture (the graph's own memory)
+        self.saved: dict = {}  # data_ptr -> (storage, its contents before the capture's first write)
+
+    def before_write(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, SimulatedCudaTensor):
+                storage = t.inner.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.owned and key not in self.saved:
+                    self.saved[key] = (storage, storage.clone())
+
+    def record_op(self, func, args, kwargs, result) -> None:
+        """Records ``func`` to be run again into ``result``'s data (or its written argument's, for in-place and
+        ``out=`` ops; views need nothing: they see their base's data)."""
+        written = _written_args(func, args, kwargs) is not None
+        returns = func._schema.returns
+        copies = [] if written else [
+            r for r, spec in zip(result if isinstance(result, tuple) else (result,), returns)
+            if isinstance(r, SimulatedCudaTensor) and spec.alias_info is None]
+        for r in copies:
+            self.owned.add(r.inner.untyped_storage().data_ptr())
+
+        def again():
+            out = func(*_unwrap(args), **_unwrap(kwargs))
+            for r, new in zip(copies, out if isinstance(out, tuple) else (out,)):
+                r.inner.copy_(new)
+        self.ops.append(again)
+
+    def undo_writes(self) -> None:
+        for storage, before in self.saved.values():
+            storage.copy_(before)
+
+
+class SimulatedGraph:
+    """``torch.cuda.CUDAGraph`` on the simulated device. ``with torch.cuda.graph(g):`` runs the code once and
+    records its device work; when the block ends the capture's writes to memory made before it are undone (a
+    GPU runs nothing while it captures), so only ``replay()`` applies the step, each time on the tensors' current
+    data. A host wait or a copy from the host inside the capture raises, as on CUDA."""
+
+    def __init__(self, *args, **kwargs):
+        self._ops: Optional[list] = None
+
+    def replay(self) -> None:
+        if self._ops is None:
+            raise RuntimeError("simulated CUDA: replay of a CUDA graph that was not captured")
+        SimulatedCuda.active.count_launch()  # cudaGraphLaunch
+        for op in self._ops:  # aten ops on the CPU data, Triton launches through the mode (the interpreter's copies)
+            op()
+
+    def reset(self) -> None:
+        self._ops = None
+
+
+@contextlib.contextmanager
+def _graph_capture(graph, pool=None, stream=None, capture_error_mode="global"):
+    """``torch.cuda.graph`` on the simulated device (`SimulatedGraph`)."""
+    mode = SimulatedCuda.active
+    if mode.capture is not None:
+        raise RuntimeError("simulated CUDA: a CUDA graph capture inside another")
+    capture = mode.capture = _Capture()
+    try:
+        yield graph
+    finally:
+        mode.capture = None
+        capture.undo_writes()
+    graph._ops = capture.ops
+
+
 @contextlib.contextmanager
 def simulated_cuda() -> Iterator[SimulatedCuda]:
     """Simulate one CUDA device for the duration; yields the mode (``mode.syncs``: host synchronisations)."""
@@ -435,6 +537,9 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         mock.patch("torch.cuda.synchronize", lambda *a, **k: None),
         mock.patch("torch.cuda.get_device_name", lambda *a, **k: "simulated CUDA device"),
         mock.patch("torch.cuda.is_bf16_supported", lambda *a, **k: True),
+        mock.patch("torch.cuda.CUDAGraph", SimulatedGraph),
+        mock.patch("torch.cuda.graph", _graph_capture),
+        mock.patch("torch.cuda.is_current_stream_capturing", lambda: mode.capture is not None),
         mock.patch("torch.tensor", _tensor_factory(torch.tensor)),
         mock.patch("torch.as_tensor", _tensor_factory(torch.as_tensor)),
         mock.patch.object(torch.Tensor, "to", _to),
