@@ -4,7 +4,7 @@ The host-free mini-batch BCFW step solves a box QP of size B on the device in a 
 iterations (`torchssvm.optim.frank_wolfe.box_qp.box_qp(..., sync_free=True)`, on CUDA the Triton kernels of
 `kernels/step/box_qp_triton.py` and one Newton system per iteration). For each B this script
 
-1. times the QP (``--max-iter`` iterations, milliseconds per QP, the device synchronized around the calls) and
+1. times the QP (``--max-iter`` iterations, the median milliseconds per QP, the device synchronized around each) and
    lists the device kernels with the most time in a `torch.profiler` trace of three QPs;
 2. times the Newton system alone on a ridged PSD matrix of that size: the LU solve (``torch.linalg.solve_ex``)
    against the Cholesky factorization and its triangular solves (``cholesky_ex`` + ``cholesky_solve``), in float64
@@ -25,20 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_machine import code_version, device_description
-
-
-def _seconds(fn, device: torch.device, repeats: int) -> float:
-    """Mean wall seconds of ``fn`` over ``repeats`` calls after two warm-up calls, the device synchronized."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(2):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / repeats
+from _bench_machine import code_version, device_description, median_seconds
 
 
 def _qp(B: int, device: torch.device):
@@ -61,7 +48,8 @@ def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
     def qp():
         return box_qp(c, H, u, sync_free=True, max_iter=max_iter, unconverged=flag, backend=backend)
 
-    out = {"B": B, "backend": backend, "qp_ms": 1e3 * _seconds(qp, device, repeats)}
+    cuda = device.type == "cuda"
+    out = {"B": B, "backend": backend, "qp_ms": 1e3 * median_seconds(qp, repeats, cuda)}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with trace(activities=activities) as p:
         for _ in range(3):
@@ -83,7 +71,7 @@ def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
         "cholesky_f32": lambda: torch.cholesky_solve(r.float()[:, None], torch.linalg.cholesky_ex(M.float())[0]),
         "product_f64": lambda: M @ M[:, :126],
     }
-    out["solve_ms"] = {name: 1e3 * _seconds(fn, device, 10) for name, fn in solves.items()}
+    out["solve_ms"] = {name: 1e3 * median_seconds(fn, 10, cuda) for name, fn in solves.items()}
     return out
 
 
