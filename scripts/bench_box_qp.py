@@ -41,7 +41,8 @@ def capture(B: int, count: int, seed: int = 0, device: str = "cpu") -> list:
     ds = ts.data.synthetic_chain("train", max(2048, 2 * B), num_labels=26, num_features=128, seed=seed)
     model = ts.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64, device=device)
     solver = ts.optim.BCFW(model, ds.to(device), lam=1e-3, batch_size=B, sampling="gap", step="pairwise",
-                           cache_size=10, gap_check_every=0, seed=seed, host_free=torch.device(device).type != "cpu")
+                           cache_size=10, gap_check_every=0, seed=seed, host_free=torch.device(device).type != "cpu",
+                           cuda_graph=False)  # eager: a replayed step would not call the recording QP
     qps, solve = [], bcfw.box_qp
 
     def record(c, H, upper, **kw):

@@ -72,6 +72,9 @@ def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
         "product_f64": lambda: M @ M[:, :126],
     }
     out["solve_ms"] = {name: 1e3 * median_seconds(fn, 10, cuda) for name, fn in solves.items()}
+    # a failed factorization stops early: its time is no solve's (float32 loses the ridge of a rank-deficient H)
+    out["cholesky_failed"] = {name: bool(torch.linalg.cholesky_ex(M.to(dtype))[1] != 0)
+                              for name, dtype in (("float64", torch.float64), ("float32", torch.float32))}
     return out
 
 
@@ -86,8 +89,11 @@ def write(results: dict, out: Path, device: str) -> None:
              "|---|---|---|---|---|---|---|"]
     for r in results["sizes"]:
         s = r["solve_ms"]
-        lines.append(f"| {r['B']} | {r['qp_ms']:.3f} | {s['lu_f64']:.3f} | {s['cholesky_f64']:.3f} | {s['lu_f32']:.3f} "
-                     f"| {s['cholesky_f32']:.3f} | {s['product_f64']:.3f} |")
+        failed = r["cholesky_failed"]
+        chol = {k: "failed" if failed[d] else f"{s[k]:.3f}" for k, d in (("cholesky_f64", "float64"),
+                                                                        ("cholesky_f32", "float32"))}
+        lines.append(f"| {r['B']} | {r['qp_ms']:.3f} | {s['lu_f64']:.3f} | {chol['cholesky_f64']} | {s['lu_f32']:.3f} "
+                     f"| {chol['cholesky_f32']} | {s['product_f64']:.3f} |")
     for r in results["sizes"]:
         lines += ["", f"Kernels by device time, B = {r['B']} ({r['backend']} form):", "",
                   "| kernel | calls per QP | us per QP | share |", "|---|---|---|---|"]

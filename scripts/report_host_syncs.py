@@ -27,8 +27,10 @@ _TIME_TO_GAP = {"sampling": "gap", "step": "pairwise", "cache_size": 10, "gap_ch
 CONFIGS = {"FW steps, uniform sampling (the paper's); the host step": {"host_free": False},
            "pairwise steps, gap sampling, cache 10 (the time-to-gap runs); the host step":
                {**_TIME_TO_GAP, "host_free": False},
-           "FW steps, uniform sampling; the host-free step (the default on a device)": {"host_free": True},
-           "pairwise steps, gap sampling, cache 10; the host-free step": {**_TIME_TO_GAP, "host_free": True}}
+           # eager: every kernel launched from Python (on CUDA the default replays the step as one graph)
+           "FW steps, uniform sampling; the host-free step, eager": {"host_free": True, "cuda_graph": False},
+           "pairwise steps, gap sampling, cache 10; the host-free step, eager":
+               {**_TIME_TO_GAP, "host_free": True, "cuda_graph": False}}
 
 
 def _warm_solver(B: int, config: dict, n: int):

@@ -52,7 +52,7 @@ def test_host_free_step_never_waits_for_the_device(name, B):
     assert math.isfinite(r["dual"]) and r["passes"] > 0
 
 
-def _graph_and_eager_runs(config, steps, patch=None):
+def _graph_and_eager_runs(config, steps, patch=None, backend="torch"):
     """``{cuda_graph: (w, reports, syncs, launches, solver)}`` of ``steps`` host-free steps on the simulated device,
     40 blocks in batches of 8 (five steps a pass): the default (replayed graphs) and the eager step."""
     ds = _data(40)
@@ -60,7 +60,7 @@ def _graph_and_eager_runs(config, steps, patch=None):
     for graph in (True, False):
         with simulated_cuda() as mode:
             model = ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda")
-            s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=8, seed=0, backend="torch", host_free=True,
+            s = ts.optim.BCFW(model, ds.to("cuda"), lam=0.01, batch_size=8, seed=0, backend=backend, host_free=True,
                               qp_max_iter=4, **({} if graph else {"cuda_graph": False}), **config)
             assert s.cuda_graph == graph
             if patch is not None:
@@ -71,8 +71,10 @@ def _graph_and_eager_runs(config, steps, patch=None):
     return runs
 
 
-@pytest.mark.parametrize("name", ["fw-uniform", "pairwise-gap-cache", "away-gap-cache"])
-def test_host_free_step_replayed_as_a_cuda_graph_is_the_eager_step(name):
+@pytest.mark.parametrize("name,backend", [("fw-uniform", "torch"), ("pairwise-gap-cache", "torch"),
+                                          ("away-gap-cache", "torch"),
+                                          pytest.param("pairwise-gap-cache", "triton", marks=needs_triton())])
+def test_host_free_step_replayed_as_a_cuda_graph_is_the_eager_step(name, backend):
     """The default on CUDA: each host-free step of a chain replayed from a CUDA graph, captured after an eager step
     of its size and again when what it bakes in changes (the store grows, an exact pass moves the cache's floor).
     On the simulated device (a capture records the step's device work and leaves memory as it was, a replay runs
@@ -82,7 +84,7 @@ def test_host_free_step_replayed_as_a_cuda_graph_is_the_eager_step(name):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a failed capture warns and falls back
-        runs = _graph_and_eager_runs(CONFIGS[name], steps=4)
+        runs = _graph_and_eager_runs(CONFIGS[name], steps=4, backend=backend)
     (w1, r1, syncs1, launches1, s1), (w0, r0, syncs0, launches0, _) = runs[True], runs[False]
     assert s1.cuda_graph and s1.graph_captures >= 1
     assert torch.equal(w0, w1) and syncs0 == syncs1
@@ -91,38 +93,43 @@ def test_host_free_step_replayed_as_a_cuda_graph_is_the_eager_step(name):
     assert launches1 < launches0 / 2
 
 
-def test_a_host_wait_inside_the_step_leaves_the_eager_step_with_a_warning():
-    """A step that reads from the device (here a value read patched into it) cannot be captured: the solver warns
-    once, stays eager, and its iterates are the eager run's."""
-    def read_in_step(s):
-        step = s._device_step
+@pytest.mark.parametrize("wait", ["a value read", "a number assigned into a device tensor"])
+def test_a_host_wait_inside_the_step_leaves_the_eager_step_with_a_warning(wait):
+    """A step that reads from the device, or copies from the host (assigning a Python number into a device
+    tensor, as the box QP once did: the H200's first graph run fell back on it), cannot be captured: the solver
+    warns once, stays eager, and its iterates are the eager run's."""
+    def waiting_in_step(s):
+        step, spare = s._device_step, torch.zeros(2, device="cuda")
 
-        def reading(B, draw):
-            float(s.z.sum())  # a host wait
+        def waiting(B, draw):
+            if wait == "a value read":
+                float(s.z.sum())
+            else:
+                spare[0] = 1.0
             return step(B, draw)
-        s._device_step = reading
+        s._device_step = waiting
 
     with pytest.warns(RuntimeWarning, match="capturing the step as a CUDA graph failed"):
-        runs = _graph_and_eager_runs({}, steps=3, patch=read_in_step)
+        runs = _graph_and_eager_runs({}, steps=3, patch=waiting_in_step)
     assert not runs[True][4].cuda_graph and runs[True][4].graph_captures == 0
     assert torch.equal(runs[True][0], runs[False][0])
 
 
 def test_host_free_step_launches_are_counted():
-    """A regression guard on the eager host-free step's launches (on a GPU the step is replayed as one CUDA
-    graph), with the torch oracle: measured 67 per QP iteration (the simulated device counts a where with a
-    scalar as three) and 295 for the rest of the step, most of them the torch Viterbi's (the Triton one is a
-    single launch)."""
+    """A regression guard on the eager host-free step's launches (on CUDA the default replays the step as one
+    graph), with the torch oracle and the torch QP: measured 302 for 4 QP iterations (the simulated device counts a
+    where with a scalar as three) and 295 for the rest of the step, most of them the torch Viterbi's (the Triton
+    one is a single launch)."""
     ds = _data()
     with simulated_cuda() as mode:
         s = ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"), lam=0.01,
-                          batch_size=16, seed=0, backend="torch", qp_max_iter=4)
+                          batch_size=16, seed=0, backend="torch", qp_max_iter=4, host_free=True, cuda_graph=False)
         s.step()
         before, mode.launch_sites = mode.launches, type(mode.launch_sites)()
         s.step()
         per_step = (mode.launches - before) / 4
-        qp = sum(v for k, v in mode.launch_sites.items() if k.startswith("optim/frank_wolfe/box_qp.py")) / 4
-    assert qp <= 4 * 70 and per_step - qp <= 310
+        qp = sum(v for k, v in mode.launch_sites.items() if "box_qp" in k) / 4
+    assert 4 * 60 <= qp <= 4 * 80 and per_step - qp <= 310
 
 
 def test_device_sampler_is_the_same_on_every_device_and_distinct():
@@ -374,7 +381,8 @@ def test_host_free_step_with_the_triton_kernels_is_the_torch_step(monkeypatch):
     with simulated_cuda():
         s = {backend: ts.optim.BCFW(ts.LinearChainModel(8, 5, dtype=torch.float64, device="cuda"), ds.to("cuda"),
                                     lam=0.01, batch_size=8, seed=0, backend=backend, host_free=True,
-                                    **CONFIGS["pairwise-gap-cache"]) for backend in ("torch", "triton")}
+                                    cuda_graph=False, **CONFIGS["pairwise-gap-cache"])
+             for backend in ("torch", "triton")}
         hits = 0
         for _ in range(3):
             s["triton"].load_state_dict(s["torch"].state_dict())

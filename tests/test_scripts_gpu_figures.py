@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
@@ -43,22 +42,19 @@ def test_report_host_syncs_makes_its_output_folder(tmp_path, monkeypatch):
 
 
 def test_profile_box_qp_dry_run_on_the_cpu(tmp_path):
-    """The QP profile on the CPU at a small B: the Cholesky and the LU solve the same system (so the comparison
-    times one answer twice), the kernels' shares are fractions of one trace, and the report has one row per B;
-    a size below 1 is refused by name."""
+    """The QP profile on the CPU at a small B: the kernels' shares are fractions of one trace, the Cholesky is
+    reported to have worked (a failed one would be timed short), the report has one row per B; a size below 1 is
+    refused by name."""
     import profile_box_qp
 
     B = 12
-    c, H, _ = profile_box_qp._qp(B, torch.device("cpu"))
-    M = H + 1e-13 * H.diagonal().max() * torch.eye(B, dtype=torch.float64)
-    torch.testing.assert_close(torch.cholesky_solve(c[:, None], torch.linalg.cholesky(M))[:, 0],
-                               torch.linalg.solve(M, c), rtol=1e-9, atol=0)
     profile_box_qp.main(["--device", "cpu", "--batch-sizes", str(B), "--repeats", "1", "--max-iter", "2",
                          "--out", str(tmp_path)])
     results = json.loads((tmp_path / "profile_box_qp_cpu.json").read_text())
     (size,) = results["sizes"]
     assert size["B"] == B and size["qp_ms"] > 0 and set(size["solve_ms"]) >= {"lu_f64", "cholesky_f64"}
     assert 0 < sum(k["share"] for k in size["kernels"]) <= 1 + 1e-9
+    assert size["cholesky_failed"] == {"float64": False, "float32": False}
     assert (tmp_path / "profile_box_qp_cpu.md").read_text().count(f"\n| {B} | ") == 1
     with pytest.raises(SystemExit):
         profile_box_qp.main(["--device", "cpu", "--batch-sizes", "0", "--out", str(tmp_path)])

@@ -373,3 +373,29 @@ def test_a_cuda_graph_replays_the_captured_device_work_and_its_capture_changes_n
                 x.mul_(0.0)
                 body()
             assert x.cpu().tolist() == [13.0] * 4
+
+
+def test_a_captured_op_that_writes_without_returning_or_returns_a_list_or_a_view_replays_right():
+    """Ops whose schemas are not one tensor in, one out: ``_foreach_add_`` writes its arguments and returns nothing,
+    ``_foreach_add`` returns a list, ``_unsafe_view`` returns its input's storage unannotated; a 0-dim CPU tensor is
+    a value fixed at capture; ``torch.cuda.synchronize`` inside a capture raises."""
+    with simulated_cuda():
+        a = [torch.zeros(2, device="cuda"), torch.zeros(2, device="cuda")]
+        c, x = torch.zeros(2, device="cuda"), torch.zeros(2, 2, device="cuda")
+        scale = torch.tensor(3.0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch._foreach_add_(a, 1.0)
+            out = torch._foreach_add([c, c], 5.0)
+            torch.ops.aten._unsafe_view(x, [4]).add_(1.0)
+            y = c * scale
+        assert [t.cpu().tolist() for t in a] == [[0.0, 0.0]] * 2 and x.cpu().sum() == 0
+        scale.fill_(7.0)
+        graph.replay()
+        assert [t.cpu().tolist() for t in a] == [[1.0, 1.0]] * 2 and [t.cpu().tolist() for t in out] == [[5.0] * 2] * 2
+        assert x.cpu().tolist() == [[1.0, 1.0]] * 2 and y.cpu().tolist() == [0.0, 0.0]
+        c.fill_(1.0)
+        graph.replay()
+        assert y.cpu().tolist() == [3.0, 3.0]  # the scale of the capture
+        with pytest.raises(RuntimeError, match="capturing"), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.cuda.synchronize()

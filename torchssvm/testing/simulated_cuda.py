@@ -241,7 +241,7 @@ class SimulatedCuda(TorchDispatchMode):
             if func in (aten._to_copy.default, aten.copy_.default) and plain:
                 raise RuntimeError("simulated CUDA: a copy from the host inside a CUDA graph capture (the graph would "
                                    "replay it from host memory that may have changed since)")
-            capture.before_write(_written_args(func, args, kwargs) or ())
+            capture.before_write(_written_inputs(func, args, kwargs))
         out = func(*_unwrap(args), **_unwrap(kwargs))
         if kwargs.get("device") is not None and not to_device:  # an explicit CPU result: new_empty(device="cpu")
             if on_device and func is aten._to_copy.default:
@@ -399,6 +399,17 @@ def _written_args(func, args, kwargs):
     return None if any(w is None for w in written) else written
 
 
+def _written_inputs(func, args, kwargs) -> list:
+    """Every tensor the op's schema marks as written (``out=``, in-place, and ops that write an argument without
+    returning it: ``_foreach_*_``, batch norm's running statistics), lists of tensors flattened."""
+    found = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
+            found += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    return found
+
+
 def _tensor_factory(original):
     """``torch.tensor``/``torch.as_tensor`` build their result below the dispatcher: build on the CPU, then move."""
     copies = original.__name__ == "tensor"  # torch.tensor copies its data, torch.as_tensor need not (compared by
@@ -467,20 +478,29 @@ class _Capture:
                     self.saved[key] = (storage, storage.clone())
 
     def record_op(self, func, args, kwargs, result) -> None:
-        """Records ``func`` to be run again into ``result``'s data (or its written argument's, for in-place and
-        ``out=`` ops; views need nothing: they see their base's data)."""
-        written = _written_args(func, args, kwargs) is not None
-        returns = func._schema.returns
-        copies = [] if written else [
-            r for r, spec in zip(result if isinstance(result, tuple) else (result,), returns)
-            if isinstance(r, SimulatedCudaTensor) and spec.alias_info is None]
-        for r in copies:
-            self.owned.add(r.inner.untyped_storage().data_ptr())
+        """Records ``func`` to be run again, its new outputs copied into ``result``'s data by position (returns the
+        schema does not mark as aliases, lists of tensors included, and not one sharing an input's storage, as
+        ``_unsafe_view``'s does); written arguments are written again by the run itself and views see their base's
+        data. A 0-dim CPU tensor argument is a value fixed at capture, as a kernel argument on CUDA."""
+        inputs = {t.inner.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, SimulatedCudaTensor)}
+        results = result if isinstance(result, tuple) else (result,)
+        copies = []  # (return index, list index or None, the recorded output)
+        for i, (r, spec) in enumerate(zip(results, func._schema.returns)):
+            if spec.alias_info is not None:
+                continue
+            for j, t in enumerate(r) if isinstance(r, (list, tuple)) else ((None, r),):
+                if isinstance(t, SimulatedCudaTensor) and t.inner.untyped_storage().data_ptr() not in inputs:
+                    copies.append((i, j, t))
+                    self.owned.add(t.inner.untyped_storage().data_ptr())
+        fixed = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and not isinstance(t, SimulatedCudaTensor)
+                         and t.dim() == 0 else t, (args, kwargs))
 
         def again():
-            out = func(*_unwrap(args), **_unwrap(kwargs))
-            for r, new in zip(copies, out if isinstance(out, tuple) else (out,)):
-                r.inner.copy_(new)
+            out = func(*_unwrap(fixed[0]), **_unwrap(fixed[1]))
+            outs = out if isinstance(out, tuple) else (out,)
+            for i, j, t in copies:
+                t.inner.copy_(outs[i] if j is None else outs[i][j])
         self.ops.append(again)
 
     def undo_writes(self) -> None:
@@ -506,6 +526,19 @@ class SimulatedGraph:
 
     def reset(self) -> None:
         self._ops = None
+
+
+class _SimulatedStream:
+    """``torch.cuda.Stream`` on the simulated device: one stream in all but name (the simulation has no queue)."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = CUDA
+
+
+@contextlib.contextmanager
+def _simulated_device_guard(device):
+    """``torch.cuda.device``: the simulated device is the only one, always current."""
+    yield
 
 
 @contextlib.contextmanager
@@ -534,10 +567,12 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         mock.patch("torch.cuda.is_available", lambda: True),
         mock.patch("torch.cuda.device_count", lambda: 1),
         mock.patch("torch.cuda.current_device", lambda: 0),
-        mock.patch("torch.cuda.synchronize", lambda *a, **k: None),
+        mock.patch("torch.cuda.synchronize", lambda *a, **k: mode.capture is None or mode.count_sync()),
         mock.patch("torch.cuda.get_device_name", lambda *a, **k: "simulated CUDA device"),
         mock.patch("torch.cuda.is_bf16_supported", lambda *a, **k: True),
         mock.patch("torch.cuda.CUDAGraph", SimulatedGraph),
+        mock.patch("torch.cuda.Stream", _SimulatedStream),
+        mock.patch("torch.cuda.device", _simulated_device_guard),
         mock.patch("torch.cuda.graph", _graph_capture),
         mock.patch("torch.cuda.is_current_stream_capturing", lambda: mode.capture is not None),
         mock.patch("torch.tensor", _tensor_factory(torch.tensor)),

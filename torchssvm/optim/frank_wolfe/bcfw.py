@@ -167,6 +167,7 @@ class BCFW(DualSolver):
             self._select_values = None
         self._graphs = None  # {B: (signature, CUDA graph)} of the captured steps
         self._graph_warm = {}  # {B: the signature of its last eager step}
+        self._capture_stream = None  # a side stream of the problem's device for the captures
         self.graph_captures = 0
         self.cache_hits = 0
         self.visits = 0
@@ -285,15 +286,23 @@ class BCFW(DualSolver):
                 return
             entry = self._graphs[B] = (sig, graph)
         self._draw_on_device.fill_(self.draws)
-        entry[1].replay()
+        with torch.cuda.device(self.problem.device):
+            entry[1].replay()
 
     def _capture(self, B: int):
         import warnings
 
+        dev = self.problem.device
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._device_step(B, self._draw_on_device)
+            # on the problem's device and a capture stream of that device: torch.cuda.graph's default stream is
+            # one per process, made on the device current at its first use, and kernels for another device's
+            # tensors would run outside the capture and leave an empty graph
+            with torch.cuda.device(dev):
+                if self._capture_stream is None:
+                    self._capture_stream = torch.cuda.Stream(device=dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=self._capture_stream):
+                    self._device_step(B, self._draw_on_device)
         except Exception as e:  # noqa: BLE001 - any failure of the capture leaves the eager step
             warnings.warn(f"BCFW: capturing the step as a CUDA graph failed ({type(e).__name__}: {e}); the steps run "
                           "eagerly", RuntimeWarning, stacklevel=3)
