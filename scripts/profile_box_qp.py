@@ -38,6 +38,7 @@ def _qp(B: int, device: torch.device):
 def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as trace
+    from torchssvm.kernels.step.box_qp_torch import cholesky_solve_ex
 
     from torchssvm.optim.frank_wolfe.box_qp import box_qp
 
@@ -50,13 +51,13 @@ def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
 
     cuda = device.type == "cuda"
     out = {"B": B, "backend": backend, "qp_ms": 1e3 * median_seconds(qp, repeats, cuda)}
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with trace(activities=activities) as p:
         for _ in range(3):
             qp()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
-    attr = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    attr = "device_time_total" if cuda else "cpu_time_total"
     events = [e for e in p.key_averages() if getattr(e, attr, 0) > 0]
     total = sum(getattr(e, "self_" + attr, 0) for e in events) or 1.0
     events.sort(key=lambda e: getattr(e, "self_" + attr, 0), reverse=True)
@@ -66,15 +67,15 @@ def profile(B: int, device: torch.device, max_iter: int, repeats: int) -> dict:
     r = c.clone()
     solves = {
         "lu_f64": lambda: torch.linalg.solve_ex(M, r),
-        "cholesky_f64": lambda: torch.cholesky_solve(r[:, None], torch.linalg.cholesky_ex(M)[0]),
+        "cholesky_f64": lambda: cholesky_solve_ex(M, r),  # the QP's own solve
         "lu_f32": lambda: torch.linalg.solve_ex(M.float(), r.float()),
-        "cholesky_f32": lambda: torch.cholesky_solve(r.float()[:, None], torch.linalg.cholesky_ex(M.float())[0]),
+        "cholesky_f32": lambda: cholesky_solve_ex(M.float(), r.float()),
         "product_f64": lambda: M @ M[:, :126],
     }
     out["solve_ms"] = {name: 1e3 * median_seconds(fn, 10, cuda) for name, fn in solves.items()}
     # a failed factorization stops early: its time is no solve's (float32 loses the ridge of a rank-deficient H)
-    out["cholesky_failed"] = {name: bool(torch.linalg.cholesky_ex(M.to(dtype))[1] != 0)
-                              for name, dtype in (("float64", torch.float64), ("float32", torch.float32))}
+    out["cholesky_failed"] = {"float64": bool(solves["cholesky_f64"]()[1] != 0),
+                              "float32": bool(solves["cholesky_f32"]()[1] != 0)}
     return out
 
 

@@ -249,11 +249,10 @@ class SimulatedCuda(TorchDispatchMode):
             return out
         if not (on_device or to_device):
             return out
+        result = self._device_result(func, args, kwargs, out)
         if capture is not None:
-            result = self._device_result(func, args, kwargs, out)
             capture.record_op(func, args, kwargs, result)
-            return result
-        return self._device_result(func, args, kwargs, out)
+        return result
 
     def _device_result(self, func, args, kwargs, out):
         """The op's result as the device gives it: its written argument, or its CPU outputs wrapped."""
@@ -390,24 +389,23 @@ def _written_args(func, args, kwargs):
     returns = func._schema.returns
     if not returns or not all(r.alias_info is not None and r.alias_info.is_write for r in returns):
         return None
-    by_set = {}
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
-            by_set[frozenset(a.alias_info.before_set)] = value
+    by_set = {frozenset(a.alias_info.before_set): value for a, value in _written_arguments(func, args, kwargs)}
     written = [by_set.get(frozenset(r.alias_info.before_set)) for r in returns]
     return None if any(w is None for w in written) else written
+
+
+def _written_arguments(func, args, kwargs):
+    """``(schema argument, value)`` of each argument the op's schema marks as written."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            yield a, kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
 
 
 def _written_inputs(func, args, kwargs) -> list:
     """Every tensor the op's schema marks as written (``out=``, in-place, and ops that write an argument without
     returning it: ``_foreach_*_``, batch norm's running statistics), lists of tensors flattened."""
-    found = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
-            found += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
-    return found
+    return [t for _, value in _written_arguments(func, args, kwargs) for t in tree_flatten(value)[0]
+            if isinstance(t, torch.Tensor)]
 
 
 def _tensor_factory(original):
