@@ -159,7 +159,7 @@ def _certificate_at(name: str, ranks: list, world_size: int) -> dict:
     return solver.duality_gap()
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])  # CI time: 2 ranks
 def test_sharded_nslack_certifies_as_one_process_and_reaches_its_optimum(world_size, tmp_path, references):
     """The first pass equals the single-process pass (its report: primal, dual, gap to 1e-12, cuts added, QP sweeps,
     working-set size, oracle calls exactly; ``w`` to 1e-12; for `FIRST_PASS_EQUAL`, else the separation's values
