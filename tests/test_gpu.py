@@ -561,8 +561,8 @@ def test_pose_bcfw_with_positivity_box_on_cuda_matches_cpu():
 def test_train_pose_on_cuda(tmp_path, capsys, types):
     from torchssvm.cli import main
 
-    grid = "8" if DRY_RUN else "12"  # the interpreted dry run: the same code on a smaller board
-    argv = ["train", "--data", "pose", "--num-train", "8", "--num-test", "2", "--grid", grid, "--passes", "2",
+    test, grid = ("2", "8") if DRY_RUN else ("4", "12")  # the interpreted dry run: the same code on a smaller board
+    argv = ["train", "--data", "pose", "--num-train", "8", "--num-test", test, "--grid", grid, "--passes", "2",
             "--types", str(types), "--device", DEVICE.type, "--logdir", str(tmp_path)]
     assert main(argv + (["--limb-modes", "3"] if types > 1 else [])) == 0
     assert "gap" in capsys.readouterr().out
