@@ -127,6 +127,14 @@ def test_launch_limits():
     assert "no shared-memory limit" in compile_check.launch_problems(32, 4, 0, 70, [(1, 1, 1)])[0]
 
 
+def test_jobs_must_be_positive(capsys):
+    with pytest.raises(ValueError, match="jobs must be at least 1, got 0"):
+        compile_check.run_check(("viterbi",), (90,), jobs=0)
+    with pytest.raises(SystemExit):
+        compile_check.main(["--jobs", "0"])
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_recording_refuses_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
