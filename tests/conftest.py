@@ -13,8 +13,8 @@ def _interpreted_helpers_patch_once():
     """Under ``TRITON_INTERPRET=1``: a ``@triton.jit`` helper called inside a kernel skips the interpreter's
     re-patching of ``triton.language`` when the enclosing launch has already patched every language module the
     helper sees. Triton's interpreter (3.x) patches on every helper call (``inspect.getmembers`` over the language
-    modules, a no-op after the first: patched members are no longer builtins); a profile of the Triton CUDA-graph
-    step test put 36% of its time there. The launch's own patch and restore are untouched, so what a kernel
+    modules, a no-op after the first: patched members are no longer builtins); skipping it took the Triton CUDA-graph
+    step test from 256 s to 182 s. The launch's own patch and restore are untouched, so what a kernel
     computes is the same. Applied only where ``InterpretedFunction.__call__`` is the one this was written for."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
