@@ -551,7 +551,7 @@ def _compile_task(task) -> Compiled:
     return compile_launch(*task)
 
 
-def usable_cpus() -> int:
+def _usable_cpus() -> int:
     """The CPUs this process may run on (its affinity where the platform has one)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -591,7 +591,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90],
                         help="compute capabilities to compile for (default: 80 90)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--jobs", type=int, default=usable_cpus(),
+    parser.add_argument("--jobs", type=int, default=_usable_cpus(),
                         help="worker processes compiling at once (default: the usable CPUs, here %(default)s)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
