@@ -76,7 +76,7 @@ def test_fresh_machine_commands_are_those_ci_runs():
     bash = [code.strip() for lang, code in BLOCKS if lang == "bash"]
     demo = "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && torchssvm demo"
     tests = ('python3 -m pip install torch==2.13.0 && python3 -m pip install -e ".[dev]" && '
-             "TRITON_INTERPRET=1 python3 -m pytest -q")
+             "TRITON_INTERPRET=1 python3 -m pytest -q -n auto --dist worksteal")
     assert demo in bash and tests in bash
     assert tests in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
