@@ -48,8 +48,13 @@ def _interpreted_helpers_patch_once():
     def patched(lang) -> bool:
         return not tl.core.is_builtin(getattr(lang, "load", None))
 
+    seen = {}  # a helper's language modules: its module's imports, looked up once
+
     def helper_call(self, *args, **kwargs):
-        langs = [v for v in self.fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+        langs = seen.get(self.fn)
+        if langs is None:
+            langs = seen[self.fn] = [v for v in self.fn.__globals__.values()
+                                     if inspect.ismodule(v) and v in (tl, tl.core)]
         if not langs or not all(patched(lang) for lang in langs):
             return call(self, *args, **kwargs)
         fn = self.rewrite()

@@ -220,15 +220,18 @@ def test_triton_kernels_guard_and_hinge_options(kernel, B, T, K, per_position, d
 
 
 @needs_triton()
-@pytest.mark.parametrize("tiles", [dict(BB=2, BJ=4, BI=8), dict(BB=1, BJ=8, BI=16), dict(BB=4, BJ=16, BI=32)])
+@pytest.mark.parametrize("K,tiles", [(13, dict(BB=2, BJ=4, BI=8)), (21, dict(BB=1, BJ=8, BI=16)),
+                                     (37, dict(BB=4, BJ=16, BI=32))])
 @pytest.mark.parametrize("per_position", [False, True])
-def test_grid_tiling_smaller_than_the_problem(tiles, per_position):
+def test_grid_tiling_smaller_than_the_problem(K, tiles, per_position):
     """The grid kernel's tiling where every block is smaller than the problem: several batch blocks (the last one
-    partial), several output blocks and reduction chunks (K = 37 is a multiple of none), run as many programs (one
+    partial), several output blocks and reduction chunks, the last of each partial (K a multiple of neither ``BJ``
+    nor ``BI``, and at most 2 ``BI`` and 5 ``BJ``: the interpreter's time grows as K^2), run as many programs (one
     launch per step) and as one persistent program walking every item."""
     from torchssvm.kernels.chain.viterbi_triton import viterbi_triton
 
-    args = random_chain(7, 6, 37, per_position=per_position, integer=True, seed=11)
+    assert K % tiles["BJ"] and K % tiles["BI"] and 1 < -(-K // tiles["BI"]) <= 2 and 2 < -(-K // tiles["BJ"]) <= 5
+    args = random_chain(7, 6, K, per_position=per_position, integer=True, seed=11)
     args[4][:] = torch.tensor([6, 1, 3, 6, 2, 5, 4])  # ragged, a length-1 sequence inside a block
     ref = viterbi_torch(*args)
     for kernel, programs in (("grid-steps", None), ("grid-steps", 3), ("grid", 1)):
