@@ -10,7 +10,7 @@ def _one_share_of_the_cores_per_worker():
     """Under pytest-xdist (``-n N``): each worker's OpenMP pool (torch's, and numba's loops, which take torch's
     count) gets its share of the usable cores, ``cores // N``, at least 1, unless ``OMP_NUM_THREADS`` is set.
     N workers at the default of every core each oversubscribe the machine N times over, and spinning OpenMP
-    workers then cost far more than N (docs/design.md, "Threads"; on 2 cores, 4 test files: serial 426 s, two
+    workers then cost far more than N (docs/design.md, "Threads"; on 2 cores, 5 test files: serial 426 s, two
     workers at 2 threads 396 s, at 1 thread 204 s). Set in the environment before ``import torch`` so that the
     processes a test starts (ranks, killed children) inherit it."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
