@@ -236,22 +236,25 @@ class NSlackCuttingPlane(DualSolver):
         theta = p.potentials(self.w, idx)
         H = self._cut_scores(idx, theta).masked_fill(~used, 0.0)
         grad = -H / n
-        Z = self._block_corners(idx)
+        rows = torch.arange(B, device=p.device)
         if self.qp_step == "pairwise":  # mass from the worst active cut to the best cut
-            rows = torch.arange(B, device=p.device)
             best = H.masked_fill(~used, -math.inf).argmax(1)
             worst = H.masked_fill(~(used & (self.alpha[idx] > 0)), math.inf).argmin(1)
             d = torch.zeros_like(grad)
             move = self.alpha[idx][rows, worst]
             d[rows, best] += move
             d[rows, worst] -= move
+            # the move in block coordinates, move (Z_best - Z_worst): only the two corners it involves (for count
+            # marginals one scatter, `corner_difference`), not the corners of all C slots
+            labels = self.labels[idx]
+            dz = p.corner_difference(idx, labels[rows, best].long(), labels[rows, worst].long()) * move.unsqueeze(1)
         else:
+            Z = self._block_corners(idx)
             rep = idx.repeat_interleave(C)
-            rows = torch.arange(B, device=p.device)
             Q = p.gram(rep, Z).view(B, C, B, C)[rows, :, rows, :] / (lam * n * n)  # (B, C, C) blocks
             d = self._block_minimize(self.alpha[idx], grad, Q, used) - self.alpha[idx]
+            dz = torch.bmm(d.unsqueeze(1), Z.view(B, C, -1)).squeeze(1)  # the moves in block coordinates, (B, m)
         gain = -(grad * d).sum(1)  # first-order decrease of each block's move
-        dz = (d.unsqueeze(2) * Z.view(B, C, -1)).sum(1)  # the moves in block coordinates, (B, m)
         return used, d, gain, dz
 
     def _qp_batch_step(self, idx: torch.Tensor) -> None:

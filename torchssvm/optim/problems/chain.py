@@ -138,6 +138,7 @@ class ChainProblem(DualProblem):
             raise ValueError("a chain model has both the start and the end biases or neither")
         self._gram_memo = None  # (idx, z, versions, T, attribute rows or joint features) of the last gram or sqnorm
         self._T_memo = []  # (idx, its version, T) of the last few index tensors (`_batch_T`, `block_index`)
+        self._x_memo = None  # (idx, its version, T, features) of the last dense gather (`_x`)
 
     # -- parameters -----------------------------------------------------------------------------
     def parameter_slices(self) -> dict:
@@ -200,9 +201,16 @@ class ChainProblem(DualProblem):
         """The padded features of blocks ``idx`` (on the problem's device, non-negative: `block_index`) up to T."""
         if self.sparse:
             return self.x[idx][:, :T]
+        # a step gathers the same blocks' features twice (their potentials, then `gram`'s joint features): the last
+        # gather is kept for the same unmodified index tensor, as `_batch_T` keeps T
+        memo = self._x_memo
+        if memo is not None and memo[0] is idx and memo[1] == idx._version and memo[2] == T:
+            return memo[3]
         # index_select, not x[idx, :T]: advanced indexing forks an OpenMP team for a source this large even to gather
         # a few rows (docs/benchmarks/contention.md)
-        return self.x[:, :T].index_select(0, idx)
+        x = self.x[:, :T].index_select(0, idx)
+        self._x_memo = (idx, idx._version, T, x)
+        return x
 
     # -- the contract ---------------------------------------------------------------------------
     def potentials(self, w: torch.Tensor, idx: torch.Tensor) -> ChainPotentials:
