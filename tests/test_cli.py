@@ -45,6 +45,17 @@ def test_train_other_solvers(tmp_path, capsys):
     assert len(gaps) == 3 and 0 <= gaps[-1] < gaps[0]
 
 
+def test_threads_flag_sets_torchs_thread_count_for_the_run(capsys):
+    before = torch.get_num_threads()
+    n = before + 1  # not the count the process already has, whatever the test worker's setting
+    try:
+        assert main(["train", "--passes", "1", "--lam", "1", "--threads", str(n), "--logdir", ""]) == 0
+        assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+    assert "pass   1" in capsys.readouterr().out
+
+
 def test_torch_optimizer_training_and_logs(tmp_path, capsys):
     assert main(["demo", "--solver", "torch", "--lam", "1e-4", "--epochs", "3", "--logdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -104,6 +115,7 @@ def test_train_rejects_a_bad_device(capsys):
     (["--data", "pose", "--solver", "torch", "--no-positivity"], "--no-positivity needs a dual solver"),
     (["--data", "pose", "--grid", "7"], "--grid must be >= 8"),
     (["--seed", "-1"], "--seed must be >= 0"),
+    (["--threads", "0"], "--threads must be >= 1"),
     # flags the chosen solver or data would not read
     (["--epochs", "3"], "--epochs is for --solver torch"),
     (["--lr", "0.5", "--optimizer", "sgd"], "--lr is for --solver torch"),

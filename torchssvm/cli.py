@@ -132,6 +132,9 @@ def _add_train_args(p: argparse.ArgumentParser, *, epochs: int, lr: float, lam: 
     p.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto", help="the oracles' kernels")
     p.add_argument("--logdir", default="runs", help="TensorBoard log folder ('' to disable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and of the solver's sampling")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch's CPU threads (default: torch's own, one per core); on a busy or shared machine 1 "
+                        "avoids OpenMP's spinning waits, 10-70x slowdowns (docs/design.md, 'Threads')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +175,7 @@ def _check_args(args, name: str) -> None:
     at_least = {"--epochs": (args.epochs, 1), "--batch-size": (args.batch_size, 1), "--passes": (args.passes, 1),
                 "--block-batch": (args.block_batch, 1), "--gap-check-every": (args.gap_check_every, 1),
                 "--cache-size": (args.cache_size, 0), "--seed": (args.seed, 0),
-                "--checkpoint-every": (args.checkpoint_every, 1)}
+                "--checkpoint-every": (args.checkpoint_every, 1), "--threads": (args.threads, 1)}
     if args.command == "train":
         at_least.update({"--min-count": (args.min_count, 1), "--grid": (args.grid, 8), "--types": (args.types, 1),
                          "--limb-modes": (args.limb_modes, 1), "--num-train": (args.num_train, 1),
@@ -384,6 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sub.error(str(e))
     if root is not None and not os.path.isdir(root):
         sub.error(f"--root {root}: no such folder")
+    if args.threads is not None:  # the user's choice for this process, as torch.set_num_threads in a script
+        torch.set_num_threads(args.threads)
     pose = {"num_train": args.num_train, "num_test": args.num_test, "grid": args.grid,
             "limb_modes": args.limb_modes} if name == "pose" else {}
     try:
