@@ -56,6 +56,12 @@ def _check_sequences(dataset: SequenceDataset) -> None:
     check_labels("dataset.y", y, tuple(y.shape), dataset.num_labels, y.device, valid=valid)
 
 
+def _unmodified(kept: torch.Tensor, version: int, t: torch.Tensor) -> bool:
+    """``t`` is the very tensor ``kept``, not written in place since its ``_version`` was ``version``: the key of the
+    problem's memos of a step's index and direction tensors (`_batch_T`, `_x`, `gram` for `accumulate`)."""
+    return kept is t and version == t._version
+
+
 class ChainProblem(DualProblem):
     """Args:
         model: the `LinearChainModel` whose parameters are ``w`` (its flattened ``parameters()``).
@@ -177,7 +183,7 @@ class ChainProblem(DualProblem):
         read is a host synchronisation (docs/benchmarks/host_syncs.md): the answers for the last few unmodified
         index tensors are kept, and `block_index` computes them from the host copy."""
         for memo in self._T_memo:
-            if memo[0] is idx and memo[1] == idx._version:
+            if _unmodified(memo[0], memo[1], idx):
                 return memo[2]
         lengths = self._lengths_host if idx.device.type == "cpu" else self.lengths
         T = int(lengths[idx].max())
@@ -204,7 +210,7 @@ class ChainProblem(DualProblem):
         # a step gathers the same blocks' features twice (their potentials, then `gram`'s joint features): the last
         # gather is kept for the same unmodified index tensor, as `_batch_T` keeps T
         memo = self._x_memo
-        if memo is not None and memo[0] is idx and memo[1] == idx._version and memo[2] == T:
+        if memo is not None and _unmodified(memo[0], memo[1], idx) and memo[2] == T:
             return memo[3]
         # index_select, not x[idx, :T]: advanced indexing forks an OpenMP team for a source this large even to gather
         # a few rows (docs/benchmarks/contention.md)
@@ -461,7 +467,7 @@ class ChainProblem(DualProblem):
         if memo is None:
             return None
         m_idx, m_z, versions, m_T, rows = memo
-        if m_idx is idx and m_z is z and versions == (idx._version, z._version) and m_T == T:
+        if _unmodified(m_idx, versions[0], idx) and _unmodified(m_z, versions[1], z) and m_T == T:
             return rows
         return None
 
