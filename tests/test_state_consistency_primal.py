@@ -205,13 +205,13 @@ def _multilabel(edges, seed=0):
 
 
 def _gdmm_report_is_true(solver, report):
-    """The report of a loaded state with other multipliers (or C, rho, eta): its dual is that of the loaded duals,
+    """The report of a loaded state with other multipliers (or rho, eta): its dual is that of the loaded duals,
     and no gap is certified before feasibility."""
     assert math.isclose(report["dual"], -solver.lam * solver.dual_objective(), rel_tol=1e-12, abs_tol=1e-15)
     assert report["gap"] is None or (report["gap_exact"] and report["gap"] >= -1e-9)
 
 
-GDMM_FREE = {k: _gdmm_report_is_true for k in ("lam_L", "lam_R", "lam1", "lam2", "C", "rho", "eta")}
+GDMM_FREE = {k: _gdmm_report_is_true for k in ("lam_L", "lam_R", "lam1", "lam2", "rho", "eta")}
 GDMMS = {
     "chain": lambda: _gdmm_chain(),
     "chain-eta0-batched": lambda: _gdmm_chain(eta=0.0, batch_size=2, engine="torch"),

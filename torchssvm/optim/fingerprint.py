@@ -3,7 +3,8 @@
 A state's dual blocks, cuts or averaged iterates are of one data set: loaded on another of the same sizes (the same
 words permuted, other words) they would certify an objective the solver is not minimizing, and a later gap would be
 wrong. `Solver.state_dict` records the fingerprint and `Solver.load_state_dict` refuses a state whose fingerprint
-differs. The digest covers each tensor's name, dtype, shape and bytes (the same on every device), in name order.
+differs. The digest covers each tensor's name, dtype, shape and bytes (the same on every device), in name order,
+and the settings of the problem's structure (`settings`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def fingerprint(named: dict) -> str:
     for name in sorted(named):
         _update(h, name, named[name])
     return h.hexdigest()
+
+
+def _plain(value: Any) -> bool:
+    """Whether `fingerprint` takes ``value`` as it is: a tensor, a number, a string, None, or a tuple / list of them."""
+    if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_plain(v) for v in value)
+
+
+def settings(obj) -> dict:
+    """The public attributes of ``obj`` that `fingerprint` takes (tensors, numbers, strings, None and tuples of
+    them): a structure's edges, loss, normalization and class weights, which decide the objective as much as the
+    data do (two edge sets of one size give the same shapes)."""
+    return {name: value for name, value in vars(obj).items() if not name.startswith("_") and _plain(value)}
 
 
 def tensor_attributes(obj, exclude: tuple = ()) -> dict:

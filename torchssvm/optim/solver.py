@@ -343,9 +343,9 @@ class Solver:
                 raise ValueError("state_dict has no 'fingerprint' of its training data: it was saved by a torchssvm "
                                  "that did not record one, and cannot be checked against this solver's data")
             if state["fingerprint"] != mine:
-                raise ValueError(f"state_dict was saved on other training data (fingerprint "
-                                 f"{str(state['fingerprint'])[:12]}..., this solver's data {mine[:12]}...): its "
-                                 "blocks would certify another objective")
+                raise ValueError(f"state_dict was saved on other training data or another model structure "
+                                 f"(fingerprint {str(state['fingerprint'])[:12]}..., this solver's {mine[:12]}...), or "
+                                 "by a torchssvm that fingerprinted less: its blocks would certify another objective")
         for k in self._sealed():
             seal = state.get("seal")
             if not isinstance(seal, dict) or k not in seal:

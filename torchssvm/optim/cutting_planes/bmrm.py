@@ -31,6 +31,7 @@ import torch
 
 from .._state import check_close, check_range
 from ..dual_solver import _check_lam
+from ..problems import DualProblem, rescaling_of
 from ..solver import Solver
 from .risks import StructuredRisk
 from .simplex_qp import simplex_qp
@@ -208,8 +209,16 @@ class BMRM(Solver):
     best_rtol = 1e-10
 
     def _config(self) -> dict:
-        """The settings a state is bound to (`_state.check_config`): its cuts are of this objective only."""
-        return {"n": self.n, "d": self.d, "lam": self.lam, "variant": self.variant}
+        """The settings a state is bound to (`_state.check_config`): its cuts are of this objective only (a cut of
+        the margin-rescaled risk does not bound the slack-rescaled one from below, nor the reverse)."""
+        problem = getattr(self.risk, "problem", None)
+        rescaling = rescaling_of(problem) if isinstance(problem, DualProblem) else None
+        return {"n": self.n, "d": self.d, "lam": self.lam, "variant": self.variant, "rescaling": rescaling}
+
+    def _sealed(self) -> tuple:
+        # a cut (g_k, c_k) bounds the risk from below because it was made by the oracle at some w; the state keeps no
+        # labellings to make it again, so the cuts are sealed: w, model_value and best_primal are recomputed from them
+        return ("cuts", "offsets", "best_cut", "best_offset")
 
     def _state_shape(self, key: str, state: dict) -> tuple:
         t = state["cuts"].shape[0] if isinstance(state["cuts"], torch.Tensor) else -1  # the saved bundle's size

@@ -699,7 +699,8 @@ class GDMM(Solver):
     _block_orders = ("label_blocks",)  # random partitions of the sampled oracle, saved as one permutation
 
     def _extra_state(self) -> dict:
-        # C, rho and eta are state, not configuration: a loaded state brings its own (`load_state_dict`)
+        # rho and eta steer the run and certify nothing: a loaded state brings its own (`load_state_dict`); C is the
+        # objective's (C = 1 / (lam n)): a state of another is refused
         s = dict(seconds=self.seconds, fmo_calls=dict(self.fmo_calls), fmo_visits=dict(self.fmo_visits),
                  inner=dict(self.inner), generator=self.generator.get_state(), C=self.C, rho=self.rho, eta=self.eta)
         s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
@@ -719,11 +720,16 @@ class GDMM(Solver):
         return order.to(cur.device).tensor_split(self.nu)
 
     def _checked_state(self, state: dict) -> dict:
-        """Also the state's C, rho and eta (restored with it), counters, block orders and generator."""
+        """Also the state's C (this solver's, within rounding), rho and eta (restored with it), counters, block
+        orders and generator."""
         require_keys(state, ("generator",))
         out = super()._checked_state(state)
         out.update({k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state})
-        out["C"] = check_positive_float("state_dict['C']", state.get("C", self.C))
+        C = check_positive_float("state_dict['C']", state.get("C", self.C))
+        if not math.isclose(C, self.C, rel_tol=1e-12):  # lam and C convert into each other with a rounding
+            raise ValueError(f"state_dict was saved with C = {C!r} (lam = {1.0 / (C * self.n)!r}); this solver has "
+                             f"C = {self.C!r} (lam = {self.lam!r}): its duals are of another objective")
+        out["C"] = self.C
         out["rho"] = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
         out.update(checked_scalars({"eta": self.eta, "seconds": 0.0, **state}, {"eta": float, "seconds": float}))
         for key in ("eta", "seconds"):
@@ -830,8 +836,6 @@ class GDMM(Solver):
 
     def _set_state(self, checked: dict) -> None:
         self.generator.set_state(checked.pop("_generator"))
-        if checked["C"] != self.C:  # the state's C (else lam stays as given, without a round trip through C)
-            self.lam = 1.0 / (checked["C"] * self.n)
         super()._set_state(checked)
         if self.index is not None:
             self.index = BigramIndex(self.v)

@@ -26,7 +26,8 @@ of example i. Solvers never build ``Phi_i``: they use the operations below, batc
 - ``max_loss(idx)``: ``max_y L_i(y)`` without an oracle call.
 - ``block_losses(idx, z)`` and ``block_violation(idx, z)`` (optional): what blocks ``z`` imply without an oracle,
   for checking a loaded state (`DualSolver._check_consistency`): ``sum_y alpha_i(y) L_i(y)`` where the task loss is
-  linear in the block coordinates, and how far ``z_i`` lies outside ``m(y_i) - M`` (M: the marginal polytope).
+  linear in the block coordinates, and how far ``z_i`` lies outside ``m(y_i) - M`` (M: the marginal polytope);
+  ``block_violation_exact`` says whether a block it finds inside is a dual block (else `DualSolver` seals ``z``).
 - ``fingerprint_data()``: the data tensors a solver's state is bound to (`torchssvm.optim.fingerprint`).
 - ``slack_oracle(theta, idx)`` (optional): the exact slack-rescaled oracle ``argmax_y L_i(y) (1 + <theta_i,
   m(y) - m(y_i)>)``, its loss and ``max(0, value)``; problems that have it can be trained slack-rescaled
@@ -143,12 +144,21 @@ class DualProblem:
         for a block that could be a dual block. None (the default) where a problem has no such description."""
         return None
 
-    def fingerprint_data(self) -> dict:
-        """``{name: tensor}``: the training data (features, labels, losses) a state of this problem is bound to:
-        the public tensor attributes but the model's weights (``weight``), which the solvers write."""
-        from ..fingerprint import tensor_attributes
+    # whether ``block_violation(idx, z) == 0`` makes ``z`` a dual block (the constraints describe ``m(y_i) - M``
+    # exactly), not only a block that meets necessary constraints; a loaded state's ``z`` is sealed where not
+    block_violation_exact: bool = False
 
-        return tensor_attributes(self, exclude=("weight",))
+    def fingerprint_data(self) -> dict:
+        """``{name: tensor or setting}``: the training data (features, labels, losses) a state of this problem is
+        bound to: the public tensor attributes but the model's weights (``weight``), which the solvers write, and
+        the settings of its ``structure`` where it has one (`fingerprint.settings`: edges, loss, class weights)."""
+        from ..fingerprint import settings, tensor_attributes
+
+        data = tensor_attributes(self, exclude=("weight",))
+        structure = getattr(self, "structure", None)
+        if structure is not None:
+            data.update({f"structure.{k}": v for k, v in settings(structure).items()})
+        return data
 
     # -- derived --------------------------------------------------------------------------------
     @torch.no_grad()

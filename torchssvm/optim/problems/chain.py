@@ -480,21 +480,38 @@ class ChainProblem(DualProblem):
         return -(self.loss_aug[idx] * u).sum((1, 2))
 
     def block_violation(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """The unary marginals ``mu = onehot(y_i) - z_unary`` in [0, 1] with rows summing to 1 inside the length and
-        0 on padding; the transition, start and end parts summing to 0 (both labellings have ``len - 1``
-        transitions, one start and one end), each transition entry at most ``len - 1`` and each start / end entry
-        at most 1 in magnitude."""
+        """The linear constraints every ``z_i = m(y_i) - mu_i`` meets (``mu_i`` a mixture of labellings' marginals):
+        the unary marginals ``mu_t = onehot(y_it) - z_unary_t`` in [0, 1] with rows summing to 1 inside the length
+        and 0 on padding; the start and end parts equal to the unary part at positions 0 and ``len - 1`` (one
+        labelling's start is its first label); the mixture's transition counts ``N = m_trans(y_i) - z_trans``
+        >= 0 with row sums ``sum_{t < len-1} mu_t`` and column sums ``sum_{t >= 1} mu_t``.
+
+        Necessary, not sufficient: ``N`` sums the per-position pair marginals, and a table with these sums need
+        not split into them (``a b a`` has the sums of ``a a`` and ``b b``), so `block_violation_exact` is False."""
         B, T, K = z.shape[0], self.T, self.K
         a, b, c = self._cut
-        truth, lengths = self.truth[idx], self.lengths[idx].to(z.dtype)
-        valid = (torch.arange(T, device=z.device).unsqueeze(0) < self.lengths[idx].unsqueeze(1)).unsqueeze(2)
-        mu = torch.where(valid, -z[:, :a].view(B, T, K), 0.0)
+        truth, L = self.truth[idx], self.lengths[idx]
+        pos = torch.arange(T, device=z.device).unsqueeze(0)
+        valid = (pos < L.unsqueeze(1)).unsqueeze(2)
+        u = z[:, :a].view(B, T, K)
+        mu = torch.where(valid, -u, 0.0)
         mu.scatter_add_(2, truth.clamp_min(0).unsqueeze(2), valid.to(z.dtype))
-        pad = torch.where(valid, 0.0, z[:, :a].view(B, T, K).abs()).amax((1, 2))
+        pad = torch.where(valid, 0.0, u.abs()).amax((1, 2))
         box = torch.maximum((mu - 1).clamp_min(0), (-mu).clamp_min(0)).amax((1, 2))
         rows = torch.where(valid.squeeze(2), (mu.sum(2) - 1).abs(), 0.0).amax(1)
-        trans, start, end = z[:, a:b], z[:, b:c], z[:, c:]
-        sums = torch.stack([trans.sum(1), start.sum(1), end.sum(1)], 1).abs().amax(1)
-        big = torch.maximum((trans.abs().amax(1) - (lengths - 1)).clamp_min(0),
-                            (torch.cat([start, end], 1).abs().amax(1) - 1).clamp_min(0))
-        return torch.stack([pad, box, rows, sums, big], 1).amax(1)
+        trans, start, end = z[:, a:b].view(B, K, K), z[:, b:c], z[:, c:]
+        last = u.gather(1, (L - 1).clamp_min(0).view(B, 1, 1).expand(B, 1, K)).squeeze(1)
+        ends = torch.maximum((start - u[:, 0]).abs().amax(1), (end - last).abs().amax(1))
+        # the truth's transition counts: N = counts - z_trans >= 0
+        yc = truth.clamp_min(0)
+        pair = (yc[:, :-1] * K + yc[:, 1:]) if T > 1 else yc[:, :0]
+        inside = (pos[:, 1:] < L.unsqueeze(1)).to(z.dtype)
+        counts = torch.zeros(B, K * K, dtype=z.dtype, device=z.device).scatter_add_(1, pair, inside).view(B, K, K)
+        negative = (trans - counts).clamp_min(0).amax((1, 2))
+        # row and column sums of z_trans: the unary parts at positions t < len - 1 and t >= 1
+        head = torch.where(pos.unsqueeze(2) < (L - 1).view(B, 1, 1), u, 0.0).sum(1)
+        tail = torch.where(pos.unsqueeze(2) >= 1, u, 0.0).sum(1)
+        flows = torch.maximum((trans.sum(2) - head).abs().amax(1), (trans.sum(1) - tail).abs().amax(1))
+        return torch.stack([pad, box, rows, ends, negative, flows], 1).amax(1)
+
+    block_violation_exact = False

@@ -60,7 +60,8 @@ class SlackRescaledProblem(DualProblem):
         self.base.write_model(w)
 
     def fingerprint_data(self):
-        return self.base.fingerprint_data()
+        # the rescaling too: a state of the margin-rescaled objective on the same data bounds nothing here
+        return {**self.base.fingerprint_data(), "rescaling": "slack"}
 
     def parameter_slices(self):
         return self.base.parameter_slices()

@@ -127,6 +127,9 @@ class FeatureTableProblem(DualProblem):
         losses = self.losses[idx]
         return losses.gather(1, self.truth[idx]).squeeze(1) - (losses * z).sum(1)
 
+    # the simplex is the whole marginal polytope of one label
+    block_violation_exact = True
+
     def block_violation(self, idx, z):
         # mu_i = e_{y_i} - z_i in the simplex: entries in [0, 1], summing to 1 (z_i sums to 0)
         mu = -z
