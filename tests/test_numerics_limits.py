@@ -802,3 +802,26 @@ def test_a_device_batch_mean_accumulates_where_it_cannot_overflow():
     assert out[0] == pytest.approx(2e38) and out[1] == float("inf") and out[2] == pytest.approx(1.5e308)
     assert out[3] == pytest.approx(2e38)
     assert out[4] == float(ts.structured_hinge_loss(mc, ordinary, torch.tensor([0, 1, 2, 0, 1])))
+
+
+@pytest.mark.parametrize("which", ["multilabel", "hierarchy"])
+def test_a_loss_weight_past_the_dtype_times_a_small_cost_fits(which):
+    """``loss_weight`` 1e39 (past float32) times class weights 1e-20: every weighted cost is about 1e19, which
+    float32 holds, so float32 potentials give the float64 hinge to float32's rounding, not +inf (the weight cast to
+    float32 alone first) or a refusal."""
+    g = torch.Generator().manual_seed(0)
+    if which == "multilabel":
+        s = ts.MultiLabel(3, class_weights=torch.full((3,), 1e-20, dtype=torch.float64))
+        pot = ts.MultiLabelPotentials(torch.randn(2, 3, generator=g), torch.randn(3, generator=g))
+        pot64 = ts.MultiLabelPotentials(*(t.double() for t in pot))
+        y = torch.tensor([[0, 1, 1], [1, 0, 0]])
+    else:
+        s = ts.Hierarchy([-1, 0, 0, -1], class_weights=torch.full((4,), 1e-20, dtype=torch.float64))
+        pot = torch.randn(2, 4, generator=g)
+        pot64 = pot.double()
+        y = s.configurations()[torch.tensor([1, 4])]
+    exact = ts.structured_hinge_loss(s, pot64, y, loss_weight=1e39, reduction="none")
+    for lw in (1e39, torch.tensor([1e39, 1e39], dtype=torch.float64)):
+        got = ts.structured_hinge_loss(s, pot, y, loss_weight=lw, reduction="none")
+        assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+        torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=0.0)

@@ -160,7 +160,9 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
         two = torch.tensor(k, dtype=torch.float64, device=loss.device)
         out = torch.ldexp(torch.ldexp(loss.to(torch.float64), -two).mean(), two)
     if dt != torch.float64 and loss.numel():
-        check_fits(f"the {reduction} of the losses", out.detach(), dt, hint="use reduction='mean' or 'none'")
+        hint = ("use reduction='mean' or 'none'" if reduction == "sum" else
+                "a loss is past the dtype's range itself: use float64 potentials")  # the mean of finite ones fits
+        check_fits(f"the {reduction} of the losses", out.detach(), dt, hint=hint)
     return out.to(dt)
 
 

@@ -113,10 +113,12 @@ class Hierarchy(Structure):
         theta = scores.detach().to(dt)
         const = torch.zeros(theta.shape[0], dtype=dt, device=theta.device)
         if target is not None:  # Hamming over nodes is decomposable: +c when a node flips
-            c = self._node_costs(dt, theta.device) * loss_weight.to(dt).unsqueeze(1)
+            # the product in float64, then cast: a weight past dt's range times a small cost can fit dt
+            c = (self._node_costs(torch.float64, theta.device)
+                 * loss_weight.to(torch.float64).unsqueeze(1)).to(dt)
             if not bool(torch.isfinite(c).all()):  # the DP would add +inf and -inf flips: NaN
-                raise ValueError(f"loss_weight times the node costs overflows {dt}: use float64 potentials or a "
-                                 "smaller loss_weight / class_weights")
+                raise OverflowError(f"loss_weight times the node costs overflows {dt}: use float64 potentials or a "
+                                    "smaller loss_weight / class_weights")
             t = target.to(dt)
             theta = theta + c * (1 - 2 * t)
             const = (c * t).sum(1)

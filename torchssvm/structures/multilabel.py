@@ -168,9 +168,10 @@ class MultiLabel(Structure):
     def _max_task_loss(self, target, lengths) -> torch.Tensor:
         return self._label_costs(target, torch.float64).sum(1)  # every label wrong
 
-    def _enumerate(self, pot, target, objective):
+    def _enumerate(self, pot, target, objective, loss_dtype=None):
         """``argmax_y objective(scores, losses, rows)`` over all labellings, in chunks of examples ``rows`` (a
-        slice of the batch), with ``scores, losses (b, 2^K)``; ties: the smallest configuration index."""
+        slice of the batch), with ``scores, losses (b, 2^K)`` (the losses in ``loss_dtype``, default the scores');
+        ties: the smallest configuration index."""
         self._check_enumerable()
         dt = compute_dtype(pot)
         configs = self.configurations(pot.unary.device)
@@ -182,7 +183,8 @@ class MultiLabel(Structure):
                                         pot.pairwise[s : s + chunk] if pot.pairwise is not None and
                                         pot.pairwise.dim() == 2 else pot.pairwise)
             scores = self._config_scores(part, configs, dt)
-            losses = None if target is None else self._config_losses(target[s : s + chunk], configs, dt)
+            losses = None if target is None else self._config_losses(target[s : s + chunk], configs,
+                                                                     loss_dtype or dt)
             value, j = objective(scores, losses, slice(s, s + chunk)).max(1)
             labels.append(configs[j])
             values.append(value)
@@ -194,10 +196,11 @@ class MultiLabel(Structure):
     def _max_oracle(self, pot, lengths, target, loss_weight, backend):
         if target is None:
             return self._enumerate(pot, None, lambda s, loss, rows: s)
-        lw = loss_weight.to(compute_dtype(pot))
-        # where, not a product: a weight past the dtype's range gives +inf on the wrong labellings, not inf * 0 = NaN
-        return self._enumerate(pot, target,
-                               lambda s, loss, rows: s + torch.where(loss > 0, lw[rows].unsqueeze(1) * loss, 0.0))
+        lw = loss_weight.to(torch.float64)
+        # the weighted losses in float64, then cast: a weight past the dtype's range times a small cost can fit it
+        # (and where it does not, +inf on the wrong labellings); where, not a product: not inf * 0 = NaN on the truth
+        return self._enumerate(pot, target, lambda s, loss, rows: s + torch.where(
+            loss > 0, lw[rows].unsqueeze(1) * loss, 0.0).to(s.dtype), loss_dtype=torch.float64)
 
     def _slack_max_oracle(self, pot, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(y) (margin + s(y) - s(y*))))`` by enumeration; the truth when nothing
