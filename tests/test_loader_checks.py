@@ -242,6 +242,15 @@ def test_a9a_corruptions_name_the_file(tmp_path, a9a_lines, data_root):
         err = _expect(path, message, lambda i=i: ts.data.a9a("all", root=str(tmp_path / str(i))))
         assert sha256(path) in str(err) and ts.data.adult.SHA256 in str(err)  # both digests, to tell them apart
     assert len(cases) == 7
+    # a value finite in the file but past float32's range: named, not loaded as inf; float64 holds it
+    label, first, *rest = lines[0].split()
+    feature = int(first.split(":")[0])
+    path = _put(tmp_path / "big", "adult/a9a.txt.gz", _gz("\n".join([" ".join([label, f"{feature}:1e300", *rest]),
+                                                                     *lines[1:]])))
+    for split in ("all", "train"):
+        _expect(path, rf"x\[0, {feature - 1}\] = 1e\+300 does not fit float32",
+                lambda split=split: ts.data.a9a(split, root=str(tmp_path / "big")))
+    assert float(ts.data.a9a("all", root=str(tmp_path / "big"), dtype=torch.float64)[0][0, feature - 1]) == 1e300
 
 
 # ---------------------------------------------------------------------------------------------------- Yeast
@@ -265,6 +274,35 @@ def test_yeast_corruptions_name_the_file(tmp_path, data_root):
         path = _put(tmp_path / str(i), "yeast/yeast_test.svm.gz", data)
         _expect(path, message, lambda i=i: ts.data.yeast("test", root=str(tmp_path / str(i))))
     assert len(cases) == 6
+    path = _put(tmp_path / "big", "yeast/yeast_test.svm.gz",
+                _gz("\n".join([f"{head} {feats.replace('1:0.004168', '1:1e300', 1)}", *lines[1:]])))
+    _expect(path, r"x\[0, 0\] = 1e\+300 does not fit float32",
+            lambda: ts.data.yeast("test", root=str(tmp_path / "big")))
+    _expect(path, r"x\[0, 0\] = 1e\+300 does not fit float16",
+            lambda: ts.data.yeast("test", root=str(tmp_path / "big"), dtype=torch.float16))
+
+
+@pytest.mark.parametrize("relpath, load", [
+    ("ocr/letters.npz", lambda root: ts.data.ocr("train", "small", root=root)),
+    ("conll2000/train.txt.gz", lambda root: ts.data.conll2000("train", root=root)),
+    ("adult/a9a.txt.gz", lambda root: ts.data.a9a("all", root=root)),
+    ("yeast/yeast_test.svm.gz", lambda root: ts.data.yeast("test", root=root)),
+])
+def test_a_folder_where_the_file_should_be_is_named(tmp_path, relpath, load):
+    (tmp_path / relpath).mkdir(parents=True)
+    _expect(tmp_path / relpath, r"is a folder or another non-regular file", lambda: load(str(tmp_path)))
+
+
+def test_conll2000_reads_a_file_changed_on_disk_again(tmp_path, conll_text, data_root):
+    """The parse caches are keyed on the file's modification time and size, not its path alone: a file damaged
+    after a first load raises on the next, as it would in a fresh process."""
+    real_train = (Path(data_root) / "conll2000" / "train.txt.gz").read_bytes()
+    _put(tmp_path, "conll2000/train.txt.gz", real_train)
+    test = _put(tmp_path, "conll2000/test.txt.gz", _gz(conll_text["test"]))
+    assert len(ts.data.conll2000("test", root=str(tmp_path))) == 2012
+    data = test.read_bytes()
+    test.write_bytes(data[: len(data) // 2])
+    _expect(test, r"truncated", lambda: ts.data.conll2000("test", root=str(tmp_path)))
 
 
 # ------------------------------------------------------------------------------------------------- downloads

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .._validation import check_float_dtype, check_seed
-from .checks import DataFileError, check_size, text_lines
+from .checks import DataFileError, cast_values, check_size, text_lines
 from .paths import locate, sha256
 
 RELPATH = "adult/a9a.txt.gz"
@@ -145,6 +145,6 @@ def a9a(split: str = "train", *, test_fraction: float = 0.3, seed: int = 0, root
     st = os.stat(path)
     x, y = _load_all(str(path), st.st_mtime_ns, st.st_size)
     if split == "all":
-        return x.to(dtype, copy=True), y.clone()
+        return cast_values(path, "x", x, dtype).clone(), y.clone()
     idx = train_idx if split == "train" else test_idx
-    return x.index_select(0, idx).to(dtype), y.index_select(0, idx)
+    return cast_values(path, "x", x, dtype).index_select(0, idx), y.index_select(0, idx)

@@ -18,6 +18,7 @@ import zlib
 from typing import Iterator, Sequence
 
 import numpy as np
+import torch
 
 
 class DataFileError(ValueError):
@@ -124,6 +125,20 @@ def check_finite(path, name: str, a: np.ndarray) -> None:
             i = np.unravel_index(bad[0], a.shape)
             raise DataFileError(path, f"{name}[{', '.join(map(str, i))}] = {a[i]} is not finite "
                                       f"({bad.size:,} entries are not)")
+
+
+def cast_values(path, name: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` (float64, finite) as ``dtype``, after checking that ``dtype`` holds every value: a value finite in the
+    file but past ``dtype``'s range (1e300 for float32) would load as inf. The error names the first such entry."""
+    if x.numel() and x.dtype != dtype:
+        top = torch.finfo(dtype).max
+        bad = (x.abs() > top).nonzero()
+        if bad.shape[0]:
+            i = tuple(int(v) for v in bad[0])
+            raise DataFileError(path, f"{name}[{', '.join(map(str, i))}] = {float(x[i])!r} does not fit "
+                                      f"{str(dtype).replace('torch.', '')} (largest {top:.4g}; {bad.shape[0]:,} such "
+                                      "entries): load it with dtype=torch.float64")
+    return x.to(dtype)
 
 
 def check_lengths(path, name: str, lengths: np.ndarray, total: int, *, item: str, part: str) -> None:

@@ -13,6 +13,7 @@ attributes) or 1,656,908 (``min_count=3``; the papers' d is 1,643,026).
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections import Counter
 from typing import List, Optional, Tuple
@@ -109,22 +110,42 @@ def token_attributes(sentence: List[Tuple[str, str, str]], *, use_pos: bool = Tr
     return out
 
 
-@functools.lru_cache(maxsize=4)
-def _sentences(path: str):
-    return read_conll(path)
+def _stamp(path: str) -> tuple:
+    """``(resolved path, mtime, size)``: the key of the parse caches below, so that a file changed on disk is read
+    (and checked) again, not served from memory."""
+    resolved = os.path.realpath(path)
+    st = os.stat(resolved)
+    return resolved, st.st_mtime_ns, st.st_size
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed(path: str, task: str):
-    sentences = _sentences(path)
+def _sentences_of(stamp: tuple):
+    return read_conll(stamp[0])
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_of(stamp: tuple, task: str):
+    sentences = _sentences_of(stamp)
     return sentences, [token_attributes(s, use_pos=task != "pos") for s in sentences]
 
 
 @functools.lru_cache(maxsize=8)
-def _vocabulary(path: str, task: str, min_count: int):
-    sentences, attributes = _parsed(path, task)
+def _vocabulary_of(stamp: tuple, task: str, min_count: int):
+    sentences, attributes = _parsed_of(stamp, task)
     counts = Counter(a for sent in attributes for tok in sent for a in tok)
     return {a: i for i, a in enumerate(sorted(a for a, c in counts.items() if c >= min_count))}
+
+
+def _sentences(path: str):
+    return _sentences_of(_stamp(path))
+
+
+def _parsed(path: str, task: str):
+    return _parsed_of(_stamp(path), task)
+
+
+def _vocabulary(path: str, task: str, min_count: int):
+    return _vocabulary_of(_stamp(path), task, min_count)
 
 
 def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] = None, min_count: int = 1,

@@ -55,6 +55,9 @@ def locate(root: Optional[str], relpath: str, *, url: Optional[str] = None, down
     """
     path = data_root(root) / relpath
     if path.exists():
+        if not path.is_file():  # a folder where the file should be: say so, not IsADirectoryError mid-read
+            raise DataFileError(path, "is a folder or another non-regular file, not the data file "
+                                      f"{relpath}: move it aside or pass another root=")
         return path
     if not download or url is None:
         hint = f" or pass download=True to fetch it from {url}" if url else ""

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .checks import DataFileError, check_size, text_lines
+from .checks import DataFileError, cast_values, check_size, text_lines
 from .multilabel_dataset import MultiLabelDataset
 from .paths import locate
 
@@ -75,4 +75,4 @@ def yeast(split: str = "train", root: Optional[str] = None, *, dtype=torch.float
     path = locate(root, f"yeast/yeast_{split}.svm.gz")
     x, y = parse_libsvm_multilabel(text_lines(path), NUM_FEATURES, NUM_LABELS, source=str(path))
     check_size(path, "examples", x.shape[0], SIZES[split], documented=f"the Yeast {split} split")
-    return MultiLabelDataset(x.to(dtype), y, name=f"yeast-{split}")
+    return MultiLabelDataset(cast_values(path, "x", x, dtype), y, name=f"yeast-{split}")
