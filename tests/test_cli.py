@@ -1,6 +1,7 @@
 """The command line: the demo trains, prints progress and writes TensorBoard events that read back."""
 
 import glob
+import os
 
 import pytest
 import torch
@@ -242,3 +243,35 @@ def test_train_resumes_from_its_checkpoint(tmp_path, capsys):
     assert f"--checkpoint {tmp_path / 'junk.ckpt'} was refused" in err
     assert "--checkpoint is for the dual solvers" in usage_error(["train", "--solver", "torch", "--checkpoint", ckpt],
                                                                   capsys)
+
+
+def test_unwritable_outputs_and_unusable_backends_are_usage_errors_before_training(tmp_path, monkeypatch, capsys):
+    """A log folder or checkpoint under a file, a checkpoint path that is a folder, a folder where nothing can be
+    written, and a backend that cannot run here: usage errors naming the flag, before any data are loaded (a
+    checkpoint under a file failed with a traceback after the first pass)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [(["--logdir", f"{afile}/runs"], f"--logdir {afile}/runs: {afile} is a file, not a folder"),
+             (["--logdir", "", "--checkpoint", f"{afile}/sub/ck.pt"], f"{afile} is a file, not a folder"),
+             (["--logdir", "", "--checkpoint", str(tmp_path)], "is a folder: name the checkpoint file")]
+    if os.path.isdir("/proc/self"):  # Linux: a folder no file can be made in, even as root
+        cases.append((["--logdir", "", "--checkpoint", "/proc/torchssvm/ck.pt"],
+                      "--checkpoint /proc/torchssvm/ck.pt: cannot write in /proc"))
+    for argv, match in cases:
+        assert match in usage_error(["demo", "--passes", "1", *argv], capsys, quiet=True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    err = usage_error(["demo", "--passes", "1", "--logdir", "", "--backend", "triton"], capsys, quiet=True)
+    assert "--backend triton: " in err
+
+
+def test_a_diverging_hinge_run_says_so_and_names_the_learning_rate(capsys):
+    err = usage_error(["demo", "--solver", "torch", "--epochs", "1", "--lr", "1e20", "--logdir", ""], capsys)
+    assert "training diverged in epoch 1" in err and "lower --lr" in err and "refused before" not in err
+
+
+def test_python_dash_m_runs_the_command_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torchssvm", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "usage: torchssvm" in out.stdout

@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -21,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import recipes
+from . import kernels, recipes
 from .recipes import DATASETS, check_device, load_datasets
 from .recipes import run as _recipe_run
 
@@ -191,6 +192,16 @@ def _check_args(args, name: str) -> None:
         check_device(args.device)
     except ValueError as e:
         raise ValueError(f"--device {args.device}: {e}") from None
+    try:  # the backend's package and device, as the oracle will resolve them (triton on a CPU, numba on CUDA)
+        kernels.resolve("spatial_tree_max_sum" if name == "pose" else "viterbi", args.backend, args.device)
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"--backend {args.backend}: {e}") from None
+    if args.logdir:
+        _check_writable("--logdir", args.logdir, args.logdir)
+    if getattr(args, "checkpoint", None):
+        if os.path.isdir(args.checkpoint):
+            raise ValueError(f"--checkpoint {args.checkpoint} is a folder: name the checkpoint file")
+        _check_writable("--checkpoint", args.checkpoint, os.path.dirname(os.path.abspath(args.checkpoint)))
     dual = args.solver != "torch"
     pose = name == "pose"
     ignored = [("--rescaling slack", args.rescaling == "slack" and (pose or not dual),
@@ -237,6 +248,22 @@ def _check_args(args, name: str) -> None:
     for flag, bad, why in ignored:
         if bad:
             raise ValueError(f"{flag} {why}")
+
+
+def _check_writable(flag: str, value: str, folder: str) -> None:
+    """``folder`` (created later, with its parents, where missing) can hold files: its nearest existing ancestor is a
+    folder in which a file can be made (tried: a permission check alone passes as root on a read-only mount or in
+    /proc). Checked before training, so that a run does not fail at its first log or checkpoint write."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag} {value}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {value}: cannot write in {existing} ({e.strerror or e})") from None
 
 
 class _Progress:
@@ -393,7 +420,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "limb_modes": args.limb_modes} if name == "pose" else {}
     try:
         train, test = load_datasets(name, root, seed=args.seed, min_count=min_count, download=download, **pose)
-    except (FileNotFoundError, ValueError) as e:  # missing, damaged or refused data files (DataFileError)
+    except (OSError, ValueError) as e:  # missing, unreadable, damaged or refused data files (DataFileError)
         sub.error(_data_error(e, name, root))
     print(f"{args.command}: {train!r}\n{' ' * len(args.command)}  {test!r}")
     logdir = args.logdir or None
@@ -432,11 +459,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             callback=progress, progress=progress.inside, **hinge)
     except (ValueError, TypeError) as e:
         # Refused before the first epoch or pass: the checkpoint (CheckpointError: not a checkpoint, damaged; a
-        # ValueError: another objective or data) or the settings. Once training runs, an error is a bug.
+        # ValueError: another objective or data) or the settings. A hinge run whose weights became non-finite
+        # diverged (its learning rate). Once training runs, any other error is a bug.
         if _raised_in(e, _recipe_run.resume):
             sub.error(f"--checkpoint {args.checkpoint} was refused: {e}")
-        if progress.done is None:
+        if progress.done is None and progress.within is None:
             sub.error(f"these settings were refused before training started: {e}")
+        if args.solver == "torch" and "NaN or Inf" in str(e):
+            k = 1 if progress.done is None else progress.done + 1
+            sub.error(f"training diverged in epoch {k}: the weights became non-finite ({e}); lower --lr "
+                      f"(now {args.lr})")
         raise
     finally:
         progress.close()
