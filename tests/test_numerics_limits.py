@@ -825,3 +825,19 @@ def test_a_loss_weight_past_the_dtype_times_a_small_cost_fits(which):
         got = ts.structured_hinge_loss(s, pot, y, loss_weight=lw, reduction="none")
         assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
         torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=0.0)
+
+
+def test_sparse_potentials_are_refused_naming_them():
+    u = torch.randn(2, 3, 4).to_sparse()
+    with pytest.raises(TypeError, match="unary must be a dense tensor, got layout torch.sparse_coo"):
+        ts.Chain(4).decode(ts.ChainPotentials(u, torch.randn(4, 4)))
+
+
+def test_problem_features_whose_squares_overflow_are_refused():
+    ds = ts.data.synthetic_chain("train", n=4, num_labels=3, num_features=5, seed=0, dtype=torch.float64)
+    model = ts.models.LinearChainModel(ds.num_features, ds.num_labels, dtype=torch.float64)
+    big = ts.data.SequenceDataset(ds.x * 1e160, ds.y, ds.lengths, num_labels=3, num_features=5)
+    with pytest.raises(ValueError, match="dataset.x: its squared norms overflow float64"):
+        ts.optim.BCFW(model, big, lam=0.1)
+    ts.optim.BCFW(model, ts.data.SequenceDataset(ds.x * 1e150, ds.y, ds.lengths, num_labels=3, num_features=5),
+                  lam=0.1)

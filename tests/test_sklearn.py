@@ -335,3 +335,45 @@ def test_missing_scikit_learn_names_the_install():
             "except ImportError as e:\n    assert 'pip install scikit-learn' in str(e)\n"
             "else:\n    raise SystemExit('imported without scikit-learn')")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sequence_labels_of_mixed_types_keep_their_types():
+    """Labels "O" and 1 together: numpy would turn them into strings ('1'), so predictions would not equal y;
+    ``classes_`` is an object array of the labels as given."""
+    rng = np.random.default_rng(0)
+    X, y = [], []
+    for n in (3, 2, 4, 3, 2):
+        lab = rng.integers(0, 2, n)
+        X.append(np.stack([lab * 10.0 - 5, np.ones(n)], 1))
+        y.append(["O" if v == 0 else 1 for v in lab])
+    est = SequenceLabeler(max_passes=30, gap_tol=None, random_state=0).fit(X, y)
+    assert est.classes_.dtype == object and set(est.classes_.tolist()) == {1, "O"}
+    assert [p.tolist() for p in est.predict(X)] == y
+    assert est.score(X, y) == 1.0
+
+
+def test_multilabel_takes_a_sparse_indicator_matrix():
+    sp = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    Y = (X[:, :3] > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = MultiLabelClassifier(max_passes=3, random_state=0).fit(X, Y)
+        sparse = MultiLabelClassifier(max_passes=3, random_state=0).fit(X, sp.csr_matrix(Y))
+    np.testing.assert_array_equal(dense.coef_, sparse.coef_)
+
+
+@pytest.mark.parametrize("make", [lambda: KernelSVC(max_iter=5), lambda: KernelSVC(kernel="linear", max_iter=5),
+                                  lambda: MulticlassClassifier(max_passes=2)])
+def test_features_whose_squares_overflow_are_refused_naming_x(make):
+    """Finite X near 1e155: inner products of its rows are inf (a NaN kernel, step sizes of 0). Refused up front,
+    naming X; 1e150 still fits."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match=r"^x: its squared norms overflow|^X: its squared norms overflow"):
+        make().fit(X * 1e155, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make().fit(X * 1e150, y)

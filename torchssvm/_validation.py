@@ -64,6 +64,8 @@ def check_tensor(
 ) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # the checks and kernels read dense memory (t.to_dense() makes one)
+        raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if floating and not t.is_floating_point():
@@ -81,6 +83,22 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple, what: str = "") -> Non
     if tuple(t.shape) != tuple(shape):
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {tuple(t.shape)}")
+
+
+def check_square_sums(name: str, x: torch.Tensor, dim: int = -1) -> None:
+    """Raise a ValueError naming ``name`` when the sums of squares of ``x`` along ``dim`` (the squared norms of its
+    feature vectors, in float64) overflow: finite features of magnitude near 1e154 and beyond give inner products of
+    inf, and from them NaN kernel values or step sizes of 0. Reads ``x`` (a data set's check, once)."""
+    if not x.numel():
+        return
+    top = float(_abs_max(x))
+    if top == 0.0 or not math.isfinite(top):
+        return
+    scaled = x.detach().to(torch.float64) / top  # sums of squares of entries in [-1, 1]: no overflow
+    biggest = float((scaled * scaled).sum(dim).max())
+    if 2 * math.log(top) + math.log(biggest) > math.log(torch.finfo(torch.float64).max):
+        raise ValueError(f"{name}: its squared norms overflow float64 (largest entry {top:.3g}): inner products "
+                         "of its rows are inf; rescale it (e.g. by its largest entry or a StandardScaler)")
 
 
 def check_finite(named: dict) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import check_square_sums
 from ..optim.problems import FeatureTableProblem
 
 
@@ -17,6 +18,7 @@ class MulticlassTableProblem(FeatureTableProblem):
 
     def __init__(self, x: torch.Tensor, truth: torch.Tensor, K: int):
         n, D = x.shape
+        check_square_sums("X", x)  # else ||psi||^2 = inf and every step size 0: a run that never moves
         self.device = x.device
         self.x = x.to(self.dtype)
         truth = truth.long()

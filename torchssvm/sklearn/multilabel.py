@@ -88,6 +88,8 @@ class MultiLabelClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def fit(self, X, Y):
         """Fit on ``X (n, D)`` and the 0/1 indicator matrix ``Y (n, K)``, ``K <= 16``. Returns self."""
+        if hasattr(Y, "toarray"):  # a scipy sparse indicator matrix (MultiLabelBinarizer(sparse_output=True))
+            Y = Y.toarray()
         X, Y = validate_data(self, X, Y, dtype=np.float64, multi_output=True)
         if self.edges not in EDGES:
             raise ValueError(f"edges must be one of {EDGES}, got {self.edges!r}")

@@ -209,10 +209,13 @@ class SequenceLabeler(DualEstimatorMixin, BaseEstimator):
             classes = sorted(set(labels))
         except TypeError:  # labels that do not sort: in order of first appearance
             classes = list(dict.fromkeys(labels))
-        self.classes_ = np.empty(len(classes), dtype=object) if any(
-            isinstance(c, (tuple, frozenset)) for c in classes) else np.asarray(classes)
-        if self.classes_.dtype == object:
-            self.classes_[:] = classes
+        # a numpy array of the labels where it keeps them equal; else (tuples, or str and int mixed, which numpy would
+        # turn into strings: 1 -> '1', and predictions would no longer equal y) an object array of the labels
+        as_array = None if any(isinstance(c, (tuple, frozenset)) for c in classes) else np.asarray(classes)
+        if as_array is None or as_array.ndim != 1 or not all(a == c for a, c in zip(as_array.tolist(), classes)):
+            as_array = np.empty(len(classes), dtype=object)
+            as_array[:] = classes
+        self.classes_ = as_array
         index = _label_index(classes)
         K = len(classes)
         D = self.n_features_in_ if kind == "arrays" else max(1, len(self.vocabulary_))

@@ -43,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from ..._validation import check_positive_int, check_seed
+from ..._validation import check_positive_int, check_seed, check_square_sums
 from .._state import check_close, check_range, checked_generator_state, checked_scalars, checked_tensor, require_keys
 from ..cutting_planes.simplex_qp import simplex_qp
 from ..solver import Solver
@@ -175,6 +175,7 @@ class KernelCuttingPlane(Solver):
             raise ValueError("x must be a non-empty (N, D) float tensor")
         if not torch.isfinite(x).all():
             raise ValueError("x holds NaN or Inf")
+        check_square_sums("x", x)  # else inf kernel products: NaN kernel values, a NaN report at the first step
         N = x.shape[0]
         if not isinstance(y, torch.Tensor) or y.shape != (N,) or y.is_floating_point():
             raise ValueError(f"y must be a ({N},) integer tensor")

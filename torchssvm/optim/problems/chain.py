@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ..._validation import check_finite, check_labels, check_tensor
+from ..._validation import check_finite, check_labels, check_square_sums, check_tensor
 from ...data.sequence_dataset import SequenceDataset
 from ...data.token_features import TokenFeatures, check_token_features
 from ...kernels import chain_inner, chain_labels_score, chain_marginals, resolve, viterbi
@@ -45,6 +45,7 @@ def _check_sequences(dataset: SequenceDataset) -> None:
                              f"{tuple(x.shape)}")
         width = x.shape[1]
         check_finite({"dataset.x": x})
+        check_square_sums("dataset.x", x)
     y = check_tensor("dataset.y", dataset.y, ndim=2, integer=True)
     lengths = check_tensor("dataset.lengths", dataset.lengths, ndim=1, integer=True, device=y.device)
     width = min(width, y.shape[1])

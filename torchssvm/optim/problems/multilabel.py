@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..._validation import check_square_sums
 from ...structures.multilabel import MultiLabel, MultiLabelPotentials
 from .base import DualProblem
 
@@ -38,6 +39,7 @@ class MultiLabelProblem(DualProblem):
             raise ValueError("y must hold only 0 / 1")
         if not torch.isfinite(x).all():
             raise ValueError("x holds NaN or Inf")
+        check_square_sums("x", x)
         K = y.shape[1]
         self.structure = structure if structure is not None else MultiLabel(K)
         if not isinstance(self.structure, MultiLabel) or self.structure.num_labels != K:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..._validation import check_square_sums
 from .base import DualProblem
 
 
@@ -37,6 +38,7 @@ class FeatureTableProblem(DualProblem):
             raise ValueError(f"truth holds labels outside [0, {K})")
         if not torch.isfinite(features).all() or not torch.isfinite(losses).all():
             raise ValueError("features and losses must be finite")
+        check_square_sums("features", features)
         if (losses < 0).any():
             raise ValueError("losses must be >= 0")
         truth = truth.long()
