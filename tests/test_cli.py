@@ -267,6 +267,7 @@ def test_unwritable_outputs_and_unusable_backends_are_usage_errors_before_traini
 def test_a_diverging_hinge_run_says_so_and_names_the_learning_rate(capsys):
     err = usage_error(["demo", "--solver", "torch", "--epochs", "1", "--lr", "1e20", "--logdir", ""], capsys)
     assert "training diverged in epoch 1" in err and "lower --lr" in err and "refused before" not in err
+    assert "learning rate 1e+20" in err
 
 
 def test_python_dash_m_runs_the_command_line():

@@ -45,7 +45,7 @@ LAYERS = (
     # scikit-learn estimators over the solvers (imported explicitly, never by the root package)
     ("sklearn", ("torchssvm.sklearn",)),
     # the command line: parses flags, runs a recipe, prints
-    ("cli", ("torchssvm.cli",)),
+    ("cli", ("torchssvm.cli", "torchssvm.__main__")),
     # the package's re-exports, and the test helpers that no library module imports
     ("package", (ROOT, "torchssvm.testing")),
 )

@@ -144,3 +144,18 @@ def test_sparse_ids_of_any_integer_dtype():
         if dt == torch.uint8:
             continue  # no -1 in uint8
         torch.testing.assert_close(model(ts.TokenFeatures(ids.to(dt))).unary, ref, rtol=0, atol=0)
+
+
+def test_multiclass_model_takes_a_sparse_bag_of_words():
+    """A sparse ``x`` (COO or CSR) is used as is: the scores and the weight's gradient are the dense input's."""
+    model = ts.LinearMulticlassModel(5, 3, dtype=torch.float64)
+    torch.nn.init.normal_(model.weight, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).clamp_min(0.5) - 0.5
+    results = []
+    for xx in (x, x.to_sparse()):
+        model.weight.grad = None
+        s = model(xx)
+        (s * s).sum().backward()
+        results.append((s.detach(), model.weight.grad.clone()))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1])

@@ -84,6 +84,33 @@ def test_chain_constraints_hold_for_trained_blocks(kw):
     assert float(s.problem.block_violation(idx, corner * 1.5).max()) > 0.1  # outside: mu_t = 1.5 e_y - 0.5 e_y'
 
 
+def test_each_transition_constraint_catches_its_own_edit():
+    """Edits of the transition part alone, v recomputed and the seal rewritten, each caught by one constraint of
+    `ChainProblem.block_violation`: the part zeroed breaks the row / column sums only (the unary, start and end
+    parts are untouched); a circulation (+5 on k->l and l->k, -5 on k->k and l->l) keeps every sum and breaks only
+    the counts' nonnegativity (``N = m_trans(y_i) - z_trans >= 0``)."""
+    ds, lam = _chain(), 2.0
+    source = BCFW(_model(ds), ds, lam=lam)
+    source.fit(max_passes=10)
+    state, p = source.state_dict(), source.problem
+    a, b, _ = p._cut
+    K, idx = p.K, torch.arange(p.n)
+    zeroed = state["z"].clone()
+    zeroed[:, a:b] = 0.0
+    circulation = state["z"].clone()
+    trans = circulation[:, a:b].view(-1, K, K)
+    trans[:, 0, 1] += 5.0
+    trans[:, 1, 0] += 5.0
+    trans[:, 0, 0] -= 5.0
+    trans[:, 1, 1] -= 5.0
+    for z in (zeroed, circulation):
+        assert float(p.block_violation(idx, z).max()) > 0.5
+        forged = _with_v_of(state, p, z, lam)
+        forged["seal"] = {**forged["seal"], "z": fingerprint({"z": z})}
+        with pytest.raises(ValueError, match="marginal constraints"):
+            BCFW(_model(ds), ds, lam=lam).load_state_dict(forged)
+
+
 def test_z_is_sealed_where_its_constraints_are_necessary_only():
     """A chain's transition counts sum the per-position pair marginals, so its constraints are necessary only
     ("a b a" has the sums of "a a" and "b b"): its z is sealed. A feature table's simplex is the whole marginal
@@ -157,3 +184,22 @@ def test_a_gdmm_state_of_another_lam_is_refused(tmp_path):
     same = GDMM.from_C(_model(ds), ds, 1.0 / (0.05 * 12), rho=1.0)  # the same objective given by C: loads
     same.fit(max_iter=6, checkpoint=path)
     assert same.iterations == 6
+
+
+def test_states_of_other_versions_say_so():
+    """A state without ``state_version`` (saved before it was recorded) that fails a check says it is older, not
+    only that its data differ; one that passes every check still loads; a newer version is refused."""
+    ds = _chain()
+    chain = BCFW(_model(ds), ds, lam=0.5)
+    chain.fit(max_passes=2)
+    old = {k: v for k, v in chain.state_dict().items() if k not in ("state_version", "seal")}
+    with pytest.raises(ValueError, match="older than state version 2"):
+        BCFW(_model(ds), ds, lam=0.5).load_state_dict(old)
+    table = BCFW(FeatureTableProblem(*random_table(n=16)), lam=0.05)
+    table.fit(max_passes=2)
+    state = table.state_dict()
+    assert state["state_version"] == 2
+    BCFW(FeatureTableProblem(*random_table(n=16)), lam=0.05).load_state_dict(
+        {k: v for k, v in state.items() if k != "state_version"})
+    with pytest.raises(ValueError, match="saved by a newer torchssvm"):
+        BCFW(FeatureTableProblem(*random_table(n=16)), lam=0.05).load_state_dict({**state, "state_version": 3})

@@ -61,10 +61,15 @@ def check_tensor(
     integer: bool = False,
     device: Optional[torch.device] = None,
     dtype: Optional[torch.dtype] = None,
+    dense: bool = True,
 ) -> torch.Tensor:
+    """``t`` after checking it is a tensor of ``ndim`` dimensions, floating or integer, on ``device``, of ``dtype``
+    and (``dense``) of the strided layout: the checks and kernels read dense memory, and a sparse tensor would fail
+    inside them (``t.to_dense()`` makes one). ``dense=False`` where a sparse tensor is used as is (a linear model's
+    bag-of-words ``x``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:  # the checks and kernels read dense memory (t.to_dense() makes one)
+    if dense and t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
@@ -85,20 +90,28 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple, what: str = "") -> Non
         raise ValueError(f"{name} must have shape {tuple(shape)}{extra}, got {tuple(t.shape)}")
 
 
-def check_square_sums(name: str, x: torch.Tensor, dim: int = -1) -> None:
-    """Raise a ValueError naming ``name`` when the sums of squares of ``x`` along ``dim`` (the squared norms of its
-    feature vectors, in float64) overflow: finite features of magnitude near 1e154 and beyond give inner products of
-    inf, and from them NaN kernel values or step sizes of 0. Reads ``x`` (a data set's check, once)."""
+def check_square_sums(name: str, x: torch.Tensor, *, dtype: torch.dtype = torch.float64, factor: float = 4.0,
+                      dim: int = -1) -> None:
+    """Raise a ValueError naming ``name`` when ``factor`` times the largest sum of squares of ``x`` along ``dim``
+    (the squared norm of a feature vector) does not fit ``dtype``, the dtype its products are computed in: finite
+    features near the square root of the dtype's largest value give inner products of inf, and from them NaN kernel
+    values or step sizes of 0. ``factor`` bounds how much larger a joint feature's squared norm can be (a difference
+    of two feature vectors: 4; a chain's sum over T positions: 4 T^2). Reads ``x`` once (a data set's check); no copy
+    unless the largest entry is within ``x.shape[dim]`` of the bound."""
     if not x.numel():
         return
     top = float(_abs_max(x))
     if top == 0.0 or not math.isfinite(top):
         return
-    scaled = x.detach().to(torch.float64) / top  # sums of squares of entries in [-1, 1]: no overflow
-    biggest = float((scaled * scaled).sum(dim).max())
-    if 2 * math.log(top) + math.log(biggest) > math.log(torch.finfo(torch.float64).max):
-        raise ValueError(f"{name}: its squared norms overflow float64 (largest entry {top:.3g}): inner products "
-                         "of its rows are inf; rescale it (e.g. by its largest entry or a StandardScaler)")
+    limit = math.log(torch.finfo(dtype).max) - math.log(factor)
+    if 2 * math.log(top) + math.log(x.shape[dim]) <= limit:  # every row's sum of squares fits: nothing to compute
+        return
+    biggest = max(float((part.to(torch.float64) / top).square().sum(dim).max())  # chunks of rows: no full copy
+                  for part in x.detach().reshape(-1, x.shape[dim]).split(1 << 16))
+    if 2 * math.log(top) + math.log(biggest) > limit:
+        raise ValueError(f"{name}: its squared norms overflow {str(dtype).replace('torch.', '')} (largest entry "
+                         f"{top:.3g}): inner products of its rows are inf; rescale it (e.g. by its largest entry or "
+                         "a StandardScaler)")
 
 
 def check_finite(named: dict) -> dict:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import kernels, recipes
+from . import recipes
 from .recipes import DATASETS, check_device, load_datasets
 from .recipes import run as _recipe_run
 
@@ -193,7 +193,7 @@ def _check_args(args, name: str) -> None:
     except ValueError as e:
         raise ValueError(f"--device {args.device}: {e}") from None
     try:  # the backend's package and device, as the oracle will resolve them (triton on a CPU, numba on CUDA)
-        kernels.resolve("spatial_tree_max_sum" if name == "pose" else "viterbi", args.backend, args.device)
+        _recipe_run.check_backend(args.backend, args.device, name)
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"--backend {args.backend}: {e}") from None
     if args.logdir:
@@ -459,17 +459,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             callback=progress, progress=progress.inside, **hinge)
     except (ValueError, TypeError) as e:
         # Refused before the first epoch or pass: the checkpoint (CheckpointError: not a checkpoint, damaged; a
-        # ValueError: another objective or data) or the settings. A hinge run whose weights became non-finite
-        # diverged (its learning rate). Once training runs, any other error is a bug.
+        # ValueError: another objective or data) or the settings. Once training runs, an error is a bug.
         if _raised_in(e, _recipe_run.resume):
             sub.error(f"--checkpoint {args.checkpoint} was refused: {e}")
         if progress.done is None and progress.within is None:
             sub.error(f"these settings were refused before training started: {e}")
-        if args.solver == "torch" and "NaN or Inf" in str(e):
-            k = 1 if progress.done is None else progress.done + 1
-            sub.error(f"training diverged in epoch {k}: the weights became non-finite ({e}); lower --lr "
-                      f"(now {args.lr})")
         raise
+    except FloatingPointError as e:  # the hinge recipes' word for a learning rate too large (`check_diverged`)
+        if args.solver != "torch":
+            raise
+        sub.error(f"{e}: lower --lr")
     finally:
         progress.close()
     if run.logdir is not None:

@@ -125,7 +125,7 @@ class LinearMulticlassModel(nn.Module):
         self.bias = nn.Parameter(torch.zeros(K, **kw)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor("x", x, ndim=2, floating=True, device=self.weight.device)
+        check_tensor("x", x, ndim=2, floating=True, device=self.weight.device, dense=False)  # sparse x: as is
         if x.shape[1] != self.num_features:
             raise ValueError(f"x must have {self.num_features} features, got shape {tuple(x.shape)}")
         s = x.to(self.weight.dtype) @ self.weight

@@ -21,6 +21,7 @@ import torch
 from ..optim._state import check_close
 from ..optim.dual_solver import exact_block_gaps
 from ..optim.problems import make_problem
+from ..optim.solver import explain_older_state
 from .checkpoint import MANIFEST, load_sharded, save_sharded
 from .problem import ShardedProblem
 
@@ -141,13 +142,13 @@ class ShardedSolver:
             self._check_shard_record(state)
             checked = self._checked_state(state)
         except ValueError as e:
-            error = e
+            error = explain_older_state(state, e)
         self._agree(error)
         error = None
         try:
             self._check_consistency(checked)
         except ValueError as e:
-            error = e
+            error = explain_older_state(state, e)
         self._agree(error)
         self._set_state(checked)
 

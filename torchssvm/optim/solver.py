@@ -46,6 +46,23 @@ class ConvergenceWarning(UserWarning):
     state is valid: ``fit`` again, with a larger limit, continues the run."""
 
 
+
+# What `Solver.state_dict` records, by version. 2: the structure's settings in the fingerprint, the
+# seals of z (where its constraints are necessary only) and of the bundle methods' cuts, the bundle methods'
+# rescaling. A state of version 1 records less: some load as before, the others are refused (`explain_older_state`).
+STATE_VERSION = 2
+
+
+def explain_older_state(state, err: ValueError) -> ValueError:
+    """``err`` (the refusal of ``state``), with the reason added where ``state`` was saved before `STATE_VERSION`
+    (it has no ``"state_version"``): its fingerprint or seals may be missing or computed over less, which the
+    error alone would present as other data or an edit."""
+    if isinstance(state, dict) and "state_version" not in state:
+        return ValueError(f"{err} (this state was saved by a torchssvm older than state version {STATE_VERSION}, "
+                          "whose states record less: resume it with that torchssvm, or train again)")
+    return err
+
+
 class Solver:
     """Base of the solvers: `step` returns the report; `fit` loops; `state_dict` / `load_state_dict` resume.
 
@@ -293,7 +310,8 @@ class Solver:
 
     def state_dict(self) -> dict:
         """The declared state tensors (copies) and scalars, the configuration `_config`, the data's
-        ``"fingerprint"`` (solvers with `_data`) and `_extra_state`."""
+        ``"fingerprint"`` (solvers with `_data`), the ``"seal"`` of `_sealed`, ``"state_version"``
+        (`STATE_VERSION`) and `_extra_state`."""
         extra = self._extra_state()
         s = {k: getattr(self, k).clone() for k in self._state_tensors}
         s.update({k: getattr(self, k) for k in self._state_scalars})
@@ -304,6 +322,7 @@ class Solver:
         sealed = self._sealed()
         if sealed:
             s["seal"] = {k: fingerprint({k: s[k]}) for k in sealed}
+        s["state_version"] = STATE_VERSION
         s.update(extra)
         return s
 
@@ -313,8 +332,14 @@ class Solver:
         with a negative counter, or whose tensors disagree with each other beyond rounding (`_check_consistency`)
         raises a ValueError naming what is wrong and leaves the solver unchanged: everything is checked
         (`_checked_state`, `_check_consistency`) before anything is set (`_set_state`)."""
-        checked = self._checked_state(state)
-        self._check_consistency(checked)
+        try:
+            checked = self._checked_state(state)
+            self._check_consistency(checked)
+        except ValueError as e:
+            older = explain_older_state(state, e)
+            if older is e:
+                raise
+            raise older from e
         self._set_state(checked)
 
     def _state_shape(self, key: str, state: dict) -> tuple:
@@ -328,6 +353,10 @@ class Solver:
     def _checked_state(self, state: dict) -> dict:
         """The attributes to set from ``state``, all checked (subclasses add theirs); nothing is set here. Counts
         (the int scalars) and ``seconds`` must be ``>= 0``."""
+        version = state.get("state_version", 1) if isinstance(state, dict) else 1
+        if isinstance(version, bool) or not isinstance(version, int) or version > STATE_VERSION:
+            raise ValueError(f"state_dict['state_version'] = {version!r}: saved by a newer torchssvm than this one "
+                             f"(which reads versions up to {STATE_VERSION})")
         require_keys(state, (*self._state_tensors, *self._state_scalars))
         check_config(state, self._config())
         out = {k: checked_tensor(state, k, self._state_shape(k, state), getattr(self, k))

@@ -14,7 +14,7 @@ from ..logging import progress as progress_bar
 from ..losses import StructuredHingeLoss
 from ..models import LinearChainModel
 from ..structures.chain import Chain
-from .run import Callback, Progress, TrainingRun, check_device, close_writer, make_optimizer
+from .run import Callback, Progress, TrainingRun, check_device, check_diverged, close_writer, make_optimizer
 
 
 def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",
@@ -60,13 +60,18 @@ def train_chain_hinge(train, test, *, epochs: int, batch_size: int, lr: float, l
         bar = progress_bar(train_dev.batches(batch_size, shuffle=True, generator=gen), total=n_batches,
                        desc=f"epoch {epoch}/{epochs}")
         for batch in bar:
-            hinge = criterion(model(batch.x), batch.y, batch.lengths)
+            try:
+                hinge = criterion(model(batch.x), batch.y, batch.lengths)
+            except ValueError as e:  # NaN potentials: of data (checked up front) or of diverged weights
+                check_diverged(model.parameters(), epoch, lr, err=e)
+                raise
             reg = 0.5 * lam * sum((p * p).sum() for p in model.parameters())
             loss = hinge + reg
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             loss_value = float(loss.detach())
+            check_diverged(model.parameters(), epoch, lr, loss=loss_value)
             total_loss += loss_value * batch.lengths.shape[0]
             step += 1
             if writer is not None:

@@ -12,7 +12,7 @@ from .. import optim
 from ..logging import add_certificate_layout, log_scalars, make_writer
 from ..losses import StructuredHingeLoss
 from ..structures.tree import SpatialTreePotentials
-from .run import Callback, Progress, TrainingRun, close_writer, make_optimizer
+from .run import Callback, Progress, TrainingRun, check_diverged, close_writer, make_optimizer
 
 
 def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, lam: float, optimizer: str = "adam",
@@ -52,13 +52,19 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
             wu, wp = problem.weights(w)
             pot = SpatialTreePotentials(torch.einsum("bvfl,vf->bvl", problem.features[idx], wu),
                                         wp * problem.per_pixel, problem.rest)
-            loss = criterion(pot, problem.truth[idx], problem.scale[idx]) + 0.5 * lam * (w * w).sum()
+            try:
+                loss = criterion(pot, problem.truth[idx], problem.scale[idx]) + 0.5 * lam * (w * w).sum()
+            except ValueError as e:  # NaN potentials: of diverged weights (the data are checked up front)
+                check_diverged([w], epoch, lr, err=e)
+                raise
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             with torch.no_grad():  # projection onto the box: the quadratic deformation weights stay >= 0
                 problem.weights(w)[1][:, 1::2].clamp_(min=0.0)
-            total += float(loss.detach()) * idx.shape[0]
+            loss_value = float(loss.detach())
+            check_diverged([w], epoch, lr, loss=loss_value)
+            total += loss_value * idx.shape[0]
             step += 1
             if writer is not None:
                 writer.add_scalar("train/batch_loss", float(loss.detach()), step)

@@ -4,11 +4,13 @@ optimizer by name, the dual solvers' stopping rule and checkpoints, and the Tens
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, List, Optional
 
 import torch
 
 from .. import optim
+from ..kernels import resolve
 from ..logging import final_metrics, log_hparams, log_scalars
 from ..optim.checkpoint import resume_from
 
@@ -58,6 +60,13 @@ def check_device(device) -> torch.device:
     return dev
 
 
+def check_backend(backend: str, device, data: str) -> None:
+    """That ``backend`` can run the oracle of ``data`` (``"pose"``: the spatial tree's, else the chain's) on
+    ``device``: its package is installed, and Triton has a GPU or its interpreter; a ValueError or RuntimeError
+    saying which (`torchssvm.kernels.resolve`), before any data are loaded."""
+    resolve("spatial_tree_max_sum" if data == "pose" else "viterbi", backend, device)
+
+
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     """``"adam"``: `torch.optim.Adam`; ``"sgd"``: `torch.optim.SGD` with momentum 0.9."""
     if name == "adam":
@@ -65,6 +74,19 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+def check_diverged(params, epoch: int, lr: float, loss: Optional[float] = None, err: Optional[Exception] = None):
+    """Raise a FloatingPointError saying the run diverged when a parameter, or the batch's ``loss`` (already read),
+    is not finite: after a step with too large a learning rate, the next batch's potentials hold NaN or inf and the
+    loss refuses them (``err``, chained) with no word on why. Called on that error and on each loss value: no read of
+    its own on the way of a healthy run."""
+    bad = loss is not None and not math.isfinite(loss)
+    if not bad and err is not None:
+        bad = not all(bool(torch.isfinite(p).all()) for p in params)
+    if bad:
+        what = f"the batch loss became {loss}" if loss is not None else "the weights became non-finite"
+        raise FloatingPointError(f"training diverged in epoch {epoch}: {what} (learning rate {lr})") from err
 
 
 def end_of_pass(writer, k: int, cert: dict, report: dict, metrics: dict, history: list, callback: Callback,

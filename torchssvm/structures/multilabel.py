@@ -168,10 +168,10 @@ class MultiLabel(Structure):
     def _max_task_loss(self, target, lengths) -> torch.Tensor:
         return self._label_costs(target, torch.float64).sum(1)  # every label wrong
 
-    def _enumerate(self, pot, target, objective, loss_dtype=None):
+    def _enumerate(self, pot, target, objective, costs=None):
         """``argmax_y objective(scores, losses, rows)`` over all labellings, in chunks of examples ``rows`` (a
-        slice of the batch), with ``scores, losses (b, 2^K)`` (the losses in ``loss_dtype``, default the scores');
-        ties: the smallest configuration index."""
+        slice of the batch), with ``scores, losses (b, 2^K)`` (the Hamming losses of per-label ``costs (B, K)``,
+        default the structure's); ties: the smallest configuration index."""
         self._check_enumerable()
         dt = compute_dtype(pot)
         configs = self.configurations(pot.unary.device)
@@ -183,8 +183,9 @@ class MultiLabel(Structure):
                                         pot.pairwise[s : s + chunk] if pot.pairwise is not None and
                                         pot.pairwise.dim() == 2 else pot.pairwise)
             scores = self._config_scores(part, configs, dt)
-            losses = None if target is None else self._config_losses(target[s : s + chunk], configs,
-                                                                     loss_dtype or dt)
+            losses = None if target is None else (
+                self._config_losses(target[s : s + chunk], configs, dt) if costs is None
+                else binary_hamming_table(costs[s : s + chunk], target[s : s + chunk], configs))
             value, j = objective(scores, losses, slice(s, s + chunk)).max(1)
             labels.append(configs[j])
             values.append(value)
@@ -196,11 +197,12 @@ class MultiLabel(Structure):
     def _max_oracle(self, pot, lengths, target, loss_weight, backend):
         if target is None:
             return self._enumerate(pot, None, lambda s, loss, rows: s)
-        lw = loss_weight.to(torch.float64)
-        # the weighted losses in float64, then cast: a weight past the dtype's range times a small cost can fit it
-        # (and where it does not, +inf on the wrong labellings); where, not a product: not inf * 0 = NaN on the truth
-        return self._enumerate(pot, target, lambda s, loss, rows: s + torch.where(
-            loss > 0, lw[rows].unsqueeze(1) * loss, 0.0).to(s.dtype), loss_dtype=torch.float64)
+        # the per-label costs times the weight in float64, then cast (K numbers per example): a weight past the
+        # dtype's range times a small class weight can fit it; where a cost does not, `binary_hamming_table` holds it
+        # at the dtype's largest value, so a wrong labelling's loss is +inf and the truth's exactly 0 (not inf * 0)
+        costs = (self._label_costs(target, torch.float64)
+                 * loss_weight.to(torch.float64).unsqueeze(1)).to(compute_dtype(pot))
+        return self._enumerate(pot, target, lambda s, loss, rows: s + loss, costs=costs)
 
     def _slack_max_oracle(self, pot, lengths, target, backend, margin=1.0):
         """``(y_hat, max(0, max_y Delta(y) (margin + s(y) - s(y*))))`` by enumeration; the truth when nothing

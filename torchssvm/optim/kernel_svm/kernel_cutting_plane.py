@@ -175,7 +175,7 @@ class KernelCuttingPlane(Solver):
             raise ValueError("x must be a non-empty (N, D) float tensor")
         if not torch.isfinite(x).all():
             raise ValueError("x holds NaN or Inf")
-        check_square_sums("x", x)  # else inf kernel products: NaN kernel values, a NaN report at the first step
+        check_square_sums("x", x, dtype=x.dtype)  # else inf kernel products: NaN kernel values and reports
         N = x.shape[0]
         if not isinstance(y, torch.Tensor) or y.shape != (N,) or y.is_floating_point():
             raise ValueError(f"y must be a ({N},) integer tensor")

@@ -45,7 +45,6 @@ def _check_sequences(dataset: SequenceDataset) -> None:
                              f"{tuple(x.shape)}")
         width = x.shape[1]
         check_finite({"dataset.x": x})
-        check_square_sums("dataset.x", x)
     y = check_tensor("dataset.y", dataset.y, ndim=2, integer=True)
     lengths = check_tensor("dataset.lengths", dataset.lengths, ndim=1, integer=True, device=y.device)
     width = min(width, y.shape[1])
@@ -121,6 +120,10 @@ class ChainProblem(DualProblem):
                                    None if vals is None else vals[:, : self.T].to(self.device, self.dtype))
         else:
             self.x = dataset.x[:, : self.T].to(self.device, self.dtype)
+        values = self.x.values if self.sparse else self.x
+        if values is not None:  # a joint feature sums T positions' features: its squared norm, up to 4 T^2 theirs
+            check_square_sums("dataset.x.values" if self.sparse else "dataset.x", values,
+                              dtype=model.emission.dtype, factor=4.0 * self.T ** 2)
         K, T = self.K, self.T
         # Loss augmentation of the unary potentials (Hamming is decomposable): the cost of label k at
         # position t of example i, 0 at the truth and on padding. L_i(y) = sum_t aug[i, t, y_t].
