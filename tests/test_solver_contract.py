@@ -161,7 +161,7 @@ def test_state_round_trip_and_refusal_leaves_the_solver_unchanged():
     a = Toy()
     a.fit(max_passes=3)
     state = a.state_dict()
-    assert set(state) == {"x", "k", "seconds", "lam"}
+    assert set(state) == {"x", "k", "seconds", "lam", "state_version"}
     b = Toy()
     b.load_state_dict(state)
     assert b.k == 3 and torch.equal(b.x, a.x) and b.x is not a.x
