@@ -154,7 +154,9 @@ def test_convergence_warning_exactly_when_a_limit_stops_short_of_gap_tol():
     _no_warning(lambda: Toy().fit(max_passes=100, gap_tol=0.1))  # reached
     s = Toy()
     s.fit(max_passes=2)
-    _no_warning(lambda: s.fit(max_passes=2, gap_tol=1e-3))  # no step taken
+    _no_warning(lambda: s.fit(max_passes=2))  # no step taken, no tolerance asked for
+    with pytest.warns(ConvergenceWarning, match="took no step: max_passes = 2 is already reached"):
+        assert len(s.fit(max_passes=2, gap_tol=1e-3)) == 0  # no step taken: the tolerance is not checked
 
 
 def test_state_round_trip_and_refusal_leaves_the_solver_unchanged():

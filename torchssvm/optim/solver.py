@@ -134,7 +134,8 @@ class Solver:
         solver's `_done` reads.
 
         Each is None or a number ``>= 0`` (`check_limits`); with ``requires_limit``, at least one is given. A
-        progress limit already met runs no step. After each step: when an estimated gap is at most
+        progress limit already met runs no step (and warns, `ConvergenceWarning`, when a tolerance was given: it
+        was not checked). After each step: when an estimated gap is at most
         ``0.8 gap_tol`` (and ``exact``), the exact pass `_certify` replaces it; the callback; then the stops, in
         this order: `_done` (``converged``, the tolerances), the progress limit, the time budget; a report whose
         primal, dual or gap is NaN raises a FloatingPointError instead of stopping or going on. A run that a
@@ -157,8 +158,14 @@ class Solver:
         if checkpoint is not None:
             self._resume_checkpoint(checkpoint, checkpoint_every)
         history = History()
-        if limit is not None and self._progress() >= limit:
-            return history  # the limit counts from the start of training: already met, no step
+        if limit is not None and self._progress() >= limit:  # the limit counts from the start of training: met
+            if tolerances:
+                which = " and ".join(f"{k} = {limits[k]!r}" for k in tolerances)
+                warnings.warn(f"{type(self).__name__}.fit took no step: {self.limit_name} = {limits[self.limit_name]!r}"
+                              f" is already reached (it counts from the start of training, resumed or not: "
+                              f"{self._progress():g} so far), so whether {which} holds was not checked; fit again "
+                              "with a larger limit to go on", ConvergenceWarning, stacklevel=3)
+            return history
         self._hold_below = gap_tol
         done = False
         try:

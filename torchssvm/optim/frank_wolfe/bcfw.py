@@ -680,6 +680,12 @@ class BCFW(DualSolver):
                 raise ValueError(f"state_dict[{key!r}] must be >= 0, got {out[key]}")
         out["_generator"] = checked_generator_state(state)
         out["_atoms"] = None if self.atoms is None else self.atoms.checked_state(state["atoms"])
+        if self.step_type != "fw" and out["_atoms"] is not None and not bool(out["_atoms"]["alpha_valid"].all()):
+            # FW steps with a cache evict atoms that carry weight: those blocks' weights no longer describe z, and
+            # pairwise / away steps, which move weight between atoms, would skip them for the rest of the run
+            bad = int((~out["_atoms"]["alpha_valid"]).sum())
+            raise ValueError(f"state_dict was saved with step='fw' ({bad} blocks' atom weights are not tracked); "
+                             f"step={self.step_type!r} needs every block's weights: resume with step='fw'")
         return out
 
     def _check_consistency(self, c: dict) -> None:
