@@ -198,7 +198,7 @@ def _check_args(args, name: str) -> None:
         raise ValueError(f"--backend {args.backend}: {e}") from None
     if args.logdir:
         _check_writable("--logdir", args.logdir, args.logdir)
-    if getattr(args, "checkpoint", None):
+    if args.checkpoint:
         if os.path.isdir(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint} is a folder: name the checkpoint file")
         _check_writable("--checkpoint", args.checkpoint, os.path.dirname(os.path.abspath(args.checkpoint)))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import os
 import re
 from array import array
 from typing import Optional
@@ -23,7 +22,7 @@ import torch
 
 from .._validation import check_float_dtype, check_seed
 from .checks import DataFileError, cast_values, check_size, text_lines
-from .paths import locate, sha256
+from .paths import file_stamp, locate, sha256
 
 RELPATH = "adult/a9a.txt.gz"
 NUM_FEATURES = 123
@@ -141,9 +140,9 @@ def a9a(split: str = "train", *, test_fraction: float = 0.3, seed: int = 0, root
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     check_float_dtype(dtype)
     train_idx, test_idx = split_indices(SIZE, test_fraction, seed)
-    path = locate(root, RELPATH).resolve()
-    st = os.stat(path)
-    x, y = _load_all(str(path), st.st_mtime_ns, st.st_size)
+    stamp = file_stamp(locate(root, RELPATH))
+    path = stamp[0]
+    x, y = _load_all(*stamp)
     if split == "all":
         return cast_values(path, "x", x, dtype).clone(), y.clone()
     idx = train_idx if split == "train" else test_idx

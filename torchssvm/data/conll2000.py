@@ -13,7 +13,6 @@ attributes) or 1,656,908 (``min_count=3``; the papers' d is 1,643,026).
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections import Counter
 from typing import List, Optional, Tuple
@@ -23,7 +22,7 @@ import torch
 
 from .._validation import check_positive_int
 from .checks import DataFileError, check_size, text_lines
-from .paths import locate
+from .paths import file_stamp, locate
 from .sequence_dataset import SequenceDataset
 from .token_features import TokenFeatures
 
@@ -110,14 +109,6 @@ def token_attributes(sentence: List[Tuple[str, str, str]], *, use_pos: bool = Tr
     return out
 
 
-def _stamp(path: str) -> tuple:
-    """``(resolved path, mtime, size)``: the key of the parse caches below, so that a file changed on disk is read
-    (and checked) again, not served from memory."""
-    resolved = os.path.realpath(path)
-    st = os.stat(resolved)
-    return resolved, st.st_mtime_ns, st.st_size
-
-
 @functools.lru_cache(maxsize=4)
 def _sentences_of(stamp: tuple):
     return read_conll(stamp[0])
@@ -137,15 +128,15 @@ def _vocabulary_of(stamp: tuple, task: str, min_count: int):
 
 
 def _sentences(path: str):
-    return _sentences_of(_stamp(path))
+    return _sentences_of(file_stamp(path))
 
 
 def _parsed(path: str, task: str):
-    return _parsed_of(_stamp(path), task)
+    return _parsed_of(file_stamp(path), task)
 
 
 def _vocabulary(path: str, task: str, min_count: int):
-    return _vocabulary_of(_stamp(path), task, min_count)
+    return _vocabulary_of(file_stamp(path), task, min_count)
 
 
 def conll2000(split: str = "train", task: str = "chunk", *, root: Optional[str] = None, min_count: int = 1,

@@ -46,6 +46,14 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_stamp(path) -> tuple:
+    """``(resolved path, mtime in ns, size)``: the key of a parse cache, so that a file changed on disk is read and
+    checked again, not served from memory."""
+    resolved = os.path.realpath(path)
+    st = os.stat(resolved)
+    return resolved, st.st_mtime_ns, st.st_size
+
+
 def locate(root: Optional[str], relpath: str, *, url: Optional[str] = None, download: bool = False,
            digest: Optional[str] = None) -> Path:
     """Path of ``relpath`` under the data root; fetched from ``url`` only when missing and ``download``.

@@ -46,7 +46,6 @@ class ConvergenceWarning(UserWarning):
     state is valid: ``fit`` again, with a larger limit, continues the run."""
 
 
-
 # What `Solver.state_dict` records, by version. 2: the structure's settings in the fingerprint, the
 # seals of z (where its constraints are necessary only) and of the bundle methods' cuts, the bundle methods'
 # rescaling. A state of version 1 records less: some load as before, the others are refused (`explain_older_state`).

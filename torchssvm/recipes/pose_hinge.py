@@ -67,7 +67,7 @@ def train_pose_hinge(train, test, *, epochs: int, batch_size: int, lr: float, la
             total += loss_value * idx.shape[0]
             step += 1
             if writer is not None:
-                writer.add_scalar("train/batch_loss", float(loss.detach()), step)
+                writer.add_scalar("train/batch_loss", loss_value, step)
             if progress is not None:
                 progress("epoch", k, len(batches))
         wd = w.detach()

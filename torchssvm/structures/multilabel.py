@@ -174,6 +174,8 @@ class MultiLabel(Structure):
         default the structure's); ties: the smallest configuration index."""
         self._check_enumerable()
         dt = compute_dtype(pot)
+        if target is not None and costs is None:
+            costs = self._label_costs(target, dt)
         configs = self.configurations(pot.unary.device)
         B, C = pot.unary.shape[0], configs.shape[0]
         chunk = max(1, _MAX_SCORE_ELEMENTS // C)
@@ -183,9 +185,8 @@ class MultiLabel(Structure):
                                         pot.pairwise[s : s + chunk] if pot.pairwise is not None and
                                         pot.pairwise.dim() == 2 else pot.pairwise)
             scores = self._config_scores(part, configs, dt)
-            losses = None if target is None else (
-                self._config_losses(target[s : s + chunk], configs, dt) if costs is None
-                else binary_hamming_table(costs[s : s + chunk], target[s : s + chunk], configs))
+            losses = None if target is None else binary_hamming_table(costs[s : s + chunk], target[s : s + chunk],
+                                                                      configs)
             value, j = objective(scores, losses, slice(s, s + chunk)).max(1)
             labels.append(configs[j])
             values.append(value)
