@@ -1,6 +1,7 @@
 """The scikit-learn estimators of `torchssvm.sklearn`: fit / predict / score on small synthetic data against a trivial
-baseline, get_params / set_params / clone, GridSearchCV over ``lam``, scikit-learn's own estimator checks for the
-flat classifiers, warm start, and scikit-learn-style errors on bad inputs."""
+baseline, get_params / set_params / clone, GridSearchCV over ``lam``, scikit-learn's own estimator checks (every
+one for the flat classifiers; for the multi-label one, all but those that need 1-D targets), warm start, and
+scikit-learn-style errors on bad inputs."""
 
 import pickle
 import subprocess
@@ -236,12 +237,26 @@ def test_grid_search_and_pipeline_multiclass():
 
 
 # -- scikit-learn's estimator checks ------------------------------------------------------------------------------
-EXPECTED_FAILED = {}  # no check is expected to fail
+# The flat classifiers pass every check. MultiLabelClassifier takes a (n, K) indicator matrix of 0 / 1 (scikit-learn's
+# multilabel-indicator targets) and predicts one: the checks below feed a 1-D target, or labels {1, 2}, or require a
+# 1-D prediction, which no multi-label-only estimator can meet; each still fails with a clear error, and the 52 other
+# checks run on it.
+NOT_INDICATOR = "feeds labels that are not a 0 / 1 indicator matrix (1-D, or the values {1, 2})"
+EXPECTED_FAILED = {
+    MultiLabelClassifier: {
+        "check_estimators_dtypes": NOT_INDICATOR,
+        "check_classifier_data_not_an_array": NOT_INDICATOR,
+        "check_classifiers_classes": NOT_INDICATOR,
+        "check_fit2d_1feature": NOT_INDICATOR,
+        "check_classifiers_train": "asserts a 1-D prediction; a multi-label prediction is (n, K)",
+    },
+}
 
 
 @parametrize_with_checks([MulticlassClassifier(max_passes=10, gap_tol=1e-2, batch_size=64),
-                          KernelSVC(eps=1e-2, max_iter=200)],
-                         expected_failed_checks=lambda est: EXPECTED_FAILED)
+                          KernelSVC(eps=1e-2, max_iter=200),
+                          MultiLabelClassifier(max_passes=10, gap_tol=1e-2, batch_size=64)],
+                         expected_failed_checks=lambda est: EXPECTED_FAILED.get(type(est), {}))
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
@@ -322,6 +337,22 @@ def test_bad_inputs_raise_sklearn_style_errors():
         KernelSVC(gamma=-1.0).fit(Xf, yf)
     with pytest.raises(ValueError, match="kernel"):
         KernelSVC(kernel="poly").fit(Xf, yf)
+
+
+def test_sequence_labeler_refuses_continuous_labels_and_scores_no_empty_set():
+    X, y = chain_data("train", n=6)
+    codes = [np.searchsorted(["DET", "NOUN", "VERB"], t).astype(np.float64) for t in y]
+    fitted = SequenceLabeler(max_passes=2).fit(X, codes)  # whole floats are classes, as in scikit-learn
+    assert fitted.classes_.tolist() == [0.0, 1.0, 2.0]
+    halves = [t.copy() for t in codes]
+    halves[3][0] = 0.5
+    with pytest.raises(ValueError, match="Unknown label type: continuous.*0.5"):
+        SequenceLabeler(max_passes=2).fit(X, halves)
+    with pytest.raises(ValueError, match="Unknown label type"):
+        SequenceLabeler(max_passes=2).fit(X, [t.astype(np.float32) + np.float32(0.25) for t in codes])
+    assert 0 <= fitted.score(X, codes) <= 1
+    with pytest.raises(ValueError, match="at least one token"):
+        fitted.score([np.zeros((0, 5)), np.zeros((0, 5))], [[], []])
 
 
 def test_import_torchssvm_does_not_import_sklearn():

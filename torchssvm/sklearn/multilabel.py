@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..optim.problems import MultiLabelProblem
@@ -84,6 +84,7 @@ class MultiLabelClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         tags.target_tags.single_output = False
         tags.classifier_tags.multi_label = True
+        tags.classifier_tags.multi_class = False  # each label is a binary class (no multi-class outputs)
         return tags
 
     def fit(self, X, Y):
@@ -93,8 +94,12 @@ class MultiLabelClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
         X, Y = validate_data(self, X, Y, dtype=np.float64, multi_output=True)
         if self.edges not in EDGES:
             raise ValueError(f"edges must be one of {EDGES}, got {self.edges!r}")
+        check_classification_targets(Y)  # continuous targets: scikit-learn's "Unknown label type" error
         if Y.ndim != 2 or not np.isin(Y, (0, 1)).all():
-            raise ValueError(f"Y must be a (n, K) indicator matrix of 0 / 1, got {type_of_target(Y)!r} targets")
+            got = (f"a {Y.ndim}-D target of shape {Y.shape}" if Y.ndim != 2 else
+                   f"{type_of_target(Y)!r} targets with the values {np.unique(Y)[:6].tolist()}")
+            raise ValueError(f"Only binary classification is supported. Y must be a (n, K) indicator matrix of 0 / 1 "
+                             f"(label k of sample i on or off), got {got}")
         Y = Y.astype(np.int64)
         K = Y.shape[1]
         if K > MAX_ENUMERATION_LABELS:

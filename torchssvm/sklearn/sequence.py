@@ -205,6 +205,12 @@ class SequenceLabeler(DualEstimatorMixin, BaseEstimator):
         labels = [label for yi in ys for label in yi]
         if any(isinstance(label, float) and not np.isfinite(label) for label in labels):
             raise ValueError("y holds NaN or Inf labels")
+        # as scikit-learn's check_classification_targets: a label of 0.5 is a regression target, not a class
+        continuous = next((label for label in labels if isinstance(label, numbers.Real)
+                           and not isinstance(label, numbers.Integral) and not float(label).is_integer()), None)
+        if continuous is not None:
+            raise ValueError(f"Unknown label type: continuous. y holds the label {continuous!r}, which is not a whole "
+                             "number: SequenceLabeler is a classifier; its classes are ints, strings or whole floats")
         try:
             classes = sorted(set(labels))
         except TypeError:  # labels that do not sort: in order of first appearance
@@ -265,5 +271,8 @@ class SequenceLabeler(DualEstimatorMixin, BaseEstimator):
                 raise ValueError(f"y[{i}] holds {len(t)} labels but X[{i}] has {len(p)} tokens")
             right += sum(bool(a == b) for a, b in zip(p.tolist(), t))
             total += len(t)
-        return right / total if total else 1.0
+        if total == 0:
+            raise ValueError("score needs at least one token: every sequence of X is empty, so token accuracy is "
+                             "undefined")
+        return right / total
 
