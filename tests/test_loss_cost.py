@@ -101,6 +101,31 @@ def test_fused_hinge_reads_raw_padding_and_falls_back_under_deterministic_algori
         torch.testing.assert_close(c, a)
 
 
+@pytest.mark.parametrize("loss_fn", [ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss])
+def test_double_backward_through_the_fused_hinge_equals_the_torch_path(loss_fn):
+    """A gradient penalty through the hinge (``create_graph=True``): the gradient is linear in the incoming one, so
+    the penalty's gradient reaches a scale that multiplies the loss. The fused kernel is not differentiable in it;
+    the backward takes the torch twin then (it silently dropped that term: 4.71 against 7.39)."""
+    tensors, lengths, y = _problem(3, 4, 3, start_end=True, dtype=torch.float64, seed=3)
+    v = torch.randn(3, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    chain = ts.Chain(3)
+    out = {}
+    for backend in ("torch", "triton"):
+        unary = tensors[0].clone().requires_grad_()
+        scale = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+        loss = scale * loss_fn(chain, ts.ChainPotentials(unary, *tensors[1:]), y, lengths, reduction="sum",
+                               backend=backend)
+        (g,) = torch.autograd.grad(loss, unary, create_graph=True)
+        (loss + (g * v).sum()).backward()
+        # d/d scale of scale * (h + <dh/du, v>) is h + <dh/du, v>: the hinge is piecewise linear in the potentials
+        expected = loss.detach() / 2 + (g.detach() / 2 * v).sum()
+        assert g.requires_grad
+        torch.testing.assert_close(scale.grad, expected)
+        out[backend] = (scale.grad, unary.grad)
+    torch.testing.assert_close(out["triton"][0], out["torch"][0])
+    torch.testing.assert_close(out["triton"][1], out["torch"][1])
+
+
 # ------------------------------------------------------------------------------------------------ the device
 def _on_device(tensors, lengths, y):
     return ([None if t is None else t.to("cuda", non_blocking=True).requires_grad_() for t in tensors],

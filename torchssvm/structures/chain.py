@@ -201,7 +201,10 @@ class Chain(Structure):
         return loss, y_hat, target, lengths
 
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
-        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled():
+        # the fused kernel is not differentiable in the weight (the incoming gradient): a double backward
+        # (create_graph=True through the hinge) takes the torch twin, whose scatters are
+        double = torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad
+        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled() or double:
             return super()._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
         from ..kernels.chain.chain_hinge_triton import chain_hinge_grad_triton
 
