@@ -219,3 +219,32 @@ def test_vmap_over_a_loss_says_it_is_unsupported():
     with pytest.raises(NotImplementedError, match="vmap"):  # over the loss weight
         torch.func.vmap(lambda w: ts.structured_hinge_loss(ts.Chain(3), (torch.zeros(1, 4, 3), torch.zeros(3, 3)),
                                                            y[:1], loss_weight=w))(torch.rand(5))
+    chain = ts.Chain(3)  # the structures' checked calls too (decode, score, log_partition)
+    for call in (lambda u: chain.decode((u.unsqueeze(0), torch.zeros(3, 3))),
+                 lambda u: chain.score((u.unsqueeze(0), torch.zeros(3, 3)), y[:1]),
+                 lambda u: chain.log_partition((u.unsqueeze(0), torch.zeros(3, 3)))):
+        with pytest.raises(NotImplementedError, match="structures' checked calls.*do not support torch.func.vmap"):
+            torch.func.vmap(call)(torch.randn(5, 4, 3))
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_torch_func_grad_of_the_hinges_equals_autograd(backend):
+    """`torch.func.grad` (meta-learning, functional training loops) through the hinges' autograd Functions, which
+    define `setup_context` for it: the same gradient as `torch.autograd.grad`."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1")
+    g = torch.Generator().manual_seed(5)
+    unary, trans = torch.randn(3, 4, 3, generator=g), torch.randn(3, 3, generator=g)
+    y, lengths = torch.randint(0, 3, (3, 4), generator=g), torch.tensor([4, 2, 3])
+    chain = ts.Chain(3)
+    fns = [ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss] if backend != "numba" else [ts.structured_hinge_loss]
+    for loss_fn in fns:
+        def f(u, loss_fn=loss_fn):
+            return loss_fn(chain, (u, trans), y, lengths, backend=backend)
+
+        leaf = unary.clone().requires_grad_()
+        (expected,) = torch.autograd.grad(f(leaf), leaf)
+        torch.testing.assert_close(torch.func.grad(f)(unary), expected, rtol=0, atol=0)
+

@@ -236,3 +236,38 @@ def test_hinge_module_moves_a_tensor_loss_weight_with_it():
     scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
     # loss_weight (1, 2): the first example's hinge 1 + 1 - 0, the second's 2 + 0.5 - 0
     assert crit(scores, torch.tensor([0, 0])).item() == pytest.approx((2.0 + 2.5) / 2)
+
+
+def test_binary_labellings_may_be_bool():
+    """A multi-label (or two-label chain) target of bool is the labelling of its 0 / 1: the same loss as the long one;
+    a bool target of more labels is refused, naming it."""
+    g = torch.Generator().manual_seed(7)
+    ml = ts.MultiLabel(4)
+    pot = ts.MultiLabelPotentials(torch.randn(5, 4, generator=g), torch.randn(6, generator=g))
+    y = torch.randint(0, 2, (5, 4), generator=g)
+    for fn in (ts.structured_hinge_loss, ts.slack_rescaled_hinge_loss):
+        torch.testing.assert_close(fn(ml, pot, y.bool(), reduction="none"), fn(ml, pot, y, reduction="none"))
+    chain = ts.Chain(2)
+    cpot = ts.ChainPotentials(torch.randn(2, 3, 2, generator=g), torch.randn(2, 2, generator=g))
+    yc = torch.randint(0, 2, (2, 3), generator=g)
+    torch.testing.assert_close(ts.structured_hinge_loss(chain, cpot, yc.bool()),
+                               ts.structured_hinge_loss(chain, cpot, yc))
+    with pytest.raises(TypeError, match="target must be an integer tensor"):
+        ts.structured_hinge_loss(ts.Chain(3), (torch.randn(2, 3, 3), torch.randn(3, 3)), yc.bool())
+
+
+def test_a_rest_offset_that_requires_grad_is_refused():
+    """A spatial tree's rest offsets are constants of the score (no gradient reaches them): one that requires grad is
+    refused rather than silently left without a gradient; detached it is the same loss."""
+    st = ts.SpatialTree([-1, 0, 0], 2, 3, loss="hamming")
+    g = torch.Generator().manual_seed(8)
+    rest = torch.randn(2, 2, dtype=torch.float64, generator=g)
+    unary = torch.randn(2, 3, 6, dtype=torch.float64, generator=g)
+    weights = torch.rand(2, 4, dtype=torch.float64, generator=g)
+    y = torch.randint(0, 6, (2, 3), generator=g)
+    with pytest.raises(ValueError, match=r"rest requires grad.*pass rest.detach\(\)"):
+        ts.structured_hinge_loss(st, ts.SpatialTreePotentials(unary, weights, rest.clone().requires_grad_()), y)
+    with torch.no_grad():  # nothing to differentiate: accepted
+        st.score(ts.SpatialTreePotentials(unary, weights, rest.clone().requires_grad_()), y)
+    ts.structured_hinge_loss(st, ts.SpatialTreePotentials(unary, weights, rest), y)
+

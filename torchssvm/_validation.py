@@ -114,18 +114,26 @@ def check_square_sums(name: str, x: torch.Tensor, *, dtype: torch.dtype = torch.
                          "a StandardScaler)")
 
 
-def check_finite(named: dict) -> dict:
-    """Raise if any tensor holds NaN or Inf; return ``{name: max |entry|}`` (a float, 0.0 for an empty tensor). One
-    device sync for all of them: the largest magnitudes come with the same read (`collect_magnitudes` hands them to
-    the overflow guard of `torchssvm.structures.base`)."""
+# what a structure's error about an infinite potential adds: -inf is the habit of masking in log space
+POTENTIAL_INF_HINT = ("potentials must be finite, also in padding past a sequence's length (the oracles bound their "
+                      "sums by the largest magnitude); to forbid a label or a transition give it a large negative "
+                      "finite score, such as -1e4, not -inf")
+
+
+def check_finite(named: dict, inf_hint: str = "") -> dict:
+    """Raise if any tensor holds NaN or Inf (a ValueError naming it, with ``inf_hint`` after an Inf); return ``{name:
+    max |entry|}`` (a float, 0.0 for an empty tensor). One device sync for all of them: the largest magnitudes come
+    with the same read (`collect_magnitudes` hands them to the overflow guard of `torchssvm.structures.base`)."""
     tensors = [(k, v) for k, v in named.items() if v is not None]
     if not tensors:
         return {}
     flags = torch.stack([_abs_max(v) for _, v in tensors]).cpu()
     out = {}
     for (k, _), m in zip(tensors, flags.tolist()):
-        if not math.isfinite(m):
-            raise ValueError(f"{k} contains NaN or Inf")
+        if math.isnan(m):
+            raise ValueError(f"{k} contains NaN")
+        if math.isinf(m):
+            raise ValueError(f"{k} contains Inf" + (f": {inf_hint}" if inf_hint else ""))
         out[k] = m
     if _collectors:
         _collectors[-1].update(out)
@@ -212,7 +220,10 @@ def check_lengths(lengths, batch: int, max_len: int, device: torch.device, *, va
 def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None) -> torch.Tensor:
     """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True.
 
-    Returned as long, with every position outside ``valid`` set to -1 (whatever padding it held)."""
+    Returned as long, with every position outside ``valid`` set to -1 (whatever padding it held). With two labels
+    (multi-label and hierarchy indicators, binary chains) a bool tensor is a labelling too: False 0, True 1."""
+    if num_labels == 2 and isinstance(y, torch.Tensor) and y.dtype == torch.bool:
+        y = y.long()
     check_tensor(name, y, integer=True, device=device)
     check_shape(name, y, shape)
     yv = y if valid is None else torch.where(valid, y, torch.zeros((), dtype=y.dtype, device=y.device))
@@ -331,3 +342,32 @@ def check_real(name: str, value, *, minimum: float = 0.0, maximum: float = math.
     if not (math.isfinite(value) and minimum <= value <= maximum):
         raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value}")
     return value
+
+
+def refuse_vmap(what: str, *inputs) -> None:
+    """A clear NotImplementedError naming ``what`` under ``torch.func.vmap``: the boundary checks and the oracles read
+    values on the host, which a batched tensor cannot give (it failed with "Cannot access data pointer")."""
+    is_batched = getattr(torch._C._functorch, "is_batchedtensor", None)
+    if is_batched is not None and any(is_batched(t) for t in _tensor_leaves(inputs)):
+        raise NotImplementedError(f"{what} do not support torch.func.vmap (their oracles and checks read values on "
+                                  "the host); they are batched over the first dimension already")
+
+
+def _tensor_leaves(x):
+    """The tensors in ``x`` (nested tuples, lists and dicts): `pytree.tree_leaves` without its per-call cost (a
+    noticeable part of the hinge's fixed cost on a GPU)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _tensor_leaves(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensor_leaves(v)
+
+
+def check_constant(name: str, t, why: str) -> None:
+    """A ValueError where ``t`` requires grad (with autograd on): a tensor the score treats as a constant would get no
+    gradient, silently; ``why`` says what it is. ``.detach()`` it to mean the constant."""
+    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, but {why}: it would receive no gradient; pass {name}.detach()")

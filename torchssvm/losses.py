@@ -40,6 +40,7 @@ from ._validation import (
     check_loss_weight,
     check_loss_weight_value,
     collect_magnitudes,
+    refuse_vmap,
 )
 from .kernels import check_backend, resolve
 from .structures.base import Structure, compute_dtype, no_autocast
@@ -48,8 +49,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 class _StructuredHinge(torch.autograd.Function):
+    # forward without ctx, and `setup_context`: the form torch.func's transforms (grad, jvp's refusal) need. The
+    # forward returns the target and lengths it normalised, for the backward (not differentiable; callers drop them)
     @staticmethod
-    def forward(ctx, structure, target, lengths, loss_weight, backend, plan, *tensors):
+    def forward(structure, target, lengths, loss_weight, backend, plan, *tensors):
         if isinstance(plan, tuple):
             pot = structure.from_tensors(_widened(structure, tensors, plan))
             if plan[1]:  # potentials scaled by 2**-shift: the loss weight too (the hinge is homogeneous in both)
@@ -64,13 +67,14 @@ class _StructuredHinge(torch.autograd.Function):
             loss, y_hat, target, lengths = structure.unchecked.hinge_forward(pot, target, lengths,
                                                                              loss_weight=loss_weight, backend=backend)
         loss = _narrowed(loss, tensors, plan, "structured_hinge_loss: the loss")
-        ctx.structure, ctx.backend = structure, backend
-        ctx.save_for_backward(y_hat, target, lengths, *tensors)
-        ctx.mark_non_differentiable(y_hat)
-        return loss, y_hat
+        return loss, y_hat, *_views(target, lengths)
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_y_hat):
+    def setup_context(ctx, inputs, output):
+        _save_hinge_context(ctx, inputs[0], inputs[4], output, inputs[6:])
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_grad_labels):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         fast = ctx.structure.unchecked
         grads = fast.marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[6:],
@@ -79,6 +83,20 @@ class _StructuredHinge(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # d loss / d loss_weight = Delta(y*, y_hat)
             grad_lw = grad_loss.to(torch.float64) * fast.task_loss(y_hat, target, lengths)
         return (None, None, None, grad_lw, None, None) + grads
+
+
+def _views(*tensors):
+    """Views of ``tensors`` (None stays None): a forward may not return an input as-is that its `setup_context`
+    saves (the validated target can be the caller's own tensor)."""
+    return tuple(None if t is None else t.view_as(t) for t in tensors)
+
+
+def _save_hinge_context(ctx, structure, backend, output, tensors) -> None:
+    """What a hinge's backward reads: the structure, the backend, and the labellings, lengths and potentials."""
+    _, y_hat, target, lengths = output
+    ctx.structure, ctx.backend = structure, backend
+    ctx.save_for_backward(y_hat, target, lengths, *tensors)
+    ctx.mark_non_differentiable(*(t for t in (y_hat, target, lengths) if t is not None))
 
 
 def _widened(structure, tensors, plan):
@@ -108,28 +126,6 @@ def _check_target(target) -> None:
     """``target`` must be a tensor: a clear TypeError rather than an AttributeError deep in a structure."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor of labels, got {type(target).__name__}")
-
-
-def _refuse_vmap(*inputs) -> None:
-    """A clear error under ``torch.func.vmap``: the boundary checks and the oracles read values on the host, which a
-    batched tensor cannot give (it failed with "Cannot access data pointer")."""
-    is_batched = getattr(torch._C._functorch, "is_batchedtensor", None)
-    if is_batched is not None and any(is_batched(t) for t in _tensor_leaves(inputs)):
-        raise NotImplementedError("the structured losses do not support torch.func.vmap (their oracles read values "
-                                  "on the host); they are batched over the first dimension already")
-
-
-def _tensor_leaves(x):
-    """The tensors in ``x`` (nested tuples, lists and dicts): `pytree.tree_leaves` without its per-call cost (a
-    noticeable part of the hinge's fixed cost on a GPU)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _tensor_leaves(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensor_leaves(v)
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -204,7 +200,7 @@ def structured_hinge_loss(
     _check_structure(structure)
     _check_reduction(reduction)
     _check_target(target)
-    _refuse_vmap(potentials, target, lengths, loss_weight)
+    refuse_vmap("the structured losses", potentials, target, lengths, loss_weight)
     with collect_magnitudes() as mags:
         pot, lengths, target = structure.validate_hinge(potentials, lengths, target, backend=backend)
     tensors = structure.tensors(pot)
@@ -215,7 +211,7 @@ def structured_hinge_loss(
         lw = float(loss_weight)
     plan = structure.unchecked.guard_plan(tensors, mags, loss_weight=lw, homogeneous=True,
                                           guarded=structure.unchecked.guards_own_hinge(tensors[0].device, backend))
-    loss, y_hat = _StructuredHinge.apply(structure, target, lengths, lw, backend, plan, *tensors)
+    loss, y_hat, _, _ = _StructuredHinge.apply(structure, target, lengths, lw, backend, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
 
@@ -252,8 +248,9 @@ class StructuredHingeLoss(nn.Module):
 
 
 class _SlackRescaledHinge(torch.autograd.Function):
+    # the form of `_StructuredHinge` (torch.func's transforms)
     @staticmethod
-    def forward(ctx, structure, target, lengths, backend, search, plan, *tensors):
+    def forward(structure, target, lengths, backend, search, plan, *tensors):
         if isinstance(plan, tuple):  # the margin scales with the potentials (a shift only for search="exact")
             pot, margin = structure.from_tensors(_widened(structure, tensors, plan)), 2.0 ** -plan[1]
         else:  # `Unchecked.guard_plan`: the device's power of two (unread values)
@@ -265,13 +262,15 @@ class _SlackRescaledHinge(torch.autograd.Function):
             else:
                 y_hat, value = _searched_oracle(structure, pot, target, lengths, backend, search)
         value = _narrowed(value, tensors, plan, "slack_rescaled_hinge_loss: the loss")
-        ctx.structure, ctx.backend = structure, backend
-        ctx.save_for_backward(y_hat, target, lengths, *tensors)
-        ctx.mark_non_differentiable(y_hat)
-        return value.to(compute_dtype(tensors)), y_hat  # float32 for half precision (see _StructuredHinge)
+        # float32 for half precision (see _StructuredHinge)
+        return value.to(compute_dtype(tensors)), y_hat, *_views(target, lengths)
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_y_hat):
+    def setup_context(ctx, inputs, output):
+        _save_hinge_context(ctx, inputs[0], inputs[3], output, inputs[6:])
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_grad_labels):
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         fast = ctx.structure.unchecked
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))
@@ -360,7 +359,7 @@ def slack_rescaled_hinge_loss(
     _check_search(search, structure)
     _check_slack_backend(search, backend)
     _check_target(target)
-    _refuse_vmap(potentials, target, lengths)
+    refuse_vmap("the structured losses", potentials, target, lengths)
     with collect_magnitudes() as mags:
         pot, lengths, target = structure.validate(potentials, lengths, target)
     tensors = structure.tensors(pot)
@@ -370,7 +369,7 @@ def slack_rescaled_hinge_loss(
     # form Delta (1 + s - s*) themselves, so they are not scaled (float64 past the bound: an OverflowError)
     plan = structure.unchecked.guard_plan(
         tensors, mags, slack=True, homogeneous=search == "exact" and structure.unchecked.scalable("slack_max_oracle"))
-    loss, y_hat = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
+    loss, y_hat, _, _ = _SlackRescaledHinge.apply(structure, target, lengths, backend, search, plan, *tensors)
     loss = _reduce(loss, reduction)
     return (loss, y_hat) if check_bool("return_argmax", return_argmax) else loss
 
@@ -403,7 +402,7 @@ def crf_negative_log_likelihood(structure: Structure, potentials, target: torch.
     _check_structure(structure)
     _check_reduction(reduction)
     _check_target(target)
-    _refuse_vmap(potentials, target, lengths)
+    refuse_vmap("the structured losses", potentials, target, lengths)
     structure.require("has_log_partition", "the CRF loss needs one")
     with collect_magnitudes() as mags:
         pot, lengths, target = structure.validate(potentials, lengths, target)

@@ -23,10 +23,13 @@ from .._validation import (
     check_tensor,
     collect_magnitudes,
     reads_values,
+    refuse_vmap,
 )
 from ..kernels.backends import STRUCTURE_ORACLE, forms, resolve
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
+# what `refuse_vmap` names
+VMAP = "the structures' checked calls (max_oracle, decode, score, log_partition, labelling_table)"
 
 
 def compute_dtype(tensors) -> torch.dtype:
@@ -405,6 +408,7 @@ class Structure:
         (``Delta`` omitted when ``target`` is None). Validates (`validate`, ``backend``, ``loss_weight``),
         then calls the structure's unchecked ``_max_oracle(potentials, lengths, target, loss_weight (B,) or
         None, backend)``."""
+        refuse_vmap(VMAP, potentials, target, lengths)
         with collect_magnitudes() as mags:
             pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]
@@ -432,6 +436,7 @@ class Structure:
             raise ValueError("backend='numba': the exact slack-rescaled oracles have no numba twin; use "
                              "backend='auto' (torch on CPU, Triton on a GPU) or 'torch'")
         self.require("has_slack_oracle")
+        refuse_vmap(VMAP, potentials, target, lengths)
         with collect_magnitudes() as mags:
             pot, lengths, target = self.validate(potentials, lengths, target)
         resolve(STRUCTURE_ORACLE, backend, self.tensors(pot)[0].device)
@@ -450,6 +455,7 @@ class Structure:
     def score(self, potentials, y, lengths=None) -> torch.Tensor:
         """``<theta, one_hot(y)>`` per example, shape ``(B,)``, in `compute_dtype` (float32 for half precision: a
         float16 sum overflows at 65504), summed where it cannot overflow (`_guarded`)."""
+        refuse_vmap(VMAP, potentials, y, lengths)
         with collect_magnitudes() as mags:
             pot, lengths, y = self.validate(potentials, lengths, y, target_name="y")
         with no_autocast():
@@ -467,6 +473,7 @@ class Structure:
         """``log sum_y exp s(y)`` per example (for the CRF likelihood baseline), where tractable (capability
         ``has_log_partition``)."""
         self.require("has_log_partition")
+        refuse_vmap(VMAP, potentials, lengths)
         with collect_magnitudes() as mags:
             pot, lengths, _ = self.validate(potentials, lengths)
         with no_autocast():
@@ -484,6 +491,7 @@ class Structure:
         ``s(y)``, ``losses[b, j]`` its task loss ``Delta(target_b, y)`` and ``truth[b]`` the column of ``target_b``.
         What `torchssvm.search.TableOracle.from_structure` builds its exact oracles from."""
         self.require("has_table_oracle")
+        refuse_vmap(VMAP, potentials, target)
         pot, _, target = self.validate(potentials, None, target)
         with no_autocast():
             return self._labelling_table(pot, target)

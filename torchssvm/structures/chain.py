@@ -8,6 +8,7 @@ import torch
 
 from .. import kernels as _kernels
 from .._validation import (
+    POTENTIAL_INF_HINT,
     check_bool,
     check_finite,
     check_float_dtype,
@@ -28,7 +29,7 @@ def _detach(t):
 class ChainPotentials(NamedTuple):
     """Scores of a batch of chains with K labels, padded to length T.
 
-    - ``unary``: ``(B, T, K)``; entries past a sequence's length are ignored.
+    - ``unary``: ``(B, T, K)``; entries past a sequence's length are ignored (but must be finite).
     - ``transition``: ``(K, K)`` shared or ``(B, T-1, K, K)`` per position; ``[i, j]`` scores label i
       followed by label j.
     - ``start``, ``end``: ``(K,)`` scores of the first / last label, or None.
@@ -102,7 +103,8 @@ class Chain(Structure):
             if t is not None:
                 check_shape(name, t, (K,))
         if reads_values(ref.device):
-            check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end})
+            check_finite({"unary": pot.unary, "transition": pot.transition, "start": pot.start, "end": pot.end},
+                         POTENTIAL_INF_HINT)
             lengths = check_lengths(lengths, B, T, ref.device)
             if target is not None:
                 target = check_labels(target_name, target, (B, T), K, ref.device, valid=self._valid(lengths, T))
@@ -110,6 +112,8 @@ class Chain(Structure):
         if lengths is not None:
             lengths = check_lengths(lengths, B, T, ref.device, values=False)
         if target is not None:
+            if K == 2 and isinstance(target, torch.Tensor) and target.dtype == torch.bool:
+                target = target.long()  # as `check_labels`: a binary labelling
             check_tensor(target_name, target, integer=True, device=ref.device)
             check_shape(target_name, target, (B, T))
         return pot, lengths, target, False
@@ -201,10 +205,12 @@ class Chain(Structure):
         return loss, y_hat, target, lengths
 
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
-        # the fused kernel is not differentiable in the weight (the incoming gradient): a double backward
-        # (create_graph=True through the hinge) takes the torch twin, whose scatters are
-        double = torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad
-        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled() or double:
+        # the fused kernel is not differentiable in the weight (the incoming gradient), and takes no torch.func
+        # wrappers: a double backward (create_graph=True through the hinge) and torch.func.grad take the torch twin
+        wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+        twin = (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad) or any(
+            isinstance(t, torch.Tensor) and wrapped(t) for t in (weight, *tensors))
+        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled() or twin:
             return super()._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
         from ..kernels.chain.chain_hinge_triton import chain_hinge_grad_triton
 

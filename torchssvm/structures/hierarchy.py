@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 import torch
 
 from .._validation import (
+    POTENTIAL_INF_HINT,
     check_bool,
     check_finite,
     check_float_dtype,
@@ -81,7 +82,7 @@ class Hierarchy(Structure):
         B, N = potentials.shape
         if N != self.num_labels:
             raise ValueError(f"scores has {N} nodes in its last dimension, expected {self.num_labels}")
-        check_finite({"scores": potentials})
+        check_finite({"scores": potentials}, POTENTIAL_INF_HINT)
         if target is not None:
             target = self._check_labelling(target_name, target, B, potentials.device)
         return potentials, None, target

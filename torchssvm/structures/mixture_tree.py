@@ -26,7 +26,15 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .._validation import check_finite, check_float_dtype, check_labels, check_positive_int, check_shape, check_tensor
+from .._validation import (
+    check_constant,
+    check_finite,
+    check_float_dtype,
+    check_labels,
+    check_positive_int,
+    check_shape,
+    check_tensor,
+)
 from ..kernels import check_quadratic_weights, mixture_tree_max_sum
 from .base import compute_dtype
 from .tree import SpatialTree
@@ -39,7 +47,7 @@ class MixtureTreePotentials(NamedTuple):
     - ``weights``: ``(B, E, T, 4)`` or ``(E, T, 4)`` deformation weights ``(w_x, w_xx, w_y, w_yy)`` of each
       edge and type; ``w_xx, w_yy >= 0``.
     - ``rest``: ``(E, T, 2)`` rest offsets ``(r_x, r_y)`` of each edge's child from its parent per type, or
-      None (zero). A constant: it receives no gradient.
+      None (zero). A constant: it receives no gradient (one that requires grad is refused).
     - ``child_scores``, ``parent_scores``: ``(B, E, T, H*W)`` or None: the score of type t on edge e at the
       position of the edge's child (resp. parent), e.g. a type's appearance or a network's type logits;
       ``(B, E, T, 1)`` for a score that does not depend on the position (a type bias).
@@ -103,6 +111,7 @@ class MixtureSpatialTree(SpatialTree):
                              f"got {tuple(pot.weights.shape)}")
         if pot.rest is not None:
             check_shape("rest", pot.rest, (E, T, 2))
+            check_constant("rest", pot.rest, "rest offsets are constants of the deformation cost")
         for name, s in scores.items():
             if s is not None:
                 bias = s.dim() == 4 and s.shape[-1] == 1

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from .._validation import check_finite, check_float_dtype, check_labels, check_tensor
+from .._validation import POTENTIAL_INF_HINT, check_finite, check_float_dtype, check_labels, check_tensor
 from .base import Structure, compute_dtype, logsumexp_scaled, truth_unless_violated
 
 
@@ -38,7 +38,7 @@ class Multiclass(Structure):
         B, K = potentials.shape
         if K != self.num_labels:
             raise ValueError(f"scores has {K} classes in its last dimension, expected {self.num_labels}")
-        check_finite({"scores": potentials})
+        check_finite({"scores": potentials}, POTENTIAL_INF_HINT)
         if target is not None:
             target = check_labels(target_name, target, (B,), K, potentials.device)
         return potentials, None, target

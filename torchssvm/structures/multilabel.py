@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from .._validation import (
+    POTENTIAL_INF_HINT,
     check_bool,
     check_finite,
     check_float_dtype,
@@ -50,7 +51,7 @@ class MultiLabel(Structure):
         normalize: divide the Hamming loss by K (the "label loss" of the papers); else count errors.
         class_weights: optional ``(K,)`` cost of a mistake on each label.
 
-    Labels are ``(B, K)`` integer tensors of 0 / 1.
+    Labels are ``(B, K)`` integer tensors of 0 / 1 (or bool tensors).
     """
 
     potential_names = ("unary", "pairwise")
@@ -103,7 +104,7 @@ class MultiLabel(Structure):
                 check_shape("pairwise", pot.pairwise, (E,), "shared")
             else:
                 check_shape("pairwise", pot.pairwise, (B, E), "per example")
-        check_finite({"unary": pot.unary, "pairwise": pot.pairwise})
+        check_finite({"unary": pot.unary, "pairwise": pot.pairwise}, POTENTIAL_INF_HINT)
         if target is not None:
             target = check_labels(target_name, target, (B, K), 2, pot.unary.device)
         return pot, None, target

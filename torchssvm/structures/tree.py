@@ -17,7 +17,9 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from .._validation import (
+    POTENTIAL_INF_HINT,
     check_bool,
+    check_constant,
     check_finite,
     check_float_dtype,
     check_labels,
@@ -52,7 +54,7 @@ class SpatialTreePotentials(NamedTuple):
     - ``weights``: ``(B, E, 4)`` or ``(E, 4)`` deformation weights ``(w_x, w_xx, w_y, w_yy)`` of each edge;
       ``w_xx, w_yy >= 0``.
     - ``rest``: ``(E, 2)`` rest offsets ``(r_x, r_y)`` of each child from its parent, or None (zero). A
-      constant: it receives no gradient.
+      constant: it receives no gradient (one that requires grad is refused).
 
     As marginals (`SpatialTree.marginals`): unary one-hot ``(B, V, H*W)``, weights ``(B, E, 4)`` holding
     ``-Delta(l_c - l_p - r)`` (the gradient of the score in the weights), rest None.
@@ -113,7 +115,7 @@ class Tree(Structure):
         else:
             raise ValueError(f"pairwise must have shape ({E}, {K}, {K}) or ({B}, {E}, {K}, {K}), "
                              f"got {tuple(pot.pairwise.shape)}")
-        check_finite({"unary": pot.unary, "pairwise": pot.pairwise})
+        check_finite({"unary": pot.unary, "pairwise": pot.pairwise}, POTENTIAL_INF_HINT)
         if target is not None:
             target = check_labels(target_name, target, (B, self.num_nodes), K, pot.unary.device)
         return pot, None, target
@@ -298,7 +300,8 @@ class SpatialTree(Tree):
             raise ValueError(f"weights must have shape ({E}, 4) or ({B}, {E}, 4), got {tuple(pot.weights.shape)}")
         if pot.rest is not None:
             check_shape("rest", pot.rest, (E, 2))
-        check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest})
+            check_constant("rest", pot.rest, "rest offsets are constants of the deformation cost")
+        check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest}, POTENTIAL_INF_HINT)
         check_quadratic_weights("weights[..., 1] and weights[..., 3]", pot.weights[..., 1::2])
         lengths = self._check_scale(lengths, B, pot.unary.device)
         if target is not None:
