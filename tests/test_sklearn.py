@@ -239,7 +239,7 @@ def test_grid_search_and_pipeline_multiclass():
 # -- scikit-learn's estimator checks ------------------------------------------------------------------------------
 # The flat classifiers pass every check. MultiLabelClassifier takes a (n, K) indicator matrix of 0 / 1 (scikit-learn's
 # multilabel-indicator targets) and predicts one: the checks below feed a 1-D target, or labels {1, 2}, or require a
-# 1-D prediction, which no multi-label-only estimator can meet; each still fails with a clear error, and the 52 other
+# 1-D prediction, which no multi-label-only estimator can meet; each still fails with a clear error, and the 53 other
 # checks run on it.
 NOT_INDICATOR = "feeds labels that are not a 0 / 1 indicator matrix (1-D, or the values {1, 2})"
 EXPECTED_FAILED = {
