@@ -209,6 +209,32 @@ def test_state_dict_resumes_the_same_trajectory():
     assert torch.equal(b.W, W)  # refused before anything was set
 
 
+def test_a_state_resumes_with_the_solvers_own_rho_and_eta():
+    """rho and eta steer the run and certify nothing: a loaded state keeps the solver's (one built with eta = 1 runs
+    eta = 1 from a Soft-BCFW state, and its multipliers move), and the multipliers' bound follows the etas they were
+    stepped with (``eta_total``), so either way round the state loads; a state of before ``eta_total`` derives it."""
+    data = _data(n=6, seed=4)
+    soft = GDMM(_model(), data, C=1.0, rho=0.5, eta=0.0, primal_every=0)
+    for _ in range(3):
+        soft.step()
+    full = GDMM(_model(), data, C=1.0, rho=2.0, eta=1.0, primal_every=0)
+    full.load_state_dict(soft.state_dict())
+    assert (full.rho, full.eta, full.eta_total) == (2.0, 1.0, 0.0) and not full.lam_L.any()
+    full.step()
+    assert full.lam_L.any() and full.eta_total == 1.0
+    back = GDMM(_model(), data, C=1.0, rho=0.5, eta=0.0, primal_every=0)
+    back.load_state_dict(full.state_dict())  # non-zero multipliers into an eta = 0 solver: they stay as they are
+    lam_L = back.lam_L.clone()
+    back.step()
+    assert back.eta == 0.0 and torch.equal(back.lam_L, lam_L)
+    state = full.state_dict()
+    with pytest.raises(ValueError, match="lam_L"):  # multipliers no eta could have made
+        back.load_state_dict(dict(state, eta_total=0.0))
+    older = {k: v for k, v in state.items() if k != "eta_total"}
+    back.load_state_dict(dict(older, eta=1.0))  # a state that recorded its eta instead
+    assert back.eta_total == full.iterations
+
+
 def test_reports_fit_and_writer():
     class Writer:
         def __init__(self):

@@ -143,9 +143,9 @@ def test_state_dict_resumes_the_same_trajectory():
     with pytest.raises(ValueError, match="permutation"):
         b.load_state_dict({**state, "pair_blocks": torch.zeros_like(state["pair_blocks"])})
     assert torch.equal(b.a, a_before)  # a failed load changes nothing
-    c = GDMM(_problem(seed=4), C=1.0, rho=2.0, batch_size=4, fmo="sampled", nu=2, primal_every=0)
-    c.load_state_dict(state)  # the saved rho and eta come with the duals: they steer the run, certify nothing
-    assert (c.C, c.rho, c.lam) == (1.0, 0.5, a.lam)
+    c = GDMM(_problem(seed=4), C=1.0, rho=2.0, eta=0.25, batch_size=4, fmo="sampled", nu=2, primal_every=0)
+    c.load_state_dict(state)  # rho and eta steer the run and certify nothing: the solver's own stay, as a batch size
+    assert (c.C, c.rho, c.eta, c.lam) == (1.0, 2.0, 0.25, a.lam) and a.eta != 0.25
     other = GDMM(_problem(seed=4), C=0.5, rho=0.5, batch_size=4, fmo="sampled", nu=2, primal_every=0)
     with pytest.raises(ValueError, match="saved with C = 1.0"):  # C is the objective's: duals of another are refused
         other.load_state_dict(state)

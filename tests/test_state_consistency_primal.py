@@ -211,7 +211,7 @@ def _gdmm_report_is_true(solver, report):
     assert report["gap"] is None or (report["gap_exact"] and report["gap"] >= -1e-9)
 
 
-GDMM_FREE = {k: _gdmm_report_is_true for k in ("lam_L", "lam_R", "lam1", "lam2", "rho", "eta")}
+GDMM_FREE = {k: _gdmm_report_is_true for k in ("lam_L", "lam_R", "lam1", "lam2", "eta_total")}
 GDMMS = {
     "chain": lambda: _gdmm_chain(),
     "chain-eta0-batched": lambda: _gdmm_chain(eta=0.0, batch_size=2, engine="torch"),
@@ -358,7 +358,7 @@ def test_non_finite_data_are_refused_up_front():
     for build, match in ((lambda: HingeRisk(x, _PY.double()), "x contains NaN"),
                          (lambda: MaxOfLinearRisk(x), "a contains NaN"),
                          (lambda: MaxOfLinearRisk(_PX, torch.full((40,), math.inf, dtype=torch.float64)),
-                          "b contains NaN"),
+                          "b contains Inf"),
                          (lambda: BMRM(HingeRisk(x, _PY.double())), "NaN"),
                          (lambda: KernelCuttingPlane(x, _PY, lam=1.0), "NaN"),
                          (lambda: Pragam(x, _PY, 0.1), "NaN"),

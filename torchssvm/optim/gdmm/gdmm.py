@@ -242,6 +242,7 @@ class GDMM(Solver):
         self.label_blocks = torch.randperm(K, generator=self.generator).to(dev).tensor_split(nu)
         self.index = BigramIndex(self.v) if self.bigram_search == "index" else None
         self.iterations, self.seconds = 0, 0.0
+        self.eta_total = 0.0  # sum of eta over the iterations: the multipliers' bound (`_check_multipliers`)
         self.fmo_calls = {"unigram": 0, "bigram": 0}
         self.fmo_visits = {"unigram": 0, "bigram": 0}
         self.inner = {"bigram": 0}  # face changes of the exact bigram update
@@ -629,6 +630,7 @@ class GDMM(Solver):
         self._passes()
         infeasibility = self._multiplier_step()
         self.iterations += 1
+        self.eta_total += self.eta
         self.seconds += time.perf_counter() - t0
         self._write_model()
         r = {"iteration": self.iterations, "dual": -self.lam * self.dual_objective(), "infeasibility": infeasibility,
@@ -699,10 +701,10 @@ class GDMM(Solver):
     _block_orders = ("label_blocks",)  # random partitions of the sampled oracle, saved as one permutation
 
     def _extra_state(self) -> dict:
-        # rho and eta steer the run and certify nothing: a loaded state brings its own (`load_state_dict`); C is the
-        # objective's (C = 1 / (lam n)): a state of another is refused
+        # C is the objective's (C = 1 / (lam n)): a state of another is refused. rho and eta steer the run and certify
+        # nothing: like a batch size they are the solver's, not the state's (a solver built with rho = 5 runs rho = 5)
         s = dict(seconds=self.seconds, fmo_calls=dict(self.fmo_calls), fmo_visits=dict(self.fmo_visits),
-                 inner=dict(self.inner), generator=self.generator.get_state(), C=self.C, rho=self.rho, eta=self.eta)
+                 inner=dict(self.inner), generator=self.generator.get_state(), C=self.C, eta_total=self.eta_total)
         s.update((k, torch.cat(getattr(self, k))) for k in self._block_orders)
         return s
 
@@ -720,8 +722,9 @@ class GDMM(Solver):
         return order.to(cur.device).tensor_split(self.nu)
 
     def _checked_state(self, state: dict) -> dict:
-        """Also the state's C (this solver's, within rounding), rho and eta (restored with it), counters, block
-        orders and generator."""
+        """Also the state's C (this solver's, within rounding), counters, block orders and generator. The solver's
+        own rho and eta stay; ``eta_total``, the sum of the etas the multipliers were stepped with, comes with the
+        state (a state saved before it recorded it: its ``eta`` times its iterations)."""
         require_keys(state, ("generator",))
         out = super()._checked_state(state)
         out.update({k: self._checked_blocks(k, state[k]) for k in self._block_orders if k in state})
@@ -730,9 +733,10 @@ class GDMM(Solver):
             raise ValueError(f"state_dict was saved with C = {C!r} (lam = {1.0 / (C * self.n)!r}); this solver has "
                              f"C = {self.C!r} (lam = {self.lam!r}): its duals are of another objective")
         out["C"] = self.C
-        out["rho"] = check_positive_float("state_dict['rho']", state.get("rho", self.rho))
-        out.update(checked_scalars({"eta": self.eta, "seconds": 0.0, **state}, {"eta": float, "seconds": float}))
-        for key in ("eta", "seconds"):
+        older = {} if "eta_total" in state else {"eta_total": check_real("state_dict['eta']", state.get("eta", 0.0))
+                                                 * out["iterations"]}
+        out.update(checked_scalars({"seconds": 0.0, **state, **older}, {"seconds": float, "eta_total": float}))
+        for key in ("eta_total", "seconds"):
             if not (out[key] >= 0 and math.isfinite(out[key])):
                 raise ValueError(f"state_dict[{key!r}] must be a finite number >= 0, got {out[key]!r}")
         for key in ("fmo_calls", "fmo_visits", "inner"):
@@ -818,18 +822,18 @@ class GDMM(Solver):
             check_close(key, c[key], rec, scale, rtol, "the duals it is the sum of")
 
     def _check_multipliers(self, c: dict, keys: tuple, rows_sum_zero: bool) -> None:
-        """Each multiplier is ``eta`` times a sum of ``iterations`` residuals, each of L1 norm at most ``4 C`` (both
-        sides of the constraint have L1 norm at most ``2 C``): bounded by ``4 C eta iterations``."""
+        """Each multiplier is a sum over the iterations of their eta times a residual of L1 norm at most ``4 C`` (both
+        sides of the constraint have L1 norm at most ``2 C``): bounded by ``4 C eta_total``."""
         for key in keys:
             t = c[key]
             if not bool(torch.isfinite(t).all()):
                 raise ValueError(f"state_dict[{key!r}] holds Inf: the state is corrupt")
             scale = max(float(t.abs().max()) if t.numel() else 0.0, c["C"])
-            top = 4.0 * c["C"] * c["eta"] * c["iterations"]
+            top = 4.0 * c["C"] * c["eta_total"]
             check_range(key, t.abs().sum(-1) if rows_sum_zero else t.abs(), 0.0, top, tol=1e-9 * top,
-                        what="eta times the iterations' residuals, each of L1 norm <= 4 C")
-            if c["eta"] == 0:
-                check_range(key, t, 0.0, 0.0, what="eta = 0 (Soft-BCFW): the multipliers stay 0")
+                        what="the sum of eta times the iterations' residuals, each of L1 norm <= 4 C")
+            if c["eta_total"] == 0:
+                check_range(key, t, 0.0, 0.0, what="eta = 0 at every iteration (Soft-BCFW): the multipliers stay 0")
             elif rows_sum_zero and t.numel():
                 check_range(key, t.sum(-1), 0.0, 0.0, tol=1e-9 * scale * t.shape[-1],
                             what="each row sums to 0 (eta times residuals that sum to 0)")

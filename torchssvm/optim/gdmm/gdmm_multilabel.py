@@ -148,6 +148,7 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
         self.pair_steps = pair_steps
         self.index = None
         self.iterations, self.seconds = 0, 0.0
+        self.eta_total = 0.0  # sum of eta over the iterations: the multipliers' bound (`_check_multipliers`)
         self.fmo_calls = {"unigram": 0, "bigram": 0}
         self.fmo_visits = {"unigram": 0, "bigram": 0}
         self.inner = {"bigram": 0}
