@@ -275,7 +275,13 @@ def test_rejects_bad_arguments():
         Pragam(X, y, 0.1, writer=object())
     with pytest.raises(ValueError, match="backend"):
         Pragam(X, y, 0.1, backend="cuda")
-    s = Pragam(X, y, 0.1, L=50.0)
-    assert s.L == 50.0 and s.report()["passes"] == 3  # no estimate: only the initialization
+    L = float(torch.linalg.matrix_norm(X, 2)) ** 2 / 0.1
+    s = Pragam(X, y, 0.1, L=L)
+    assert s.L == L and s.report()["passes"] == 3  # no estimate: only the initialization
+    # an L below the Lipschitz constant ||A||^2 / lam of grad D is refused at once (by the Rayleigh quotient of w_0),
+    # not by the solver's own checkpoint later (it ran, and its state was refused at the resume)
+    for frac in (0.01, 0.9):
+        with pytest.raises(ValueError, match=r"^L = .* is below \|\|A w\|\|\^2"):
+            Pragam(X, y, 0.1, L=frac * L)
     with pytest.raises(ValueError, match="X must be a tensor of shape"):
         s.decision_function(torch.zeros(4, 2, dtype=torch.float64))

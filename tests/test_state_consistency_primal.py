@@ -330,7 +330,7 @@ OTHER_DATA = {
                lambda: KernelCuttingPlane(_X, _Y.flip(0), lam=1.0, gamma=2.0, sampling="exact")),
     "gdmm": (lambda: _gdmm_chain(), lambda: _gdmm_chain(_other_chain())),
     "gdmm-multilabel": (lambda: GDMM(_multilabel("full"), lam=0.05), lambda: GDMM(_multilabel("full", 1), lam=0.05)),
-    "pragam": (lambda: PRAGAMS["pragam"](), lambda: PRAGAMS["pragam"](_PX * 2)),
+    "pragam": (lambda: PRAGAMS["pragam"](), lambda: PRAGAMS["pragam"](_PX / 2)),  # L stays an upper bound
     "multiclass": (lambda: PRAGAMS["multiclass"](), lambda: PRAGAMS["multiclass"](_PX.flip(0))),
     "ssg": (lambda: SSG(_table(), lam=0.05), lambda: SSG(_table(seed=9), lam=0.05)),
 }

@@ -144,6 +144,7 @@ class Pragam(Solver):
                               / self.n)
         self.w = self._XTv(self._adjoint(alpha)) / self.lam  # w_0 = w(alpha_{-1})
         self.Xw = self._Xv(self.w)  # X w_0 = X w(alpha_{-1}): also grad D(alpha_{-1})
+        self._check_L(self.L, self.w, self.Xw, "L")  # a given L far too small fails here, not at a resume
         self.alpha = self._project(alpha + self._margins(self.Xw) / self.L)  # alpha_0 = v(alpha_{-1})
         self.w_hat = self._XTv(self._adjoint(self.alpha)) / self.lam
         self.iteration = 0
@@ -317,10 +318,14 @@ class Pragam(Solver):
         a_mu = self._project(self._margins(self.Xw) / self.mu)  # alpha_{mu_k}(w_k), eq. 23
         w_beta = (1 - tau) * self.w_hat + tau * (self._XTv(self._adjoint(a_mu)) / lam)  # w(beta_k) by linearity
         beta = (1 - tau) * self.alpha + tau * a_mu
-        self.alpha = self._project(beta + self._margins(self._Xv(w_beta)) / self.L)  # v(beta_k), eq. 25
-        self.w = (1 - tau) * self.w + tau * w_beta
+        alpha = self._project(beta + self._margins(self._Xv(w_beta)) / self.L)  # v(beta_k), eq. 25
+        w = (1 - tau) * self.w + tau * w_beta
+        Xw = self._Xv(w)
+        # every iterate's Rayleigh quotient bounds L from below: a run never saves a state whose L its load refuses
+        # (checked before anything is set: a refused step leaves iterate k)
+        self._check_L(self.L, w, Xw, "L")
+        self.alpha, self.w, self.Xw = alpha, w, Xw
         self.w_hat = self._XTv(self._adjoint(self.alpha)) / lam
-        self.Xw = self._Xv(self.w)
         self.iteration = k + 1
         r = self._report()
         self.seconds += time.perf_counter() - t0
@@ -454,11 +459,16 @@ class Pragam(Solver):
             if abs(dot) > 1e-9 / self.n * max(1.0, math.sqrt(self.n)):
                 raise ValueError(f"state_dict['alpha'] has y^T alpha = {dot:.3g}, not 0 (Q2 of Pragam-b)")
 
-    def _check_L(self, L: float, w: torch.Tensor, Xw: torch.Tensor) -> None:
+    def _check_L(self, L: float, w: torch.Tensor, Xw: torch.Tensor, name: str = "state_dict['L']") -> None:
+        """``L`` must be at least the Rayleigh quotient ``||A w||^2 / (lam ||w||^2)`` of ``w`` (a lower bound of the
+        Lipschitz constant ``||A||^2 / lam``): the steps and the reported ``bound`` assume it is one. ``A w`` comes
+        from ``X w``: no pass over X."""
         ww = float((w * w).sum())
         if ww > 0:
             Aw = self._lin(Xw)
             rayleigh = float((Aw * Aw).sum()) / (self.lam * ww)
             if L * (1 + 1e-9) < rayleigh:
-                raise ValueError(f"state_dict['L'] = {L!r} is below ||A w||^2 / (lam ||w||^2) = {rayleigh!r}: not the "
-                                 "Lipschitz constant ||A||^2 / lam of grad D")
+                raise ValueError(f"{name} = {L!r} is below ||A w||^2 / (lam ||w||^2) = {rayleigh!r}: not the "
+                                 "Lipschitz constant ||A||^2 / lam of grad D, which the steps and the reported bound "
+                                 "assume; pass L=None (estimated; more power_iters for a tighter estimate) or "
+                                 "torch.linalg.matrix_norm(X, 2) ** 2 / lam")
