@@ -181,3 +181,28 @@ def test_loaded_state_carries_no_certificate_until_an_exact_pass():
     target = make()
     target.load_state_dict(state)
     assert target.last_exact is None
+
+
+def test_a_state_of_other_run_settings_names_them():
+    """A state refused for a setting of the run, not for corruption, says which setting and what to do: the atom store
+    that cache_size and pairwise / away steps keep, a box of the same shape with other values, and (the 1-slack
+    method) cuts older than this solver's inactive_after."""
+    table = FeatureTableProblem(*random_table(n=16))
+    cached = BCFW(table, lam=0.05, cache_size=3)
+    cached.step()
+    with pytest.raises(ValueError, match=r"saved with an atom store .* this solver runs without one \(cache_size = 0, "
+                                         r"step = 'fw'\): build it with the run's cache_size and step"):
+        BCFW(table, lam=0.05).load_state_dict(cached.state_dict())
+    boxed = BCFW(table, lam=0.05, box=(0.0, None))
+    with pytest.raises(ValueError, match="saved with another box: a tensor of shape .* with other values"):
+        BCFW(table, lam=0.05, box=(-1.0, 1.0)).load_state_dict(boxed.state_dict())
+    from test_state_consistency_primal import BUNDLES
+
+    old = BUNDLES["oneslack"]()
+    for _ in range(6):
+        old.step()
+    assert int(old.age.max()) > 0
+    young = BUNDLES["oneslack"]()
+    young.inactive_after = 1
+    with pytest.raises(ValueError, match="saved with a larger inactive_after"):
+        young.load_state_dict(old.state_dict())

@@ -54,7 +54,12 @@ def check_config(state: dict, config: dict) -> None:
                          "did not record the settings a state is bound to")
     for name, mine in config.items():
         if not _same(state[name], mine):
-            raise ValueError(f"state_dict was saved with {name} = {_show(state[name])}; this solver has {name} = "
+            theirs = state[name]
+            if (isinstance(theirs, torch.Tensor) and isinstance(mine, torch.Tensor) and theirs.shape == mine.shape
+                    and mine.numel() > 4):
+                raise ValueError(f"state_dict was saved with another {name}: a tensor of shape {tuple(mine.shape)} "
+                                 "as this solver's, with other values")
+            raise ValueError(f"state_dict was saved with {name} = {_show(theirs)}; this solver has {name} = "
                              f"{_show(mine)}")
 
 
@@ -115,10 +120,15 @@ def check_close(key: str, saved: torch.Tensor, recomputed: torch.Tensor, scale: 
                          f"allows {rtol * scale:.3g}): the state is corrupt or was edited")
 
 
+# why a cut's age can lie past this solver's bound (the bundle methods and the kernel SVM drop cuts by age)
+AGE_CAUSE = ("saved with a larger inactive_after (build the solver with the run's), or the state is corrupt or was "
+             "edited")
+
+
 def check_range(key: str, t: torch.Tensor, lower, upper, tol: float = 0.0, what: str = "",
-                name: str = "state_dict") -> None:
+                name: str = "state_dict", cause: str = "the state is corrupt or was edited") -> None:
     """Every entry of ``t`` in ``[lower - tol, upper + tol]`` (bounds are numbers or tensors of ``t``'s shape), else
-    a ValueError naming ``key``, the worst entry and ``what`` the bound is."""
+    a ValueError naming ``key``, the worst entry, ``what`` the bound is and ``cause``."""
     if t.numel() == 0:
         return
     lo = torch.as_tensor(lower, dtype=t.dtype, device=t.device)
@@ -129,4 +139,4 @@ def check_range(key: str, t: torch.Tensor, lower, upper, tol: float = 0.0, what:
     if float(worst.reshape(-1)[i]) > 0:
         raise ValueError(f"{name}[{key!r}] has entry {i} = {float(t.reshape(-1)[i]):.6g} outside "
                          f"[{float(lo.expand_as(t).reshape(-1)[i]):.6g}, {float(up.expand_as(t).reshape(-1)[i]):.6g}]"
-                         f"{' (' + what + ')' if what else ''}: the state is corrupt or was edited")
+                         f"{' (' + what + ')' if what else ''}: {cause}")

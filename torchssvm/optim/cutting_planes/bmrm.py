@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from .._state import check_close, check_range
+from .._state import AGE_CAUSE, check_close, check_range
 from ..dual_solver import _check_lam
 from ..problems import DualProblem, rescaling_of
 from ..solver import Solver
@@ -277,7 +277,8 @@ class BMRM(Solver):
             raise ValueError(f"state_dict['alpha'] sums to {total!r}, not " +
                              ("1" if self._alpha_total() == "eq" else "at most 1") + ": the state is corrupt")
         bound = self._age_bound()
-        check_range("age", age.to(torch.float64), 0, bound - 1, what=f"ages lie in [0, {bound - 1}]")
+        check_range("age", age.to(torch.float64), 0, bound - 1, what=f"ages lie in [0, {bound - 1}]",
+                    **({"cause": AGE_CAUSE} if hasattr(self, "inactive_after") else {}))
         if bound > 1 and t and not bool(((age == 0) == (alpha > 0)).all()):
             raise ValueError("state_dict['age'] disagrees with alpha: a cut's age is 0 exactly when its weight is > 0 "
                              "(`_remove_inactive` after each QP)")

@@ -663,7 +663,10 @@ class BCFW(DualSolver):
                              "atoms"))
         out = super()._checked_state(state)
         if (state["atoms"] is None) != (self.atoms is None):
-            raise ValueError("state_dict was saved with a different cache / step configuration")
+            saved, mine = ("with", "without") if self.atoms is None else ("without", "with")
+            raise ValueError(f"state_dict was saved {saved} an atom store (kept by cache_size > 0 or step = 'pairwise' "
+                             f"/ 'away'); this solver runs {mine} one (cache_size = {self.cache_size}, step = "
+                             f"{self.step_type!r}): build it with the run's cache_size and step")
         first_visit = checked_tensor(state, "first_visit", (self.n,), self.first_visit)
         if not torch.equal(first_visit.sort().values, torch.arange(self.n)):
             raise ValueError(f"state_dict['first_visit'] must be a permutation of range({self.n})")

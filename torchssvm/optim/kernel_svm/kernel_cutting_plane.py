@@ -44,7 +44,15 @@ from typing import Optional
 import torch
 
 from ..._validation import check_positive_int, check_seed, check_square_sums
-from .._state import check_close, check_range, checked_generator_state, checked_scalars, checked_tensor, require_keys
+from .._state import (
+    AGE_CAUSE,
+    check_close,
+    check_range,
+    checked_generator_state,
+    checked_scalars,
+    checked_tensor,
+    require_keys,
+)
 from ..cutting_planes.simplex_qp import simplex_qp
 from ..solver import Solver
 from .mercer import MercerKernel
@@ -749,10 +757,10 @@ class KernelCuttingPlane(Solver):
             raise ValueError(f"state_dict['alpha'] sums to {float(alpha.sum())!r} > C = {self.C}")
         age = c["age"]
         if self.inactive_after == 0:
-            check_range("age", age.to(torch.float64), 0, 0, what="inactive_after = 0: ages stay 0")
+            check_range("age", age.to(torch.float64), 0, 0, what="inactive_after = 0: ages stay 0", cause=AGE_CAUSE)
         else:
             check_range("age", age.to(torch.float64), 0, self.inactive_after - 1,
-                        what=f"ages lie in [0, inactive_after - 1 = {self.inactive_after - 1}]")
+                        what=f"ages lie in [0, inactive_after - 1 = {self.inactive_after - 1}]", cause=AGE_CAUSE)
             if not bool(((age == 0) == (alpha > 0)).all()):
                 raise ValueError("state_dict['age'] disagrees with alpha: a cut's age is 0 exactly when its weight "
                                  "is > 0 (`_remove_inactive` after each QP)")
