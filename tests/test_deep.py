@@ -222,7 +222,8 @@ def test_vmap_over_a_loss_says_it_is_unsupported():
     chain = ts.Chain(3)  # the structures' checked calls too (decode, score, log_partition)
     for call in (lambda u: chain.decode((u.unsqueeze(0), torch.zeros(3, 3))),
                  lambda u: chain.score((u.unsqueeze(0), torch.zeros(3, 3)), y[:1]),
-                 lambda u: chain.log_partition((u.unsqueeze(0), torch.zeros(3, 3)))):
+                 lambda u: chain.log_partition((u.unsqueeze(0), torch.zeros(3, 3))),
+                 lambda w: chain.max_oracle((torch.zeros(1, 4, 3), torch.zeros(3, 3)), y[:1], loss_weight=w[0, :1])):
         with pytest.raises(NotImplementedError, match="structures' checked calls.*do not support torch.func.vmap"):
             torch.func.vmap(call)(torch.randn(5, 4, 3))
 
@@ -247,4 +248,3 @@ def test_torch_func_grad_of_the_hinges_equals_autograd(backend):
         leaf = unary.clone().requires_grad_()
         (expected,) = torch.autograd.grad(f(leaf), leaf)
         torch.testing.assert_close(torch.func.grad(f)(unary), expected, rtol=0, atol=0)
-

@@ -134,9 +134,10 @@ def _on_device(tensors, lengths, y):
 
 def test_hinge_forward_and_backward_on_a_device_never_waits():
     """StructuredHingeLoss on a Chain, forward + backward on the simulated CUDA device with ``backend="auto"``
-    (Triton): no host sync, at most 16 launches (measured 14: the overflow guard's bound, the prepare kernel,
+    (Triton): no host sync, at most 14 launches (measured 13: the overflow guard's bound, the prepare kernel,
     Viterbi storing the hinge, the mean in float64 and its cast back, the gradient's fill and kernel, and autograd's
-    own 7: the seed, the casts' and the mean's backward, the two gradient accumulations...; 12 before the guard, with
+    own 6: the seed, the casts' and the mean's backward, the two gradient accumulations...; 14 while autograd filled
+    a zero gradient for the labelling output, which the backward never reads; 12 before the guard, with
     the loss's subtraction and clamp, 11 with the guard and a float32 mean, which overflowed near 3.4e38 / B). Before
     issue 40 the same call synced 3 times (the checks of finite potentials, lengths and labels) and launched 84
     kernels. Debug mode restores the checks' reads."""
@@ -155,7 +156,7 @@ def test_hinge_forward_and_backward_on_a_device_never_waits():
         syncs, launches = mode.syncs, mode.launches
         call()
         assert mode.syncs - syncs == 0, mode.sync_sites
-        assert mode.launches - launches <= 16, mode.launch_sites
+        assert mode.launches - launches <= 14, mode.launch_sites
         grad = unary.grad.cpu()
         previous = ts.set_debug(True)
         try:

@@ -270,4 +270,9 @@ def test_a_rest_offset_that_requires_grad_is_refused():
     with torch.no_grad():  # nothing to differentiate: accepted
         st.score(ts.SpatialTreePotentials(unary, weights, rest.clone().requires_grad_()), y)
     ts.structured_hinge_loss(st, ts.SpatialTreePotentials(unary, weights, rest), y)
-
+    mt = ts.MixtureSpatialTree([-1, 0, 0], 2, 3, num_types=2)
+    mpot = ts.MixtureTreePotentials(torch.randn(2, 3, 6, dtype=torch.float64, generator=g),
+                                    torch.rand(2, 2, 4, dtype=torch.float64, generator=g),
+                                    torch.randn(2, 2, 2, dtype=torch.float64, generator=g).requires_grad_())
+    with pytest.raises(ValueError, match="rest requires grad"):
+        mt.score(mpot, (torch.randint(0, 6, (2, 3), generator=g), torch.randint(0, 2, (2, 3), generator=g)))

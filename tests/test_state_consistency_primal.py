@@ -205,7 +205,7 @@ def _multilabel(edges, seed=0):
 
 
 def _gdmm_report_is_true(solver, report):
-    """The report of a loaded state with other multipliers (or rho, eta): its dual is that of the loaded duals,
+    """The report of a loaded state with other multipliers (or eta_total): its dual is that of the loaded duals,
     and no gap is certified before feasibility."""
     assert math.isclose(report["dual"], -solver.lam * solver.dual_objective(), rel_tol=1e-12, abs_tol=1e-15)
     assert report["gap"] is None or (report["gap_exact"] and report["gap"] >= -1e-9)

@@ -115,9 +115,9 @@ def check_square_sums(name: str, x: torch.Tensor, *, dtype: torch.dtype = torch.
 
 
 # what a structure's error about an infinite potential adds: -inf is the habit of masking in log space
-POTENTIAL_INF_HINT = ("potentials must be finite, also in padding past a sequence's length (the oracles bound their "
-                      "sums by the largest magnitude); to forbid a label or a transition give it a large negative "
-                      "finite score, such as -1e4, not -inf")
+POTENTIAL_INF_HINT = ("potentials must be finite, padding included (the oracles bound their sums by the largest "
+                      "magnitude); to forbid a label, a transition or a state, give it a large negative finite "
+                      "score, such as -1e4, not -inf")
 
 
 def check_finite(named: dict, inf_hint: str = "") -> dict:

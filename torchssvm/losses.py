@@ -75,6 +75,8 @@ class _StructuredHinge(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_grad_labels):
+        if grad_loss is None:  # only the labellings were used (`set_materialize_grads(False)`)
+            return (None,) * (6 + len(ctx.saved_tensors) - 3)
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         fast = ctx.structure.unchecked
         grads = fast.marginal_difference(y_hat, target, lengths, grad_loss, tensors, ctx.needs_input_grad[6:],
@@ -97,6 +99,8 @@ def _save_hinge_context(ctx, structure, backend, output, tensors) -> None:
     ctx.structure, ctx.backend = structure, backend
     ctx.save_for_backward(y_hat, target, lengths, *tensors)
     ctx.mark_non_differentiable(*(t for t in (y_hat, target, lengths) if t is not None))
+    # the labellings' gradients are never read: no zero-filled tensors for them (a launch each on a GPU)
+    ctx.set_materialize_grads(False)
 
 
 def _widened(structure, tensors, plan):
@@ -271,6 +275,8 @@ class _SlackRescaledHinge(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_grad_labels):
+        if grad_loss is None:  # only the labellings were used (`set_materialize_grads(False)`)
+            return (None,) * (6 + len(ctx.saved_tensors) - 3)
         y_hat, target, lengths, *tensors = ctx.saved_tensors
         fast = ctx.structure.unchecked
         # d/dtheta Delta(y_hat) (1 + s(y_hat) - s(y*)) = Delta(y_hat) (marginals(y_hat) - marginals(y*))

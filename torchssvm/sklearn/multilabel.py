@@ -98,6 +98,7 @@ class MultiLabelClassifier(DualEstimatorMixin, ClassifierMixin, BaseEstimator):
         if Y.ndim != 2 or not np.isin(Y, (0, 1)).all():
             got = (f"a {Y.ndim}-D target of shape {Y.shape}" if Y.ndim != 2 else
                    f"{type_of_target(Y)!r} targets with the values {np.unique(Y)[:6].tolist()}")
+            # the first sentence is the one scikit-learn's check_classifier_not_supporting_multiclass asks for
             raise ValueError(f"Only binary classification is supported. Y must be a (n, K) indicator matrix of 0 / 1 "
                              f"(label k of sample i on or off), got {got}")
         Y = Y.astype(np.int64)

@@ -29,7 +29,8 @@ from ..kernels.backends import STRUCTURE_ORACLE, forms, resolve
 
 _AUTOCAST_FAMILY = (torch.float16, torch.bfloat16, torch.float32)
 # what `refuse_vmap` names
-VMAP = "the structures' checked calls (max_oracle, decode, score, log_partition, labelling_table)"
+VMAP = ("the structures' checked calls (max_oracle, decode, slack_max_oracle, score, log_partition, "
+        "labelling_table)")
 
 
 def compute_dtype(tensors) -> torch.dtype:
@@ -408,7 +409,7 @@ class Structure:
         (``Delta`` omitted when ``target`` is None). Validates (`validate`, ``backend``, ``loss_weight``),
         then calls the structure's unchecked ``_max_oracle(potentials, lengths, target, loss_weight (B,) or
         None, backend)``."""
-        refuse_vmap(VMAP, potentials, target, lengths)
+        refuse_vmap(VMAP, potentials, target, lengths, loss_weight)
         with collect_magnitudes() as mags:
             pot, lengths, target = self.validate(potentials, lengths, target)
         first = self.tensors(pot)[0]

@@ -207,10 +207,8 @@ class Chain(Structure):
     def _marginal_difference(self, y_hat, target, lengths, weight, tensors, needs, backend="auto"):
         # the fused kernel is not differentiable in the weight (the incoming gradient), and takes no torch.func
         # wrappers: a double backward (create_graph=True through the hinge) and torch.func.grad take the torch twin
-        wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
-        twin = (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad) or any(
-            isinstance(t, torch.Tensor) and wrapped(t) for t in (weight, *tensors))
-        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled() or twin:
+        if not self._fused(tensors[0].device, backend) or torch.are_deterministic_algorithms_enabled() or _needs_twin(
+                weight, tensors):
             return super()._marginal_difference(y_hat, target, lengths, weight, tensors, needs, backend)
         from ..kernels.chain.chain_hinge_triton import chain_hinge_grad_triton
 
@@ -361,3 +359,11 @@ class Chain(Structure):
 
     def __repr__(self) -> str:
         return f"Chain({self.num_labels}, normalize={self.normalize})"
+
+
+def _needs_twin(weight, tensors) -> bool:
+    """Whether the hinge's backward must take the torch twin: differentiated again (``create_graph=True``, the
+    weight requiring grad) or under torch.func (its wrapped tensors have no storage for a kernel)."""
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+    return (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad) or any(
+        isinstance(t, torch.Tensor) and wrapped(t) for t in (weight, *tensors))

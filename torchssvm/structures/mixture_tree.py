@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from .._validation import (
+    POTENTIAL_INF_HINT,
     check_constant,
     check_finite,
     check_float_dtype,
@@ -121,7 +122,7 @@ class MixtureSpatialTree(SpatialTree):
             check_shape("cooccurrence", pot.cooccurrence, (E, T, T) if shared else (B, E, T, T),
                         "shared" if shared else f"per example, or ({E}, {T}, {T}) shared")
         check_finite({"unary": pot.unary, "weights": pot.weights, "rest": pot.rest, "cooccurrence": pot.cooccurrence,
-                      **scores})
+                      **scores}, POTENTIAL_INF_HINT)
         check_quadratic_weights("weights[..., 1] and weights[..., 3]", pot.weights[..., 1::2])
         lengths = self._check_scale(lengths, B, pot.unary.device)
         if target is not None:

@@ -783,7 +783,8 @@ class GDMM(Solver):
     def _check_consistency(self, c: dict) -> None:
         """The duals on their shifted simplices (eq. 11), the truth in slot 0 of each active set; the primal tables
         recomputed from them, ``W = sum_t x_t alpha_t^T`` and ``v = sum_e beta_e``; the multipliers: 0 with
-        ``eta = 0``, else each row summing to 0 (a sum of ``eta`` times residuals of two vectors that sum to 0).
+        ``eta_total = 0``, else each row summing to 0 (a sum of eta times residuals of two vectors that sum to 0),
+        bounded by ``4 C eta_total`` (`_check_multipliers`).
         Any such multiplier is a valid state: it steers the run and certifies nothing."""
         C, K = c["C"], self.K
         uidx, uval, bidx, bval = c["uidx"], c["uval"], c["bidx"], c["bval"]

@@ -350,7 +350,7 @@ class MultiLabelGDMM(GDMM, problem_type=MultiLabelProblem):
     def _check_consistency(self, c: dict) -> None:
         """``a`` in ``[0, C]``; each ``beta_ie`` on its shifted simplex (truth state in ``[0, C]``, the others
         ``<= 0``, sum 0); ``W = sum_i x_i (s_i a_i)^T``, ``b = sum_i s_i a_i`` and ``v = sum_i beta_i(11)``
-        recomputed; the multipliers 0 with ``eta = 0`` (else free: a scalar per side)."""
+        recomputed; the multipliers 0 with ``eta_total = 0``, else bounded by ``4 C eta_total`` (a scalar per side)."""
         C = c["C"]
         check_range("a", c["a"], 0.0, C, tol=1e-9 * C, what="a unigram dual lies in [0, C]")
         if self.E:

@@ -92,7 +92,8 @@ class Pragam(Solver):
         L: the Lipschitz constant of grad D, or None: ``L_SAFETY * theta / lam`` with ``theta`` the largest Ritz
             value of ``power_iters`` Lanczos steps on ``X^T X`` from a seeded random start (the power iteration's
             Krylov space; a lower bound of ``sigma_max(X)^2``), ``1 / lam`` when X is 0. Pass
-            ``torch.linalg.matrix_norm(X, 2) ** 2 / lam`` for a guaranteed bound.
+            ``torch.linalg.matrix_norm(X, 2) ** 2 / lam`` for a guaranteed bound. An L below the Rayleigh quotient
+            ``||A w||^2 / (lam ||w||^2)`` of ``w_0`` or of an iterate is not one: refused there (a ValueError).
         power_iters: Lanczos steps for L (2 passes over X each).
         seed: seeds the start of the L estimate and ``alpha_{-1}``.
         writer: a TensorBoard ``SummaryWriter``: scalars under ``pragam/`` (``pragam_b/`` with the bias) per
@@ -132,6 +133,7 @@ class Pragam(Solver):
         self.D2 = 1.0 / (2 * self.n)
         self.passes = 0
         gen = torch.Generator().manual_seed(seed)
+        self._L_estimated = L is None
         if L is None:
             self.L = self._estimate_L(power_iters, gen)
         else:
@@ -322,8 +324,12 @@ class Pragam(Solver):
         w = (1 - tau) * self.w + tau * w_beta
         Xw = self._Xv(w)
         # every iterate's Rayleigh quotient bounds L from below: a run never saves a state whose L its load refuses
-        # (checked before anything is set: a refused step leaves iterate k)
-        self._check_L(self.L, w, Xw, "L")
+        # (checked before the iterates are set: a refused step leaves iterate k, its pass count too)
+        try:
+            self._check_L(self.L, w, Xw, "L")
+        except ValueError:
+            self.passes -= 3  # this step's products with X and X^T
+            raise
         self.alpha, self.w, self.Xw = alpha, w, Xw
         self.w_hat = self._XTv(self._adjoint(self.alpha)) / lam
         self.iteration = k + 1
@@ -468,7 +474,8 @@ class Pragam(Solver):
             Aw = self._lin(Xw)
             rayleigh = float((Aw * Aw).sum()) / (self.lam * ww)
             if L * (1 + 1e-9) < rayleigh:
+                fix = ("a larger power_iters (the estimate)" if self._L_estimated else "L=None (an estimate)") + \
+                    " or L = torch.linalg.matrix_norm(X, 2) ** 2 / lam"
                 raise ValueError(f"{name} = {L!r} is below ||A w||^2 / (lam ||w||^2) = {rayleigh!r}: not the "
                                  "Lipschitz constant ||A||^2 / lam of grad D, which the steps and the reported bound "
-                                 "assume; pass L=None (estimated; more power_iters for a tighter estimate) or "
-                                 "torch.linalg.matrix_norm(X, 2) ** 2 / lam")
+                                 f"assume; pass {fix}")
