@@ -217,13 +217,19 @@ def check_lengths(lengths, batch: int, max_len: int, device: torch.device, *, va
     return lengths.long()
 
 
+def binary_labels(y, num_labels: int):
+    """``y`` as long where it is a bool tensor of a two-label structure (False 0, True 1); else as it is."""
+    if num_labels == 2 and isinstance(y, torch.Tensor) and y.dtype == torch.bool:
+        return y.long()
+    return y
+
+
 def check_labels(name: str, y, shape: tuple, num_labels: int, device, valid=None) -> torch.Tensor:
     """Labels must be integer, of `shape`, in [0, num_labels) where `valid` (a bool mask) is True.
 
     Returned as long, with every position outside ``valid`` set to -1 (whatever padding it held). With two labels
     (multi-label and hierarchy indicators, binary chains) a bool tensor is a labelling too: False 0, True 1."""
-    if num_labels == 2 and isinstance(y, torch.Tensor) and y.dtype == torch.bool:
-        y = y.long()
+    y = binary_labels(y, num_labels)
     check_tensor(name, y, integer=True, device=device)
     check_shape(name, y, shape)
     yv = y if valid is None else torch.where(valid, y, torch.zeros((), dtype=y.dtype, device=y.device))

@@ -9,6 +9,7 @@ import torch
 from .. import kernels as _kernels
 from .._validation import (
     POTENTIAL_INF_HINT,
+    binary_labels,
     check_bool,
     check_finite,
     check_float_dtype,
@@ -112,8 +113,7 @@ class Chain(Structure):
         if lengths is not None:
             lengths = check_lengths(lengths, B, T, ref.device, values=False)
         if target is not None:
-            if K == 2 and isinstance(target, torch.Tensor) and target.dtype == torch.bool:
-                target = target.long()  # as `check_labels`: a binary labelling
+            target = binary_labels(target, K)  # as `check_labels`
             check_tensor(target_name, target, integer=True, device=ref.device)
             check_shape(target_name, target, (B, T))
         return pot, lengths, target, False
